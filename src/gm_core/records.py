@@ -1,0 +1,253 @@
+"""Wire records: every object gm writes into the bucket, as frozen values.
+
+Theory of operation
+-------------------
+The bucket is the only channel between nodes, so its objects are the protocol's
+messages. Each one is a frozen, slotted attrs value with a ``format`` field naming
+the wire version it was written with; :mod:`gm_core.codec` turns them into strict
+JSON and back. Records point at tensor payloads through :class:`PayloadRef`
+(key, size and content digest), never embed them: the payload is written first,
+so a record can only name bytes that already exist ("payload before pointer").
+
+The round record is the commit point of the whole protocol. It carries the
+*frontier* — the version and payload references of every fragment — so that a
+joining learner or a new closer reads one record, not the tape.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+FORMAT_VERSION = 1
+"""Wire format written by this code; readers reject any other value by name."""
+
+
+class Reason(enum.StrEnum):
+    """Why a closer did not accept a snapshot (recorded in the round record)."""
+
+    ZERO_STEPS = "zero_steps"
+    SCHEMA = "schema"
+    STALE = "stale"
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+    NONFINITE = "nonfinite"
+    UNSIGNED = "unsigned"
+
+
+class Alignment(enum.StrEnum):
+    """How a learner folds a commit into its own parameters."""
+
+    OVERWRITE = "overwrite"
+    BLEND = "blend"
+    CARRY = "carry"
+
+
+class MergeRule(enum.StrEnum):
+    """How a closer combines the accepted deltas of a round."""
+
+    MEAN = "mean"
+    RDA = "rda"
+
+
+class Partition(enum.StrEnum):
+    """How tensors are dealt into fragments."""
+
+    BYTES = "bytes"
+    STRIDED = "strided"
+
+
+class WireFormat(enum.StrEnum):
+    """Element encodings a payload may use on the wire."""
+
+    F32 = "F32"
+    F16 = "F16"
+    BF16 = "BF16"
+    F8_E4M3 = "F8_E4M3"
+    F4_E2M1 = "F4_E2M1"
+
+
+class Compression(enum.StrEnum):
+    NONE = "none"
+    ZSTD = "zstd"
+
+
+@attrs.frozen(kw_only=True)
+class PayloadRef:
+    """A tensor payload in the bucket; ``digest`` is the hex content hash of its bytes."""
+
+    key: str
+    size: int
+    digest: str
+
+
+@attrs.frozen(kw_only=True)
+class TensorSpec:
+    """One model tensor: name, shape and the dtype the model holds it in."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@attrs.frozen(kw_only=True)
+class AlgorithmConfig:
+    """Everything every node must agree on for the run to be one run."""
+
+    sync_every: int
+    fragments: int
+    quorum: int = 1
+    in_flight: int = 2
+    overlap_steps: int | None = None
+    alignment: Alignment = Alignment.OVERWRITE
+    mixing: float = 1.0
+    merge: MergeRule = MergeRule.MEAN
+    embedding_pattern: str = "embed"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    partition: Partition = Partition.BYTES
+    delta_format: WireFormat = WireFormat.F32
+    commit_format: WireFormat = WireFormat.F32
+    compression: Compression = Compression.NONE
+    grace_gamma: float = 0.5
+    lease_timeout_s: float = 30.0
+    takeover_floor_s: float = 10.0
+    global_batch_size: int | None = None
+    require_signatures: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class FragmentPlan:
+    """Tensor names of each fragment, in fragment order; every tensor in exactly one."""
+
+    fragments: tuple[tuple[str, ...], ...]
+
+
+@attrs.frozen(kw_only=True)
+class FragmentState:
+    """Committed state of one fragment: its version and where its tensors live."""
+
+    version: int
+    theta: PayloadRef
+    momentum: PayloadRef | None
+
+
+@attrs.frozen(kw_only=True)
+class Manifest:
+    """The run's create-once birth certificate: config, schema, plan, initial frontier."""
+
+    format: int = FORMAT_VERSION
+    run_id: str
+    created_by: str
+    config: AlgorithmConfig
+    schema: tuple[TensorSpec, ...]
+    plan: FragmentPlan
+    init: tuple[FragmentState, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Snapshot:
+    """A learner's contribution to one round: the delta of one fragment and its weight."""
+
+    format: int = FORMAT_VERSION
+    learner: str
+    round: int
+    fragment: int
+    base_version: int
+    steps: int
+    tokens: int
+    step_s: float
+    schema_digest: str
+    payload: PayloadRef
+    final: bool = False
+    signature: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class Participant:
+    """An accepted snapshot as the closer weighed it."""
+
+    learner: str
+    steps: int
+    tokens: int
+    weight: float
+    base_version: int
+    final: bool
+
+
+@attrs.frozen(kw_only=True)
+class Rejection:
+    learner: str
+    reason: Reason
+
+
+@attrs.frozen(kw_only=True)
+class Timing:
+    """EMAs carried from record to record; ``None`` until first measured."""
+
+    step_s: float | None = None
+    quorum_s: float | None = None
+    sync_s: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RoundRecord:
+    """The commit point of round ``round``: written create-once after its payloads.
+
+    ``version`` is the fragment's version after this round; a round with no
+    participants commits nothing new and keeps the previous version and payloads.
+    ``claim`` is 0 when ``closer`` was named by the previous record, otherwise the
+    number of the create-once claim through which ``closer`` took the round over.
+    """
+
+    format: int = FORMAT_VERSION
+    round: int
+    step: int
+    fragment: int
+    version: int
+    participants: tuple[Participant, ...]
+    rejections: tuple[Rejection, ...]
+    cosine: float | None
+    timing: Timing
+    quorum_s: float
+    grace_s: float
+    theta: PayloadRef
+    outer: PayloadRef | None
+    update: PayloadRef | None
+    closer: str
+    claim: int
+    next_closer: str
+    frontier: tuple[FragmentState, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Lease:
+    """A node's liveness token, overwritten every renewal; observers watch it change."""
+
+    format: int = FORMAT_VERSION
+    node: str
+    roles: tuple[str, ...]
+    seq: int
+    renew_s: float
+
+
+@attrs.frozen(kw_only=True)
+class Claim:
+    """Create-once bid ``attempt`` by ``node`` to close ``round`` in place of its closer."""
+
+    format: int = FORMAT_VERSION
+    round: int
+    attempt: int
+    node: str
+
+
+@attrs.frozen(kw_only=True)
+class Head:
+    """A hint of the newest committed round; readers probe forward from it."""
+
+    format: int = FORMAT_VERSION
+    round: int
+
+
+Record = Manifest | Snapshot | RoundRecord | Lease | Claim | Head
