@@ -1,0 +1,105 @@
+"""The ``gm`` command line.
+
+Theory of operation
+-------------------
+``main`` builds one argparse parser whose subcommands are each registered by a
+small ``_register_<name>`` function listed in ``_REGISTRARS``. A registrar adds
+its subparser and sets ``handler`` to a function ``(args) -> exit code``. The
+issue that builds a subcommand replaces its registrar (and nothing else), so the
+subcommands stay independent of one another. Subcommands that are not built yet
+say so plainly and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import TypeAlias
+
+DISTRIBUTION = "gm-diloco"
+"""The distribution name on PyPI (the import packages are gm_core and gm_shell)."""
+
+NOT_IMPLEMENTED_EXIT = 2
+
+Handler: TypeAlias = Callable[[argparse.Namespace], int]
+"""Runs a parsed subcommand and returns the process exit status."""
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _not_implemented(command: str, issue: int, what: str) -> Handler:
+    """A handler for a subcommand that a later issue builds."""
+
+    def handler(args: argparse.Namespace) -> int:
+        print(
+            f"gm {command}: not implemented yet (issue #{issue} builds it: {what})",
+            file=sys.stderr,
+        )
+        return NOT_IMPLEMENTED_EXIT
+
+    return handler
+
+
+def _version(args: argparse.Namespace) -> int:
+    try:
+        print(f"{DISTRIBUTION} {version(DISTRIBUTION)}")
+    except PackageNotFoundError:
+        print(f"{DISTRIBUTION}: not installed (run `make install`)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _register_version(sub: Subparsers) -> None:
+    p = sub.add_parser("version", help="print the installed version of gm")
+    p.set_defaults(handler=_version)
+
+
+def _register_demo(sub: Subparsers) -> None:
+    p = sub.add_parser("demo", help="train 4 learners through a file:// mailbox")
+    p.set_defaults(
+        handler=_not_implemented("demo", 7, "4 learners training through a file:// mailbox")
+    )
+
+
+def _register_simulate(sub: Subparsers) -> None:
+    p = sub.add_parser("simulate", help="deterministic multi-node simulation")
+    p.set_defaults(
+        handler=_not_implemented("simulate", 5, "the deterministic multi-node simulator")
+    )
+
+
+def _register_check(sub: Subparsers) -> None:
+    p = sub.add_parser("check", help="exhaustive model checking of the protocol")
+    p.set_defaults(handler=_not_implemented("check", 5, "the model checker"))
+
+
+def _register_status(sub: Subparsers) -> None:
+    p = sub.add_parser("status", help="summarize a run's tape from its mailbox URL")
+    p.add_argument("url", help="mailbox URL of the run, e.g. s3://bucket/run or file:///path")
+    p.set_defaults(handler=_not_implemented("status", 7, "reading a run's tape"))
+
+
+_REGISTRARS: tuple[Callable[[Subparsers], None], ...] = (
+    _register_version,
+    _register_demo,
+    _register_simulate,
+    _register_check,
+    _register_status,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gm", description="Decoupled DiLoCo training over an object-store mailbox."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in _REGISTRARS:
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    return handler(args)
