@@ -1,0 +1,138 @@
+"""Property tests for gm_core.election: rightful closers, claim numbers and takeovers."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gm_core.election import next_attempt, rightful_closer, should_take_over
+
+NODE = st.sampled_from(["a", "b", "c", "d"])
+CLAIMS = st.dictionaries(st.integers(-3, 50), NODE, max_size=10)
+TIME = st.integers(0, 10**6).map(float)
+TIMEOUT = st.integers(0, 1000).map(float)
+
+
+@given(NODE, CLAIMS)
+def test_rightful_closer_is_named_or_a_claim_holder(named: str, claims: dict[int, str]) -> None:
+    closer, attempt = rightful_closer(named, claims)
+    real = {a: n for a, n in claims.items() if a >= 1}
+    if not real:
+        assert (closer, attempt) == (named, 0)
+    else:
+        assert attempt == max(real)
+        assert closer == claims[attempt]
+
+
+@given(NODE, CLAIMS, st.data())
+def test_exactly_one_rightful_closer_whatever_the_listing_order(
+    named: str, claims: dict[int, str], data: st.DataObject
+) -> None:
+    items = list(claims.items())
+    orders = [items, items[::-1], data.draw(st.permutations(items))]
+    answers = {rightful_closer(named, dict(order)) for order in orders}
+    assert len(answers) == 1
+
+
+@given(CLAIMS)
+def test_next_attempt_outranks_every_claim(claims: dict[int, str]) -> None:
+    attempt = next_attempt(claims)
+    assert attempt >= 1
+    assert all(attempt > a for a in claims)
+    if not any(a >= 1 for a in claims):
+        assert attempt == 1
+
+
+@given(NODE, st.lists(NODE, max_size=10))
+def test_successive_claims_strictly_increase_and_each_wins(named: str, claimers: list[str]) -> None:
+    claims: dict[int, str] = {}
+    last = 0
+    for node in claimers:
+        attempt = next_attempt(claims)
+        assert attempt == last + 1
+        claims[attempt] = node  # the create-once write succeeds for one node
+        assert rightful_closer(named, claims) == (node, attempt)
+        last = attempt
+
+
+@given(NODE, st.booleans(), TIME, TIME, TIMEOUT)
+def test_never_take_over_from_myself(
+    me: str, live: bool, now: float, since: float, timeout: float
+) -> None:
+    assert not should_take_over(
+        me=me,
+        closer=me,
+        closer_lease_live=live,
+        now_s=now,
+        waiting_since_s=since,
+        timeout_s=timeout,
+    )
+
+
+@given(NODE, NODE, st.booleans(), TIME, TIME, TIMEOUT)
+def test_take_over_rule(
+    me: str, closer: str, live: bool, since: float, waited: float, timeout: float
+) -> None:
+    if me == closer:
+        return
+    now = since + waited
+    decision = should_take_over(
+        me=me,
+        closer=closer,
+        closer_lease_live=live,
+        now_s=now,
+        waiting_since_s=since,
+        timeout_s=timeout,
+    )
+    assert decision == (not live or waited >= timeout)
+
+
+@given(NODE, NODE, TIME, st.integers(0, 1000), st.integers(0, 1000), TIMEOUT)
+def test_take_over_is_monotone_in_time(
+    me: str, closer: str, since: float, w1: int, w2: int, timeout: float
+) -> None:
+    # Once a follower would take over, waiting longer never changes its mind.
+    early, late = sorted((w1, w2))
+
+    def decide(now: float) -> bool:
+        return should_take_over(
+            me=me,
+            closer=closer,
+            closer_lease_live=True,
+            now_s=now,
+            waiting_since_s=since,
+            timeout_s=timeout,
+        )
+
+    if decide(since + early):
+        assert decide(since + late)
+
+
+def test_take_over_examples() -> None:
+    def decide(live: bool, now: float) -> bool:
+        return should_take_over(
+            me="b",
+            closer="a",
+            closer_lease_live=live,
+            now_s=now,
+            waiting_since_s=100.0,
+            timeout_s=30.0,
+        )
+
+    assert decide(live=False, now=100.0)  # closer gone: no need to wait
+    assert not decide(live=True, now=129.0)
+    assert decide(live=True, now=130.0)  # alive but silent for the whole timeout
+
+
+@given(st.floats(max_value=-1e-9))
+def test_negative_timeout_raises(timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        should_take_over(
+            me="a",
+            closer="b",
+            closer_lease_live=True,
+            now_s=0.0,
+            waiting_since_s=0.0,
+            timeout_s=timeout,
+        )

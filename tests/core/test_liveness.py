@@ -1,0 +1,104 @@
+"""Property tests for gm_core.liveness: leases judged by ETag changes on the observer's clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gm_core.liveness import LeaseView, is_live, observe
+
+ETAG = st.none() | st.text(alphabet="abc", min_size=1, max_size=3)
+TIME = st.integers(0, 10**6).map(float)  # integral floats: differences are exact
+TIMEOUT = st.integers(0, 1000).map(float)
+VIEW = st.none() | st.builds(LeaseView, etag=ETAG, changed_at_s=TIME)
+
+
+@given(VIEW, ETAG, TIME)
+def test_observe_resets_only_on_change(
+    view: LeaseView | None, etag: str | None, now: float
+) -> None:
+    seen = observe(view, etag, now)
+    assert seen.etag == etag
+    if view is not None and view.etag == etag:
+        assert seen == view  # same ETag: the lease keeps ageing
+    else:
+        assert seen.changed_at_s == now
+
+
+@given(VIEW, TIME, TIMEOUT)
+def test_absent_lease_is_not_live(view: LeaseView | None, now: float, timeout: float) -> None:
+    assert not is_live(None, now, timeout)
+    assert not is_live(LeaseView(etag=None, changed_at_s=now), now, timeout)
+    assert not is_live(observe(view, None, now), now, timeout)
+
+
+@given(st.lists(st.tuples(st.integers(0, 100), ETAG), max_size=30), TIMEOUT)
+def test_live_iff_present_and_changed_within_timeout(
+    looks: list[tuple[int, str | None]], timeout: float
+) -> None:
+    # Replay a sequence of looks; compare with the definition computed from the history.
+    view: LeaseView | None = None
+    now = 0.0
+    last_change: float | None = None
+    previous: object = object()  # differs from every ETag, so the first look is a change
+    for delay, etag in looks:
+        now += delay
+        view = observe(view, etag, now)
+        if etag != previous:
+            last_change = now
+            previous = etag
+        assert last_change is not None
+        expected = etag is not None and now - last_change <= timeout
+        assert is_live(view, now, timeout) == expected
+
+
+@given(st.text(min_size=1), TIME, TIMEOUT, st.lists(st.integers(0, 1000), max_size=50))
+def test_a_lease_that_keeps_changing_stays_live(
+    first: str, start: float, timeout: float, delays: list[int]
+) -> None:
+    view = observe(None, first, start)
+    now = start
+    for seq, delay in enumerate(delays):
+        now += min(delay, timeout)  # renewed at least once per timeout
+        view = observe(view, f"{first}-{seq}", now)
+        assert is_live(view, now, timeout)
+
+
+@given(st.text(min_size=1), TIME, TIMEOUT, st.lists(st.integers(0, 100), max_size=20))
+def test_a_lease_that_stops_goes_stale_exactly_after_timeout(
+    etag: str, start: float, timeout: float, looks: list[int]
+) -> None:
+    view = observe(None, etag, start)
+    now = start
+    for delay in looks:  # looking again at an unchanged lease does not refresh it
+        now += delay
+        view = observe(view, etag, now)
+    assert view.changed_at_s == start
+    assert is_live(view, start + timeout, timeout)
+    assert not is_live(view, start + timeout + 1.0, timeout)
+
+
+@given(VIEW, ETAG, TIME, TIMEOUT)
+def test_clock_is_never_read(
+    view: LeaseView | None, etag: str | None, now: float, timeout: float
+) -> None:
+    def no_clock() -> float:
+        raise AssertionError("liveness read the clock")
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("time", "monotonic", "perf_counter", "time_ns", "monotonic_ns"):
+            patch.setattr(time, name, no_clock)
+        seen = observe(view, etag, now)
+        live = is_live(seen, now, timeout)
+    # And the answer depends only on the arguments.
+    assert observe(view, etag, now) == seen
+    assert is_live(seen, now, timeout) == live
+
+
+@given(VIEW, TIME, st.floats(max_value=-1e-9))
+def test_negative_timeout_raises(view: LeaseView | None, now: float, timeout: float) -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        is_live(view, now, timeout)
