@@ -1,0 +1,894 @@
+"""The closer state machine: elect, collect, judge, merge and commit one round at a time.
+
+Theory of operation
+-------------------
+Every closer-capable node runs this machine; at any round one of them *leads*
+and the others *follow*. The newest record names ``next_closer``, who leads the
+next round. A follower watches two things on its own clock: the named closer's
+lease (an etag that must keep changing) and the next record key. When the lease
+goes stale, or no record appears within the takeover timeout, it bids for the
+round with a numbered create-once claim ``claims/r/k``; the winner of claim ``k``
+leads, and the other followers start their timeout over against it.
+
+Leadership is an optimisation, not the safety mechanism: the record itself is
+written create-once, so whatever the claims say, at most one record exists per
+round. A closer whose record write finds the key taken has been *superseded*: it
+reads the winner's record and adopts it, exactly like a follower would.
+
+Leading round ``r``: list ``snapshots/r/`` (and only that folder; later lists
+start after the last key seen), fetch each snapshot record, judge it
+(:func:`verdicts.judge_snapshot`), have the shell verify its payload, and count
+verdicts. Once :func:`verdicts.ready_to_close` holds, wait the adaptive grace
+window (or close at once when every live learner has reported), ask the shell
+to merge the accepted deltas, then write the record — the commit point. Timing
+EMAs, the frontier and the closer's name travel in the record, so any node can
+take over from the newest record alone. Garbage collection and the head hint
+are written after the commit, off the critical path.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import attrs
+
+from gm_core import codec, election, keys, liveness, retention, schedule, timing, verdicts
+from gm_core.commands import (
+    Command,
+    Contribution,
+    Delete,
+    DeletePrefix,
+    Get,
+    List,
+    Merge,
+    Notify,
+    Probe,
+    PutOnce,
+    PutOver,
+    Verify,
+    WakeAt,
+)
+from gm_core.events import (
+    CloseRequested,
+    Event,
+    GotObject,
+    Listed,
+    Merged,
+    Probed,
+    PutDone,
+    RequestFailed,
+    Started,
+    TimerFired,
+    Verified,
+)
+from gm_core.records import (
+    Claim,
+    FragmentState,
+    Head,
+    Lease,
+    Manifest,
+    Participant,
+    Reason,
+    Rejection,
+    RoundRecord,
+    Snapshot,
+    Timing,
+)
+from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
+
+NEVER = float("inf")
+TICK_S = 1e-3
+"""How long after a lease's deadline to look again: it is stale only once strictly past it."""
+
+
+class Phase(enum.StrEnum):
+    IDLE = "idle"
+    BOOTING = "booting"
+    FOLLOWING = "following"
+    CLAIMING = "claiming"
+    COLLECTING = "collecting"
+    MERGING = "merging"
+    COMMITTING = "committing"
+    STOPPED = "stopped"
+
+
+class Stage(enum.StrEnum):
+    FETCHING = "fetching"
+    VERIFYING = "verifying"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+@attrs.frozen(kw_only=True)
+class CloserOptions:
+    """Node-local settings (not part of the run's agreed config)."""
+
+    poll_s: float = 1.0
+    renew_s: float = 5.0
+    write_lease: bool = True
+    max_sweep_rounds: int = 4
+
+
+@attrs.frozen(kw_only=True)
+class Entry:
+    """One learner's snapshot in the round being closed, and how far it has been judged."""
+
+    learner: str
+    stage: Stage
+    snapshot: Snapshot | None = None
+    reason: Reason | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Purpose:
+    kind: str
+    round: int = -1
+    name: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class CloserState:
+    node: str
+    manifest: Manifest
+    schema_digest: str
+    options: CloserOptions
+    phase: Phase = Phase.IDLE
+    last: RoundRecord | None = None
+    round: int = 0
+    probe_round: int = -1
+    claims: Mapping[int, str] = attrs.field(factory=dict)
+    claim: int = 0
+    closer_lease: liveness.LeaseView | None = None
+    waiting_since_s: float = 0.0
+    opened_at_s: float = 0.0
+    quorum_at_s: float | None = None
+    close_at_s: float = NEVER
+    grace_s: float = 0.0
+    merge_at_s: float = 0.0
+    entries: Mapping[str, Entry] = attrs.field(factory=dict)
+    list_offset: str | None = None
+    draft: RoundRecord | None = None
+    leases: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
+    busy: frozenset[str] = frozenset()
+    poll_at_s: float = 0.0
+    leases_at_s: float = 0.0
+    lease_seq: int = 0
+    lease_at_s: float = 0.0
+    swept_below: int = 0
+    wake_s: float = NEVER
+    pending: Mapping[int, Purpose] = attrs.field(factory=dict)
+    next_req: int = 1
+
+
+def initial(
+    node: str, manifest: Manifest, schema_digest: str, options: CloserOptions | None = None
+) -> CloserState:
+    """A closer that has not started; feed it :class:`Started` to find the newest record."""
+    if not keys.valid_id(node):
+        raise ValueError(f"invalid node id {node!r}")
+    return CloserState(
+        node=node,
+        manifest=manifest,
+        schema_digest=schema_digest,
+        options=options or CloserOptions(),
+    )
+
+
+Result = tuple[CloserState, list[Command]]
+
+
+def advance(state: CloserState, event: Event) -> Result:
+    """The closer's transition function: one event in, the new state and commands out."""
+    cmds: list[Command] = []
+    now_s = event.now_s
+    if isinstance(event, Started):
+        state = _start(state, now_s, cmds)
+    elif isinstance(event, CloseRequested):
+        state = _stop(state, cmds)
+    elif isinstance(event, TimerFired):
+        state = attrs.evolve(state, wake_s=NEVER)
+    else:
+        purpose = state.pending.get(getattr(event, "req", -1))
+        if purpose is None:
+            return state, cmds
+        pending = dict(state.pending)
+        del pending[getattr(event, "req", -1)]
+        state = attrs.evolve(state, pending=pending, busy=state.busy - {purpose.kind})
+        state = _outcome(state, purpose, event, cmds)
+    state = _pump(state, now_s, cmds)
+    return state, cmds
+
+
+def _issue(state: CloserState, purpose: Purpose) -> tuple[CloserState, int]:
+    req = state.next_req
+    pending = dict(state.pending)
+    pending[req] = purpose
+    return attrs.evolve(state, pending=pending, next_req=req + 1), req
+
+
+def _busy(state: CloserState, purpose: Purpose) -> tuple[CloserState, int]:
+    """Issue a request of a kind of which at most one is outstanding."""
+    state, req = _issue(state, purpose)
+    return attrs.evolve(state, busy=state.busy | {purpose.kind}), req
+
+
+def _start(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    if state.phase is not Phase.IDLE:
+        return state
+    state, req = _busy(state, Purpose(kind="tape"))
+    cmds.append(Get(req=req, key=keys.head()))
+    return attrs.evolve(state, phase=Phase.BOOTING, probe_round=-2, lease_at_s=now_s)
+
+
+def _stop(state: CloserState, cmds: list[Command]) -> CloserState:
+    if state.options.write_lease and state.phase is not Phase.IDLE:
+        state, req = _issue(state, Purpose(kind="release"))
+        cmds.append(Delete(req=req, keys=(keys.lease(state.node),)))
+    cmds.append(Notify(kind="closer_stopped", round=state.round))
+    return attrs.evolve(state, phase=Phase.STOPPED)
+
+
+def _named(state: CloserState) -> str:
+    return state.last.next_closer if state.last is not None else state.manifest.created_by
+
+
+def _fragment(state: CloserState) -> int:
+    return schedule.fragment_of(state.round, state.manifest.config.fragments)
+
+
+def _gap(state: CloserState) -> int:
+    cfg = state.manifest.config
+    return schedule.gap_of(state.round, cfg.sync_every, cfg.fragments)
+
+
+def _outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    handlers = {
+        "tape": _tape_outcome,
+        "watch": _watch_outcome,
+        "claim": _claim_outcome,
+        "claim_read": _claim_read,
+        "lease": _lease_outcome,
+        "list": _list_outcome,
+        "snapshot": _snapshot_outcome,
+        "verify": _verify_outcome,
+        "merge": _merge_outcome,
+        "commit": _commit_outcome,
+        "check": _check_outcome,
+    }
+    handler = handlers.get(purpose.kind)
+    if handler is None:
+        return state  # own lease, head hint, sweeps, release: nothing depends on them
+    return handler(state, purpose, event, cmds)
+
+
+# --- finding the tape and taking part in rounds ---------------------------------------------
+
+
+def _tape_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    """Booting: read the head hint, then probe forward to the newest record."""
+    if not isinstance(event, GotObject):
+        return attrs.evolve(state, poll_at_s=event.now_s + state.options.poll_s)
+    if purpose.name == "head":
+        return attrs.evolve(state, probe_round=max(parse_head(event.data), 0))
+    if event.data is None:
+        if state.last is None and state.probe_round > 0:
+            return attrs.evolve(state, probe_round=0)  # the hint led the tape: start over
+        return _enter(state, event.now_s, cmds)
+    parsed = parse_record(event.data, purpose.round)
+    if isinstance(parsed, BadRecord):
+        cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
+        return attrs.evolve(state, poll_at_s=event.now_s + state.options.poll_s)
+    return attrs.evolve(state, last=parsed, probe_round=parsed.round + 1)
+
+
+def _enter(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """Begin the round after ``last``: lead it if ``last`` names us, else follow."""
+    round_ = state.last.round + 1 if state.last is not None else 0
+    state = attrs.evolve(
+        state,
+        phase=Phase.FOLLOWING,
+        round=round_,
+        claims={},
+        claim=0,
+        closer_lease=None,
+        waiting_since_s=now_s,
+        entries={},
+        list_offset=None,
+        quorum_at_s=None,
+        close_at_s=NEVER,
+        grace_s=0.0,
+        draft=None,
+        poll_at_s=now_s,
+        leases_at_s=now_s,
+    )
+    if _named(state) == state.node:
+        return _open(state, now_s, 0, cmds)
+    return state
+
+
+def _open(state: CloserState, now_s: float, claim: int, cmds: list[Command]) -> CloserState:
+    if claim > 0:
+        cmds.append(Notify(kind="took_over", round=state.round, detail=f"claim={claim}"))
+    return attrs.evolve(
+        state, phase=Phase.COLLECTING, claim=claim, opened_at_s=now_s, poll_at_s=now_s
+    )
+
+
+def _adopt(
+    state: CloserState, record: RoundRecord, now_s: float, cmds: list[Command]
+) -> CloserState:
+    """Someone else's record for our round is the truth: move on from it."""
+    if state.phase in (Phase.COLLECTING, Phase.MERGING, Phase.COMMITTING):
+        cmds.append(Notify(kind="superseded", round=record.round, detail=f"by {record.closer}"))
+    return _enter(attrs.evolve(state, last=record), now_s, cmds)
+
+
+def _watch_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if not isinstance(event, GotObject) or event.data is None or purpose.round != state.round:
+        return state
+    parsed = parse_record(event.data, purpose.round)
+    if isinstance(parsed, BadRecord):
+        cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
+        return state
+    return _adopt(state, parsed, event.now_s, cmds)
+
+
+def _claim_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if purpose.round != state.round or state.phase is not Phase.CLAIMING:
+        return state
+    if isinstance(event, PutDone) and event.created:
+        return _open(state, event.now_s, int(purpose.name), cmds)
+    # Taken by another follower, or unknown after a lost response: read who holds it.
+    state, req = _issue(state, Purpose(kind="claim_read", round=purpose.round, name=purpose.name))
+    cmds.append(Get(req=req, key=keys.claim(purpose.round, int(purpose.name))))
+    return attrs.evolve(state, phase=Phase.FOLLOWING)
+
+
+def _claim_read(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if purpose.round != state.round or state.phase is not Phase.FOLLOWING:
+        return state
+    if not isinstance(event, GotObject) or event.data is None:
+        return state  # not there after all: the timeout will let us bid again
+    try:
+        claim = codec.decode(Claim, event.data)
+    except codec.CodecError as error:
+        cmds.append(Notify(kind="claim_rejected", round=purpose.round, detail=str(error)))
+        claims = dict(state.claims)
+        claims[int(purpose.name)] = ""  # a hostile claim occupies its number but names nobody
+        return attrs.evolve(state, claims=claims, waiting_since_s=event.now_s)
+    if claim.node == state.node:
+        return _open(state, event.now_s, claim.attempt, cmds)
+    claims = dict(state.claims)
+    claims[claim.attempt] = claim.node
+    return attrs.evolve(state, claims=claims, closer_lease=None, waiting_since_s=event.now_s)
+
+
+def _lease_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if not isinstance(event, Probed):
+        return state
+    if state.phase is Phase.FOLLOWING and purpose.round == state.round:
+        if purpose.name == _watched(state):
+            view = liveness.observe(state.closer_lease, event.etag, event.now_s)
+            return attrs.evolve(state, closer_lease=view)
+        return state
+    leases = dict(state.leases)
+    if event.etag is None and purpose.name not in state.entries:
+        leases.pop(purpose.name, None)  # released or never there: forget it until it publishes
+    else:
+        leases[purpose.name] = liveness.observe(leases.get(purpose.name), event.etag, event.now_s)
+    return attrs.evolve(state, leases=leases)
+
+
+def _watched(state: CloserState) -> str:
+    return election.rightful_closer(_named(state), state.claims)[0]
+
+
+# --- collecting and judging snapshots --------------------------------------------------------
+
+
+def _list_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if not isinstance(event, Listed) or purpose.round != state.round:
+        return state
+    if state.phase is not Phase.COLLECTING:
+        return state
+    entries = dict(state.entries)
+    offset = state.list_offset
+    for key in event.keys:
+        offset = key if offset is None else max(offset, key)
+        learner = _snapshot_learner(key, state.round)
+        if learner is None:
+            cmds.append(Notify(kind="bad_key", round=state.round, detail=key))
+            continue
+        if learner in entries:
+            continue
+        entries[learner] = Entry(learner=learner, stage=Stage.FETCHING)
+        state, req = _issue(state, Purpose(kind="snapshot", round=state.round, name=learner))
+        cmds.append(Get(req=req, key=key))
+        if learner not in state.leases:
+            state, req = _issue(state, Purpose(kind="lease", round=state.round, name=learner))
+            cmds.append(Probe(req=req, key=keys.lease(learner)))
+    return attrs.evolve(state, entries=entries, list_offset=offset)
+
+
+def _snapshot_learner(key: str, round_: int) -> str | None:
+    try:
+        parsed = keys.parse(key)
+    except keys.BadKey:
+        return None
+    if not isinstance(parsed, keys.SnapshotKey) or parsed.round != round_:
+        return None
+    return parsed.learner
+
+
+def _snapshot_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if purpose.round != state.round or state.phase is not Phase.COLLECTING:
+        return state
+    learner = purpose.name
+    if not isinstance(event, GotObject) or event.data is None:
+        return _reject(state, learner, Reason.MISSING, cmds)
+    try:
+        snapshot = codec.decode(Snapshot, event.data)
+    except codec.CodecError as error:
+        cmds.append(Notify(kind="snapshot_malformed", round=state.round, detail=str(error)))
+        return _reject(state, learner, Reason.CORRUPT, cmds)
+    reason = _judge(state, learner, snapshot)
+    if reason is not None:
+        return _reject(state, learner, reason, cmds)
+    state, req = _issue(state, Purpose(kind="verify", round=state.round, name=learner))
+    cmds.append(Verify(req=req, round=state.round, learner=learner, payload=snapshot.payload))
+    return _set_entry(state, Entry(learner=learner, stage=Stage.VERIFYING, snapshot=snapshot))
+
+
+def _judge(state: CloserState, learner: str, snapshot: Snapshot) -> Reason | None:
+    if snapshot.learner != learner:
+        return Reason.CORRUPT
+    cfg = state.manifest.config
+    fragment = _fragment(state)
+    return verdicts.judge_snapshot(
+        snapshot,
+        round=state.round,
+        fragment=fragment,
+        committed_version=_frontier(state)[fragment].version,
+        schema_digest=state.schema_digest,
+        require_signatures=cfg.require_signatures,
+        max_stale_versions=max_stale_versions(cfg.in_flight, cfg.fragments),
+    )
+
+
+def max_stale_versions(in_flight: int, fragments: int) -> int:
+    """How many versions behind a correct learner's base can be when it publishes.
+
+    A learner publishes round r only once it has aligned every commit up to
+    ``r - in_flight``; the previous commit of the same fragment is ``r - P``, so
+    with ``in_flight <= P`` its base is current, and each further ``P`` rounds of
+    flight can leave it one more version behind.
+    """
+    return max(0, -(-in_flight // fragments) - 1)
+
+
+def _verify_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if purpose.round != state.round or state.phase is not Phase.COLLECTING:
+        return state
+    entry = state.entries.get(purpose.name)
+    if entry is None or entry.stage is not Stage.VERIFYING:
+        return state
+    if isinstance(event, Verified) and event.reason is None:
+        return _set_entry(state, attrs.evolve(entry, stage=Stage.ACCEPTED))
+    reason = event.reason if isinstance(event, Verified) else Reason.MISSING
+    assert reason is not None
+    return _reject(state, purpose.name, reason, cmds)
+
+
+def _reject(state: CloserState, learner: str, reason: Reason, cmds: list[Command]) -> CloserState:
+    cmds.append(Notify(kind="rejected", round=state.round, detail=f"{learner}: {reason}"))
+    old = state.entries.get(learner)
+    snapshot = old.snapshot if old is not None else None
+    entry = Entry(learner=learner, stage=Stage.REJECTED, snapshot=snapshot, reason=reason)
+    return _set_entry(state, entry)
+
+
+def _set_entry(state: CloserState, entry: Entry) -> CloserState:
+    entries = dict(state.entries)
+    entries[entry.learner] = entry
+    return attrs.evolve(state, entries=entries)
+
+
+def _frontier(state: CloserState) -> tuple[FragmentState, ...]:
+    return frontier_of(state.manifest, state.last)
+
+
+# --- closing: quorum, grace, merge, commit ---------------------------------------------------
+
+
+def _live(state: CloserState, now_s: float) -> frozenset[str]:
+    timeout_s = state.manifest.config.lease_timeout_s
+    return frozenset(n for n, v in state.leases.items() if liveness.is_live(v, now_s, timeout_s))
+
+
+def _accepted(state: CloserState) -> list[Entry]:
+    return sorted(
+        (e for e in state.entries.values() if e.stage is Stage.ACCEPTED), key=lambda e: e.learner
+    )
+
+
+def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """Start the merge once quorum (or every live learner) is in and grace has run out."""
+    cfg = state.manifest.config
+    judged = frozenset(
+        e.learner for e in state.entries.values() if e.stage in (Stage.ACCEPTED, Stage.REJECTED)
+    )
+    live = _live(state, now_s)
+    accepted = _accepted(state)
+    if state.quorum_at_s is None:
+        if not verdicts.ready_to_close(
+            accepted=len(accepted), reported=judged, live=live, quorum=cfg.quorum
+        ):
+            return state
+        gap = _gap(state)
+        grace = timing.grace_s(
+            state.last.timing if state.last is not None else _NO_TIMING,
+            ahead_steps=timing.ahead_steps(cfg, gap),
+            gap_steps=gap,
+            gamma=cfg.grace_gamma,
+        )
+        state = attrs.evolve(state, quorum_at_s=now_s, grace_s=grace, close_at_s=now_s + grace)
+    in_progress = any(e.stage in (Stage.FETCHING, Stage.VERIFYING) for e in state.entries.values())
+    everyone = bool(live) and live <= judged and not in_progress
+    if now_s < state.close_at_s and not everyone:
+        return state
+    return _merge(state, now_s, accepted, cmds)
+
+
+def _merge(
+    state: CloserState, now_s: float, accepted: list[Entry], cmds: list[Command]
+) -> CloserState:
+    state = attrs.evolve(state, merge_at_s=now_s)
+    if not accepted:
+        return _commit(state, now_s, None, cmds)
+    contributions = tuple(
+        Contribution(
+            learner=e.learner,
+            payload=e.snapshot.payload,
+            weight=verdicts.merge_weight(e.snapshot.tokens, e.snapshot.steps),
+            final=e.snapshot.final,
+        )
+        for e in accepted
+        if e.snapshot is not None
+    )
+    state, req = _issue(state, Purpose(kind="merge", round=state.round))
+    cmds.append(
+        Merge(
+            req=req,
+            round=state.round,
+            fragment=_fragment(state),
+            base=_frontier(state)[_fragment(state)],
+            contributions=contributions,
+            final_only=all(c.final for c in contributions),
+        )
+    )
+    return attrs.evolve(state, phase=Phase.MERGING)
+
+
+def _merge_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if purpose.round != state.round or state.phase is not Phase.MERGING:
+        return state
+    if isinstance(event, Merged):
+        return _commit(state, event.now_s, event, cmds)
+    # Try the merge again after a poll interval; a follower takes over if it never succeeds.
+    cmds.append(Notify(kind="merge_failed", round=state.round, detail=_error(event)))
+    return attrs.evolve(
+        state, phase=Phase.COLLECTING, close_at_s=event.now_s + state.options.poll_s
+    )
+
+
+def _error(event: Event) -> str:
+    return event.error if isinstance(event, RequestFailed) else type(event).__name__
+
+
+_NO_TIMING = Timing()
+
+
+def _commit(
+    state: CloserState, now_s: float, merged: Merged | None, cmds: list[Command]
+) -> CloserState:
+    """Draft the round record and write it create-once: the commit point."""
+    record = _draft(state, now_s, merged)
+    state, req = _issue(state, Purpose(kind="commit", round=state.round))
+    cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=codec.encode(record)))
+    return attrs.evolve(state, phase=Phase.COMMITTING, draft=record)
+
+
+def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundRecord:
+    cfg = state.manifest.config
+    fragment = _fragment(state)
+    frontier = list(_frontier(state))
+    base = frontier[fragment]
+    accepted = _accepted(state)
+    participants = tuple(_participant(e) for e in accepted if e.snapshot is not None)
+    if merged is not None and participants:
+        momentum = merged.outer if merged.outer is not None else base.momentum
+        frontier[fragment] = FragmentState(
+            version=base.version + 1, theta=merged.theta, momentum=momentum
+        )
+    rejections = tuple(
+        Rejection(learner=e.learner, reason=e.reason)
+        for e in sorted(state.entries.values(), key=lambda e: e.learner)
+        if e.stage is Stage.REJECTED and e.reason is not None
+    )
+    step_samples = [e.snapshot.step_s for e in accepted if e.snapshot and e.snapshot.step_s > 0]
+    quorum_s = (state.quorum_at_s or now_s) - state.opened_at_s
+    previous = state.last.timing if state.last is not None else _NO_TIMING
+    estimates = timing.update_timing(
+        previous,
+        step_s=sum(step_samples) / len(step_samples) if step_samples else None,
+        quorum_s=max(quorum_s, 0.0),
+        sync_s=max(now_s - state.merge_at_s, 0.0),
+    )
+    committed = frontier[fragment]
+    return RoundRecord(
+        round=state.round,
+        step=schedule.step_of(state.round, cfg.sync_every, cfg.fragments),
+        fragment=fragment,
+        version=committed.version,
+        participants=participants,
+        rejections=rejections,
+        cosine=merged.cosine if merged is not None else None,
+        timing=estimates,
+        quorum_s=max(quorum_s, 0.0),
+        grace_s=state.grace_s,
+        theta=committed.theta,
+        outer=merged.outer if merged is not None and participants else None,
+        update=merged.update if merged is not None and participants else None,
+        closer=state.node,
+        claim=state.claim,
+        next_closer=state.node,
+        frontier=tuple(frontier),
+    )
+
+
+def _participant(entry: Entry) -> Participant:
+    snap = entry.snapshot
+    assert snap is not None
+    return Participant(
+        learner=entry.learner,
+        steps=snap.steps,
+        tokens=snap.tokens,
+        weight=verdicts.merge_weight(snap.tokens, snap.steps),
+        base_version=snap.base_version,
+        final=snap.final,
+    )
+
+
+def _commit_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if purpose.round != state.round or state.phase is not Phase.COMMITTING:
+        return state
+    if isinstance(event, PutDone) and event.created and state.draft is not None:
+        return _committed(state, state.draft, event.now_s, cmds)
+    # Taken, or unknown after a lost response: read the record to learn which.
+    state, req = _issue(state, Purpose(kind="check", round=state.round))
+    cmds.append(Get(req=req, key=keys.round_record(state.round)))
+    return state
+
+
+def _check_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    draft = state.draft
+    if purpose.round != state.round or state.phase is not Phase.COMMITTING or draft is None:
+        return state
+    if not isinstance(event, GotObject):
+        state, req = _issue(state, Purpose(kind="check", round=state.round))
+        cmds.append(Get(req=req, key=keys.round_record(state.round)))
+        return state
+    if event.data is None:
+        # Our write never landed: write the same bytes again.
+        state, req = _issue(state, Purpose(kind="commit", round=state.round))
+        data = codec.encode(draft)
+        cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=data))
+        return state
+    parsed = parse_record(event.data, state.round)
+    if isinstance(parsed, BadRecord):
+        cmds.append(Notify(kind="record_rejected", round=state.round, detail=parsed.reason))
+        return attrs.evolve(state, phase=Phase.FOLLOWING, poll_at_s=event.now_s)
+    if parsed == draft:
+        return _committed(state, parsed, event.now_s, cmds)
+    return _adopt(state, parsed, event.now_s, cmds)
+
+
+def _committed(
+    state: CloserState, record: RoundRecord, now_s: float, cmds: list[Command]
+) -> CloserState:
+    """The record is in the bucket: publish the hint, sweep old rounds, open the next round."""
+    detail = f"version={record.version} participants={len(record.participants)}"
+    cmds.append(Notify(kind="committed", round=record.round, detail=detail))
+    state, req = _issue(state, Purpose(kind="head"))
+    cmds.append(PutOver(req=req, key=keys.head(), data=codec.encode(Head(round=record.round))))
+    state = _sweep(state, record, cmds)
+    return _enter(attrs.evolve(state, last=record), now_s, cmds)
+
+
+def _sweep(state: CloserState, record: RoundRecord, cmds: list[Command]) -> CloserState:
+    pinned = frozenset(
+        keys.round_of_payload_key(ref.key)
+        for fs in record.frontier
+        for ref in (fs.theta, fs.momentum)
+        if ref is not None
+    )
+    fragments = state.manifest.config.fragments
+    limit = state.options.max_sweep_rounds
+    rounds = retention.sweepable_rounds(
+        committed_round=record.round,
+        fragments=fragments,
+        swept_below=state.swept_below,
+        pinned=pinned,
+        max_rounds=limit,
+    )
+    for round_ in rounds:
+        for prefix in (keys.snapshot_prefix(round_), keys.claim_prefix(round_)):
+            state, req = _issue(state, Purpose(kind="sweep", round=round_))
+            cmds.append(DeletePrefix(req=req, prefix=prefix))
+        state, req = _issue(state, Purpose(kind="sweep", round=round_))
+        cmds.append(DeletePrefix(req=req, prefix=keys.payload_prefix(round_)))
+    swept_below = retention.new_swept_below(
+        committed_round=record.round,
+        fragments=fragments,
+        swept_below=state.swept_below,
+        pinned=pinned,
+        max_rounds=limit,
+    )
+    return attrs.evolve(state, swept_below=swept_below)
+
+
+# --- the pump: what to do after any event -----------------------------------------------------
+
+
+def _pump(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    if state.phase in (Phase.IDLE, Phase.STOPPED):
+        return state
+    if state.phase is Phase.BOOTING:
+        state = _boot_probe(state, now_s, cmds)
+    elif state.phase is Phase.FOLLOWING:
+        state = _follow(state, now_s, cmds)
+    elif state.phase is Phase.COLLECTING:
+        state = _collect(state, now_s, cmds)
+    state = _renew(state, now_s, cmds)
+    return _wake(state, now_s, cmds)
+
+
+def _boot_probe(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    if "tape" in state.busy or state.probe_round < 0 or now_s < state.poll_at_s:
+        return state
+    round_ = state.probe_round
+    state, req = _busy(state, Purpose(kind="tape", round=round_))
+    cmds.append(Get(req=req, key=keys.round_record(round_)))
+    return state
+
+
+def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """Watch the next record and the rightful closer's lease; bid for the round when due."""
+    if "watch" not in state.busy and now_s >= state.poll_at_s:
+        state, req = _busy(state, Purpose(kind="watch", round=state.round))
+        cmds.append(Get(req=req, key=keys.round_record(state.round)))
+        state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
+    closer = _watched(state)
+    if closer == state.node:
+        return state
+    if now_s >= state.leases_at_s and closer:
+        state, req = _issue(state, Purpose(kind="lease", round=state.round, name=closer))
+        cmds.append(Probe(req=req, key=keys.lease(closer)))
+        state = attrs.evolve(state, leases_at_s=now_s + state.options.renew_s)
+    if state.closer_lease is None and closer:
+        return state  # judge a closer only after seeing its lease at least once
+    cfg = state.manifest.config
+    live = bool(closer) and liveness.is_live(state.closer_lease, now_s, cfg.lease_timeout_s)
+    timeout_s = timing.takeover_timeout_s(
+        state.last.timing if state.last is not None else _NO_TIMING,
+        gap_steps=_gap(state),
+        floor_s=cfg.takeover_floor_s,
+    )
+    if not election.should_take_over(
+        me=state.node,
+        closer=closer,
+        closer_lease_live=live,
+        now_s=now_s,
+        waiting_since_s=state.waiting_since_s,
+        timeout_s=timeout_s,
+    ):
+        return state
+    attempt = election.next_attempt(state.claims)
+    claim = Claim(round=state.round, attempt=attempt, node=state.node)
+    state, req = _issue(state, Purpose(kind="claim", round=state.round, name=str(attempt)))
+    cmds.append(PutOnce(req=req, key=keys.claim(state.round, attempt), data=codec.encode(claim)))
+    return attrs.evolve(state, phase=Phase.CLAIMING)
+
+
+def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    if "list" not in state.busy and now_s >= state.poll_at_s:
+        state, req = _busy(state, Purpose(kind="list", round=state.round))
+        prefix = keys.snapshot_prefix(state.round)
+        cmds.append(List(req=req, prefix=prefix, offset=state.list_offset))
+        state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
+    if now_s >= state.leases_at_s and state.leases:
+        for learner in sorted(state.leases):
+            state, req = _issue(state, Purpose(kind="lease", round=state.round, name=learner))
+            cmds.append(Probe(req=req, key=keys.lease(learner)))
+        state = attrs.evolve(state, leases_at_s=now_s + state.options.renew_s)
+    return _maybe_close(state, now_s, cmds)
+
+
+def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    if not state.options.write_lease or now_s < state.lease_at_s:
+        return state
+    lease = Lease(
+        node=state.node, roles=("closer",), seq=state.lease_seq, renew_s=state.options.renew_s
+    )
+    state, req = _issue(state, Purpose(kind="own_lease"))
+    cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
+    return attrs.evolve(
+        state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + state.options.renew_s
+    )
+
+
+def _wake(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """Ask for one timer at the earliest moment anything could change without an outcome."""
+    times = [state.lease_at_s if state.options.write_lease else NEVER]
+    if state.phase in (Phase.BOOTING, Phase.FOLLOWING, Phase.COLLECTING):
+        times.append(state.poll_at_s)
+    if state.phase is Phase.FOLLOWING:
+        times.append(state.leases_at_s)
+        times.append(_takeover_at(state))
+    if state.phase is Phase.COLLECTING:
+        times.extend((state.leases_at_s, state.close_at_s, _lease_expiry(state, now_s)))
+    wake = max(min(times), now_s)
+    if wake != state.wake_s:
+        if wake < NEVER:
+            cmds.append(WakeAt(at_s=wake))
+        state = attrs.evolve(state, wake_s=wake)
+    return state
+
+
+def _takeover_at(state: CloserState) -> float:
+    cfg = state.manifest.config
+    timeout_s = timing.takeover_timeout_s(
+        state.last.timing if state.last is not None else _NO_TIMING,
+        gap_steps=_gap(state),
+        floor_s=cfg.takeover_floor_s,
+    )
+    expiry = NEVER
+    if state.closer_lease is not None:
+        expiry = state.closer_lease.changed_at_s + cfg.lease_timeout_s + TICK_S
+    return min(state.waiting_since_s + timeout_s, expiry)
+
+
+def _lease_expiry(state: CloserState, now_s: float) -> float:
+    """The next moment a live learner's lease would go stale (quorum may then be met)."""
+    timeout_s = state.manifest.config.lease_timeout_s
+    expiries = [
+        v.changed_at_s + timeout_s + TICK_S
+        for v in state.leases.values()
+        if v.etag is not None and v.changed_at_s + timeout_s >= now_s
+    ]
+    return min(expiries, default=NEVER)

@@ -1,0 +1,448 @@
+"""A cluster of learner and closer machines around a model store, as one pure value.
+
+Theory of operation
+-------------------
+This is the shell of the tests, the simulator and the model checker: it
+interprets commands against :class:`~gm_core.store_model.ModelStore` and feeds
+outcomes back through the real ``advance`` functions. Nothing happens on its
+own: a driver picks the next action — deliver one in-flight command (normally,
+as a failure, or with its response lost after the write landed), fire a timer,
+let a learner train, crash or restart a node, move the clock — so a random
+driver explores interleavings and an exhaustive one enumerates them.
+
+Tensors are abstract: a payload is a few bytes naming who made it, and its
+digest is their blake2b hash, which is enough to check hashes, to detect a
+poisoned (non-finite) delta and to keep every pointer honest.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Mapping
+
+import attrs
+
+from gm_core import closer, invariants, keys, learner, plan
+from gm_core.commands import (
+    Align,
+    Capture,
+    Command,
+    Delete,
+    DeletePrefix,
+    Get,
+    List,
+    Merge,
+    Notify,
+    Pace,
+    Probe,
+    PutOnce,
+    PutOver,
+    Verify,
+    WakeAt,
+)
+from gm_core.events import (
+    Aligned,
+    Captured,
+    CloseRequested,
+    Deleted,
+    Event,
+    GotObject,
+    Listed,
+    Merged,
+    Probed,
+    PutDone,
+    RequestFailed,
+    Started,
+    Stepped,
+    TimerFired,
+    Verified,
+)
+from gm_core.records import (
+    AlgorithmConfig,
+    FragmentState,
+    Manifest,
+    PayloadRef,
+    Reason,
+    TensorSpec,
+)
+from gm_core.store_model import ModelStore
+
+POISON = b"|nan"
+"""Marks an abstract payload whose tensor holds a NaN."""
+
+
+class Fault(enum.StrEnum):
+    NONE = "none"
+    FAIL = "fail"
+    LOSE_RESPONSE = "lose_response"
+
+
+class Machine(enum.StrEnum):
+    LEARNER = "learner"
+    CLOSER = "closer"
+
+
+@attrs.frozen(kw_only=True)
+class InFlight:
+    node: str
+    machine: Machine
+    incarnation: int
+    command: Command
+
+
+@attrs.frozen(kw_only=True)
+class Node:
+    name: str
+    incarnation: int = 0
+    alive: bool = True
+    learner: learner.LearnerState | None = None
+    closer: closer.CloserState | None = None
+    timers: Mapping[Machine, float] = attrs.field(factory=dict)
+    step: int = 0
+    tokens: int = 0
+    pace: Pace | None = None
+    poison: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Cluster:
+    manifest: Manifest
+    schema_digest: str
+    store: ModelStore
+    nodes: Mapping[str, Node]
+    roles: Mapping[str, frozenset[Machine]]
+    inflight: tuple[InFlight, ...] = ()
+    now_s: float = 0.0
+    notes: tuple[tuple[str, Notify], ...] = ()
+    violations: tuple[invariants.Violation, ...] = ()
+    learner_options: learner.LearnerOptions = attrs.field(factory=learner.LearnerOptions)
+    closer_options: closer.CloserOptions = attrs.field(factory=closer.CloserOptions)
+
+
+def payload_bytes(*parts: object) -> bytes:
+    return "|".join(str(p) for p in parts).encode()
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=32).hexdigest()
+
+
+def _ref(round_: int, data: bytes) -> PayloadRef:
+    digest = digest_of(data)
+    return PayloadRef(key=keys.payload(round_, digest), size=len(data), digest=digest)
+
+
+SCHEMA = (
+    TensorSpec(name="w0", shape=(4,), dtype="F32"),
+    TensorSpec(name="w1", shape=(4,), dtype="F32"),
+)
+
+
+def create(
+    config: AlgorithmConfig,
+    roles: Mapping[str, frozenset[Machine]],
+    *,
+    schema: tuple[TensorSpec, ...] = SCHEMA,
+    learner_options: learner.LearnerOptions | None = None,
+    closer_options: closer.CloserOptions | None = None,
+) -> Cluster:
+    """A run whose manifest and initial payloads are in the store; nodes not yet started."""
+    fragment_plan = plan.make_plan(schema, config)
+    store = ModelStore()
+    init = []
+    for fragment in range(config.fragments):
+        data = payload_bytes("init", fragment)
+        ref = _ref(0, data)
+        store, _ = store.put_once(ref.key, data)
+        init.append(FragmentState(version=0, theta=ref, momentum=None))
+    first = min(n for n, r in roles.items() if Machine.CLOSER in r)
+    manifest = Manifest(
+        run_id="run",
+        created_by=first,
+        config=config,
+        schema=schema,
+        plan=fragment_plan,
+        init=tuple(init),
+    )
+    return Cluster(
+        manifest=manifest,
+        schema_digest=plan.schema_digest(schema),
+        store=store,
+        nodes={name: Node(name=name, alive=False) for name in sorted(roles)},
+        roles=dict(roles),
+        learner_options=learner_options or learner.LearnerOptions(),
+        closer_options=closer_options or closer.CloserOptions(),
+    )
+
+
+def view(c: Cluster) -> invariants.ClusterView:
+    return invariants.ClusterView(
+        manifest=c.manifest,
+        schema_digest=c.schema_digest,
+        store=c.store,
+        learners={n.name: n.learner for n in c.nodes.values() if n.alive and n.learner},
+        closers={n.name: n.closer for n in c.nodes.values() if n.alive and n.closer},
+    )
+
+
+def check(c: Cluster) -> list[invariants.Violation]:
+    """Every state invariant plus every moment-invariant violation recorded so far."""
+    return [*c.violations, *invariants.check(view(c))]
+
+
+# --- feeding machines ---------------------------------------------------------------------------
+
+
+def _feed(c: Cluster, name: str, machine: Machine, event: Event) -> Cluster:
+    """Run one event through a node's machine and queue the commands it returns."""
+    node = c.nodes[name]
+    cmds: list[Command]
+    if machine is Machine.LEARNER:
+        assert node.learner is not None
+        old = node.learner
+        new_l, cmds = learner.advance(old, event)
+        broken = invariants.learner_monotonic(old, new_l)
+        c = _record(c, "learner_monotonic", broken)
+        node = attrs.evolve(node, learner=new_l)
+    else:
+        assert node.closer is not None
+        new_c, cmds = closer.advance(node.closer, event)
+        node = attrs.evolve(node, closer=new_c)
+    queued = list(c.inflight)
+    notes = list(c.notes)
+    timers = dict(node.timers)
+    for cmd in cmds:
+        if isinstance(cmd, WakeAt):
+            timers[machine] = cmd.at_s
+        elif isinstance(cmd, Pace):
+            node = attrs.evolve(node, pace=cmd)
+        elif isinstance(cmd, Notify):
+            notes.append((name, cmd))
+        else:
+            queued.append(
+                InFlight(node=name, machine=machine, incarnation=node.incarnation, command=cmd)
+            )
+    node = attrs.evolve(node, timers=timers)
+    nodes = dict(c.nodes)
+    nodes[name] = node
+    return attrs.evolve(c, nodes=nodes, inflight=tuple(queued), notes=tuple(notes))
+
+
+def _record(c: Cluster, name: str, messages: tuple[str, ...]) -> Cluster:
+    if not messages:
+        return c
+    found = tuple(invariants.Violation(invariant=name, message=m) for m in messages)
+    return attrs.evolve(c, violations=(*c.violations, *found))
+
+
+def start(c: Cluster, name: str) -> Cluster:
+    """Start (or restart after a crash) a node with fresh machines for its roles."""
+    node = c.nodes[name]
+    roles = c.roles[name]
+    both = Machine.LEARNER in roles
+    fresh = Node(
+        name=name,
+        incarnation=node.incarnation + 1,
+        alive=True,
+        poison=node.poison,
+        learner=learner.initial(name, c.manifest, c.schema_digest, c.learner_options)
+        if Machine.LEARNER in roles
+        else None,
+        closer=closer.initial(
+            name, c.manifest, c.schema_digest, attrs.evolve(c.closer_options, write_lease=not both)
+        )
+        if Machine.CLOSER in roles
+        else None,
+    )
+    nodes = dict(c.nodes)
+    nodes[name] = fresh
+    c = attrs.evolve(c, nodes=nodes)
+    for machine in sorted(roles):
+        c = _feed(c, name, machine, Started(now_s=c.now_s))
+    return c
+
+
+def crash(c: Cluster, name: str) -> Cluster:
+    """Kill a node: its machines vanish and its commands in flight never happen."""
+    nodes = dict(c.nodes)
+    nodes[name] = Node(
+        name=name, incarnation=c.nodes[name].incarnation, alive=False, poison=c.nodes[name].poison
+    )
+    inflight = tuple(f for f in c.inflight if f.node != name)
+    return attrs.evolve(c, nodes=nodes, inflight=inflight)
+
+
+def close(c: Cluster, name: str) -> Cluster:
+    node = c.nodes[name]
+    for machine in sorted(c.roles[name]):
+        if node.alive:
+            c = _feed(c, name, machine, CloseRequested(now_s=c.now_s))
+    return c
+
+
+def tick(c: Cluster, seconds: float) -> Cluster:
+    return attrs.evolve(c, now_s=c.now_s + seconds)
+
+
+def due_timers(c: Cluster) -> list[tuple[str, Machine]]:
+    return [
+        (n.name, m)
+        for n in c.nodes.values()
+        if n.alive
+        for m, at in sorted(n.timers.items())
+        if at <= c.now_s
+    ]
+
+
+def fire(c: Cluster, name: str, machine: Machine) -> Cluster:
+    node = c.nodes[name]
+    timers = dict(node.timers)
+    timers.pop(machine, None)
+    nodes = dict(c.nodes)
+    nodes[name] = attrs.evolve(node, timers=timers)
+    return _feed(attrs.evolve(c, nodes=nodes), name, machine, TimerFired(now_s=c.now_s))
+
+
+def next_timer_s(c: Cluster) -> float | None:
+    times = [at for n in c.nodes.values() if n.alive for at in n.timers.values()]
+    return min(times, default=None)
+
+
+def can_train(c: Cluster, name: str) -> bool:
+    node = c.nodes[name]
+    return (
+        node.alive and node.learner is not None and node.pace is not None and not node.pace.stalled
+    )
+
+
+def train(c: Cluster, name: str, steps: int, tokens_per_step: int = 8) -> Cluster:
+    """The learner's training loop runs up to ``steps`` steps, stopping at the core's barrier."""
+    node = c.nodes[name]
+    if not can_train(c, name):
+        return c
+    pace = node.pace
+    assert pace is not None
+    target = min(node.step + steps, pace.next_step)
+    node = attrs.evolve(
+        node, step=target, tokens=node.tokens + tokens_per_step * (target - node.step)
+    )
+    nodes = dict(c.nodes)
+    nodes[name] = node
+    c = attrs.evolve(c, nodes=nodes)
+    if target >= pace.next_step:
+        c = _feed(
+            c, name, Machine.LEARNER, Stepped(now_s=c.now_s, step=node.step, tokens=node.tokens)
+        )
+    return c
+
+
+# --- carrying out commands ------------------------------------------------------------------------
+
+
+def deliver(c: Cluster, index: int, fault: Fault = Fault.NONE) -> Cluster:
+    """Carry out one in-flight command and feed its outcome (or a failure) to its machine."""
+    item = c.inflight[index]
+    c = attrs.evolve(c, inflight=c.inflight[:index] + c.inflight[index + 1 :])
+    node = c.nodes[item.node]
+    if not node.alive or node.incarnation != item.incarnation:
+        return c
+    if fault is Fault.FAIL:
+        outcome: Event = RequestFailed(
+            now_s=c.now_s, req=_req(item.command), error="injected failure"
+        )
+    else:
+        c, outcome = _execute(c, node, item.command)
+        if fault is Fault.LOSE_RESPONSE:
+            outcome = RequestFailed(now_s=c.now_s, req=_req(item.command), error="response lost")
+    return _feed(c, item.node, item.machine, outcome)
+
+
+def _req(cmd: Command) -> int:
+    req = getattr(cmd, "req", None)
+    assert isinstance(req, int)
+    return req
+
+
+def _execute(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Event]:
+    now = c.now_s
+    store = c.store
+    if isinstance(cmd, Get):
+        got = store.get(cmd.key)
+        if got is None:
+            return c, GotObject(now_s=now, req=cmd.req, data=None, etag=None)
+        return c, GotObject(now_s=now, req=cmd.req, data=got.data, etag=got.etag)
+    if isinstance(cmd, Probe):
+        got = store.get(cmd.key)
+        return c, Probed(now_s=now, req=cmd.req, etag=None if got is None else got.etag)
+    if isinstance(cmd, PutOnce):
+        c = _record(
+            c, "payload_before_pointer", invariants.pointer_targets_exist(store, cmd.key, cmd.data)
+        )
+        store, created = store.put_once(cmd.key, cmd.data)
+        return attrs.evolve(c, store=store), PutDone(now_s=now, req=cmd.req, created=created)
+    if isinstance(cmd, PutOver):
+        return attrs.evolve(c, store=store.put(cmd.key, cmd.data)), PutDone(
+            now_s=now, req=cmd.req, created=True
+        )
+    if isinstance(cmd, List):
+        return c, Listed(now_s=now, req=cmd.req, keys=store.list(cmd.prefix, cmd.offset))
+    if isinstance(cmd, Delete):
+        return attrs.evolve(c, store=store.delete(cmd.keys)), Deleted(now_s=now, req=cmd.req)
+    if isinstance(cmd, DeletePrefix):
+        return attrs.evolve(c, store=store.delete_prefix(cmd.prefix)), Deleted(
+            now_s=now, req=cmd.req
+        )
+    return _execute_payload(c, node, cmd)
+
+
+def _execute_payload(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Event]:
+    now = c.now_s
+    if isinstance(cmd, Capture):
+        data = payload_bytes("delta", node.name, cmd.round, node.step) + (
+            POISON if node.poison else b""
+        )
+        ref = _ref(cmd.round, data)
+        store, _ = c.store.put_once(ref.key, data)
+        return attrs.evolve(c, store=store), Captured(now_s=now, req=cmd.req, payload=ref)
+    if isinstance(cmd, Verify):
+        return c, Verified(now_s=now, req=cmd.req, reason=_verdict(c, cmd.payload))
+    if isinstance(cmd, Merge):
+        return _merge(c, cmd)
+    if isinstance(cmd, Align):
+        if c.store.get(cmd.theta.key) is None:
+            return c, RequestFailed(now_s=now, req=cmd.req, error=f"{cmd.theta.key} is missing")
+        return c, Aligned(now_s=now, req=cmd.req, step=node.step, tokens=node.tokens)
+    raise TypeError(f"not a command the cluster carries out: {cmd!r}")
+
+
+def _verdict(c: Cluster, ref: PayloadRef) -> Reason | None:
+    got = c.store.get(ref.key)
+    if got is None:
+        return Reason.MISSING
+    if digest_of(got.data) != ref.digest or len(got.data) != ref.size:
+        return Reason.CORRUPT
+    if got.data.endswith(POISON):
+        return Reason.NONFINITE
+    return None
+
+
+def _merge(c: Cluster, cmd: Merge) -> tuple[Cluster, Event]:
+    now = c.now_s
+    for contribution in cmd.contributions:
+        if _verdict(c, contribution.payload) is not None:
+            return c, RequestFailed(
+                now_s=now, req=cmd.req, error=f"{contribution.learner}'s payload is unusable"
+            )
+    names = ",".join(x.learner for x in cmd.contributions)
+    theta_data = payload_bytes("theta", cmd.round, cmd.base.version + 1, names)
+    outer_data = payload_bytes("momentum", cmd.round, names)
+    store = c.store
+    theta = _ref(cmd.round, theta_data)
+    store, _ = store.put_once(theta.key, theta_data)
+    outer = None
+    if not cmd.final_only:
+        outer = _ref(cmd.round, outer_data)
+        store, _ = store.put_once(outer.key, outer_data)
+    merged = Merged(now_s=now, req=cmd.req, theta=theta, outer=outer, update=None, cosine=None)
+    return attrs.evolve(c, store=store), merged

@@ -1,0 +1,167 @@
+"""Commands: the effects a state machine asks its shell to perform.
+
+Theory of operation
+-------------------
+A transition never performs an effect; it returns command values. The shell (or
+the simulator, or the model checker) interprets each one and feeds its outcome
+back as an event carrying the same ``req`` number, success or failure alike, so
+the machine always learns what became of what it asked for. Store commands name
+keys relative to the run prefix; payload commands name work on tensors that only
+the shell holds (the core sees payloads as :class:`~gm_core.records.PayloadRef`).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from gm_core.records import Alignment, FragmentState, PayloadRef
+
+
+@attrs.frozen(kw_only=True)
+class Get:
+    """Read one object; a missing object is an ordinary outcome, not a failure."""
+
+    req: int
+    key: str
+
+
+@attrs.frozen(kw_only=True)
+class Probe:
+    """Ask for an object's etag only (a HEAD request)."""
+
+    req: int
+    key: str
+
+
+@attrs.frozen(kw_only=True)
+class PutOnce:
+    """Create an object only if the key is free (``If-None-Match: *``)."""
+
+    req: int
+    key: str
+    data: bytes
+
+
+@attrs.frozen(kw_only=True)
+class PutOver:
+    """Write an object, replacing any previous one (leases and hints only)."""
+
+    req: int
+    key: str
+    data: bytes
+
+
+@attrs.frozen(kw_only=True)
+class List:
+    """List keys under ``prefix`` that sort after ``offset``."""
+
+    req: int
+    prefix: str
+    offset: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Delete:
+    req: int
+    keys: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class DeletePrefix:
+    """Delete every object under ``prefix`` (garbage collection, off the critical path)."""
+
+    req: int
+    prefix: str
+
+
+@attrs.frozen(kw_only=True)
+class Capture:
+    """Learner: publish the delta ``anchor - theta`` of ``fragment`` as taken at this step.
+
+    The shell copies the fragment on the training thread at the step the command
+    was issued, encodes and hashes it off the loop, and writes it create-once
+    under ``keys.payload(round, digest)``.
+    """
+
+    req: int
+    round: int
+    fragment: int
+
+
+@attrs.frozen(kw_only=True)
+class Verify:
+    """Closer: fetch a snapshot's payload and check hash, shapes and finiteness."""
+
+    req: int
+    round: int
+    learner: str
+    payload: PayloadRef
+
+
+@attrs.frozen(kw_only=True)
+class Contribution:
+    learner: str
+    payload: PayloadRef
+    weight: float
+    final: bool
+
+
+@attrs.frozen(kw_only=True)
+class Merge:
+    """Closer: merge the contributions, apply the outer step, write the new payloads."""
+
+    req: int
+    round: int
+    fragment: int
+    base: FragmentState
+    contributions: tuple[Contribution, ...]
+    final_only: bool
+
+
+@attrs.frozen(kw_only=True)
+class Align:
+    """Learner: fold the committed ``theta`` of round ``round`` into the model."""
+
+    req: int
+    round: int
+    fragment: int
+    version: int
+    theta: PayloadRef
+    mode: Alignment
+    mixing: float
+
+
+@attrs.frozen(kw_only=True)
+class WakeAt:
+    """Deliver a :class:`~gm_core.events.TimerFired` no earlier than ``at_s``.
+
+    A machine has one timer: a new ``WakeAt`` replaces the previous one.
+    """
+
+    at_s: float
+
+
+@attrs.frozen(kw_only=True)
+class Pace:
+    """Learner: the next local step at which the core needs to hear of progress.
+
+    Until ``next_step`` the shell's ``step()`` is an increment and a compare.
+    ``stalled`` tells the shell to block training until a later ``Pace`` lifts it.
+    """
+
+    next_step: int
+    stalled: bool
+
+
+@attrs.frozen(kw_only=True)
+class Notify:
+    """Something a user may want to know (to callbacks and logging); no effect on the store."""
+
+    kind: str
+    round: int
+    detail: str = ""
+
+
+StoreCommand = Get | Probe | PutOnce | PutOver | List | Delete | DeletePrefix
+PayloadCommand = Capture | Verify | Merge | Align
+Command = StoreCommand | PayloadCommand | WakeAt | Pace | Notify

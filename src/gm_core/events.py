@@ -1,0 +1,127 @@
+"""Events: past-tense facts fed to a state machine.
+
+Theory of operation
+-------------------
+Every event carries ``now_s``, the observer's own clock, so time enters the core
+only here. Outcomes of commands carry the command's ``req``; a failure is an
+event too (:class:`RequestFailed`), never an exception, so a machine can retry,
+back off or give up explicitly.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from gm_core.records import PayloadRef, Reason
+
+
+@attrs.frozen(kw_only=True)
+class Started:
+    now_s: float
+
+
+@attrs.frozen(kw_only=True)
+class TimerFired:
+    now_s: float
+
+
+@attrs.frozen(kw_only=True)
+class Stepped:
+    """The learner's training loop reached local step ``step`` having seen ``tokens`` in all."""
+
+    now_s: float
+    step: int
+    tokens: int
+
+
+@attrs.frozen(kw_only=True)
+class CloseRequested:
+    now_s: float
+
+
+@attrs.frozen(kw_only=True)
+class GotObject:
+    """Outcome of Get; ``data`` is None when the object is absent."""
+
+    now_s: float
+    req: int
+    data: bytes | None
+    etag: str | None
+
+
+@attrs.frozen(kw_only=True)
+class Probed:
+    now_s: float
+    req: int
+    etag: str | None
+
+
+@attrs.frozen(kw_only=True)
+class PutDone:
+    """Outcome of PutOnce/PutOver; ``created`` is False when a create-once key was taken."""
+
+    now_s: float
+    req: int
+    created: bool
+
+
+@attrs.frozen(kw_only=True)
+class Listed:
+    now_s: float
+    req: int
+    keys: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Deleted:
+    now_s: float
+    req: int
+
+
+@attrs.frozen(kw_only=True)
+class Captured:
+    now_s: float
+    req: int
+    payload: PayloadRef
+
+
+@attrs.frozen(kw_only=True)
+class Verified:
+    """Outcome of Verify; ``reason`` None means the payload is sound."""
+
+    now_s: float
+    req: int
+    reason: Reason | None
+
+
+@attrs.frozen(kw_only=True)
+class Merged:
+    now_s: float
+    req: int
+    theta: PayloadRef
+    outer: PayloadRef | None
+    update: PayloadRef | None
+    cosine: float | None
+
+
+@attrs.frozen(kw_only=True)
+class Aligned:
+    """The commit is in the model, applied at the learner's local ``step`` with ``tokens`` seen."""
+
+    now_s: float
+    req: int
+    step: int
+    tokens: int
+
+
+@attrs.frozen(kw_only=True)
+class RequestFailed:
+    """Any command that could not be carried out (after the shell's own bounded retries)."""
+
+    now_s: float
+    req: int
+    error: str
+
+
+Outcome = GotObject | Probed | PutDone | Listed | Deleted | Captured | Verified | Merged | Aligned
+Event = Started | TimerFired | Stepped | CloseRequested | Outcome | RequestFailed

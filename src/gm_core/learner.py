@@ -1,0 +1,605 @@
+"""The learner state machine: when to publish a fragment's delta, and how to follow commits.
+
+Theory of operation
+-------------------
+A learner trains on its own; the shell reports progress as :class:`Stepped`
+events, but only at the steps the core asked for through :class:`Pace` — the
+next step at which a round falls due or a stall begins — so the training loop's
+fast path is an increment and a compare.
+
+Positions. ``step`` is the shell's own step count. Round ``r`` is due when the
+*schedule position* ``step + offset`` reaches ``schedule.step_of(r)``. ``offset``
+only grows: on joining, and whenever a commit shows that the run has moved past
+the round this learner was heading for (a slow learner skips the rounds it
+missed instead of trailing the run forever).
+
+Publishing. At a due round the learner asks the shell to capture the delta of
+that round's fragment (:class:`Capture`), then writes the snapshot record
+create-once (payload before pointer). It may run at most ``in_flight`` rounds
+ahead of the newest commit it has aligned with, and with ``overlap_steps`` at
+most that many steps past a published round whose commit it has not aligned; at
+either bound it stalls.
+
+Following. The learner polls exactly one key, the next round record, with a GET
+(a miss is cheap); records are aligned strictly in order, one at a time. A
+record that does not decode is reported and probed again later: it may come
+from a newer writer, and the tape cannot be skipped.
+
+Joining reads the head hint, probes forward to the newest record and overwrites
+every fragment from its frontier before the first step. Closing optionally
+flushes a final snapshot per fragment, waits (bounded) for the rounds it has in
+flight, and releases its lease.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+import attrs
+
+from gm_core import codec, keys, schedule, timing
+from gm_core.commands import (
+    Align,
+    Capture,
+    Command,
+    Delete,
+    Get,
+    Notify,
+    Pace,
+    PutOnce,
+    PutOver,
+    WakeAt,
+)
+from gm_core.events import (
+    Aligned,
+    Captured,
+    CloseRequested,
+    Deleted,
+    Event,
+    GotObject,
+    PutDone,
+    RequestFailed,
+    Started,
+    Stepped,
+    TimerFired,
+)
+from gm_core.records import Alignment, Lease, Manifest, RoundRecord, Snapshot
+from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
+
+NEVER = float("inf")
+
+
+class Phase(enum.StrEnum):
+    IDLE = "idle"
+    BOOTING = "booting"
+    LOADING = "loading"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+@attrs.frozen(kw_only=True)
+class LearnerOptions:
+    """Node-local settings (not part of the run's agreed config)."""
+
+    poll_s: float = 1.0
+    renew_s: float = 5.0
+    close_timeout_s: float = 60.0
+    flush_on_close: bool = True
+
+
+@attrs.frozen(kw_only=True)
+class Anchor:
+    """Where a fragment was last aligned: its version, and the step/tokens at that point."""
+
+    version: int
+    step: int
+    tokens: int
+
+
+@attrs.frozen(kw_only=True)
+class Outgoing:
+    """A snapshot this learner is publishing or has published and not yet seen committed."""
+
+    round: int
+    fragment: int
+    base_version: int
+    step: int
+    tokens: int
+    steps: int
+    token_count: int
+    final: bool
+    published: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Purpose:
+    """What an outstanding request was for, so its outcome can be routed."""
+
+    kind: str
+    round: int = -1
+
+
+@attrs.frozen(kw_only=True)
+class LearnerState:
+    node: str
+    manifest: Manifest
+    schema_digest: str
+    options: LearnerOptions
+    phase: Phase = Phase.IDLE
+    step: int = 0
+    tokens: int = 0
+    offset: int = 0
+    step_s: float | None = None
+    last_report: tuple[float, int] | None = None
+    anchors: tuple[Anchor, ...] = ()
+    next_round: int = 0
+    aligned_round: int = -1
+    seen_round: int = -1
+    fetched: Mapping[int, RoundRecord] = attrs.field(factory=dict)
+    outgoing: Mapping[int, Outgoing] = attrs.field(factory=dict)
+    loading: frozenset[int] = frozenset()
+    aligning: int | None = None
+    probing: bool = False
+    probe_at_s: float = 0.0
+    lease_seq: int = 0
+    lease_at_s: float = 0.0
+    close_by_s: float = NEVER
+    pace: Pace | None = None
+    wake_s: float = NEVER
+    pending: Mapping[int, Purpose] = attrs.field(factory=dict)
+    next_req: int = 1
+
+
+def initial(
+    node: str, manifest: Manifest, schema_digest: str, options: LearnerOptions | None = None
+) -> LearnerState:
+    """A learner that has not started; feed it :class:`Started` to join the run."""
+    if not keys.valid_id(node):
+        raise ValueError(f"invalid node id {node!r}")
+    return LearnerState(
+        node=node,
+        manifest=manifest,
+        schema_digest=schema_digest,
+        options=options or LearnerOptions(),
+    )
+
+
+def schedule_step(state: LearnerState, round_: int) -> int:
+    """The shell's local step at which ``round_`` falls due for this learner."""
+    cfg = state.manifest.config
+    return schedule.step_of(round_, cfg.sync_every, cfg.fragments) - state.offset
+
+
+Result = tuple[LearnerState, list[Command]]
+
+
+def advance(state: LearnerState, event: Event) -> Result:
+    """The learner's transition function: one event in, the new state and commands out."""
+    cmds: list[Command] = []
+    if isinstance(event, Started):
+        state = _start(state, event.now_s, cmds)
+    elif isinstance(event, Stepped):
+        state = _stepped(state, event)
+    elif isinstance(event, CloseRequested):
+        state = _close(state, event.now_s, cmds)
+    elif isinstance(event, TimerFired):
+        state = attrs.evolve(state, wake_s=NEVER)
+    else:
+        purpose = state.pending.get(event.req)
+        if purpose is None:
+            return state, cmds  # an outcome we no longer wait for (e.g. after a restart)
+        pending = dict(state.pending)
+        del pending[event.req]
+        state = attrs.evolve(state, pending=pending)
+        state = _outcome(state, purpose, event, cmds)
+    state = _pump(state, event.now_s, cmds)
+    return state, cmds
+
+
+def _issue(state: LearnerState, purpose: Purpose) -> tuple[LearnerState, int]:
+    req = state.next_req
+    pending = dict(state.pending)
+    pending[req] = purpose
+    return attrs.evolve(state, pending=pending, next_req=req + 1), req
+
+
+def _start(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+    if state.phase is not Phase.IDLE:
+        return state
+    state, req = _issue(state, Purpose(kind="head"))
+    cmds.append(Get(req=req, key=keys.head()))
+    return attrs.evolve(state, phase=Phase.BOOTING, probing=True, lease_at_s=now_s)
+
+
+def _stepped(state: LearnerState, event: Stepped) -> LearnerState:
+    if event.step < state.step or event.tokens < state.tokens:
+        raise ValueError("steps and tokens only grow")  # caller misuse
+    step_s = state.step_s
+    if state.last_report is not None and event.step > state.last_report[1]:
+        then_s, then_step = state.last_report
+        sample = (event.now_s - then_s) / (event.step - then_step)
+        step_s = timing.ema(step_s, max(sample, 0.0))
+    return attrs.evolve(
+        state,
+        step=event.step,
+        tokens=event.tokens,
+        step_s=step_s,
+        last_report=(event.now_s, event.step),
+    )
+
+
+def _close(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+    if state.phase is Phase.IDLE:
+        return attrs.evolve(state, phase=Phase.CLOSED)
+    if state.phase is not Phase.RUNNING:
+        return attrs.evolve(state, phase=Phase.CLOSING, close_by_s=now_s)
+    state = attrs.evolve(
+        state, phase=Phase.CLOSING, close_by_s=now_s + state.options.close_timeout_s
+    )
+    if state.options.flush_on_close:
+        cfg = state.manifest.config
+        for round_ in range(state.next_round, state.next_round + cfg.fragments):
+            state = _publish(state, round_, final=True, cmds=cmds)
+        state = attrs.evolve(state, next_round=state.next_round + cfg.fragments)
+    return state
+
+
+def _outcome(
+    state: LearnerState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> LearnerState:
+    if purpose.kind in ("head", "record"):
+        return _record_outcome(state, purpose, event, cmds)
+    if purpose.kind == "capture":
+        return _captured(state, purpose.round, event, cmds)
+    if purpose.kind == "snapshot":
+        return _snapshot_written(state, purpose.round, event, cmds)
+    if purpose.kind in ("align", "load"):
+        return _aligned(state, purpose, event, cmds)
+    if purpose.kind == "lease" and isinstance(event, RequestFailed):
+        cmds.append(Notify(kind="lease_failed", round=state.seen_round, detail=event.error))
+    if purpose.kind == "release" and isinstance(event, Deleted | RequestFailed):
+        cmds.append(Notify(kind="closed", round=state.aligned_round))
+        return attrs.evolve(state, phase=Phase.CLOSED)
+    return state
+
+
+def _record_outcome(
+    state: LearnerState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> LearnerState:
+    """A head hint or a round record arrived (or did not): move the tape forward."""
+    poll_later = attrs.evolve(state, probing=False, probe_at_s=event.now_s + state.options.poll_s)
+    if not isinstance(event, GotObject):
+        return poll_later
+    if purpose.kind == "head":
+        hint = parse_head(event.data)
+        return attrs.evolve(state, probing=False, probe_at_s=event.now_s, seen_round=hint - 1)
+    if event.data is None:
+        if state.phase is Phase.BOOTING:
+            return _begin_loading(state, cmds)
+        return poll_later
+    parsed = parse_record(event.data, purpose.round)
+    if isinstance(parsed, BadRecord):
+        cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
+        return poll_later
+    fetched = dict(state.fetched)
+    fetched[parsed.round] = parsed
+    state = attrs.evolve(
+        state, fetched=fetched, seen_round=parsed.round, probing=False, probe_at_s=event.now_s
+    )
+    if state.phase in (Phase.RUNNING, Phase.CLOSING):
+        state = _catch_up(state, parsed)
+    return state
+
+
+def _catch_up(state: LearnerState, record: RoundRecord) -> LearnerState:
+    """The run committed ``record``: never head for a round that is already closed."""
+    if record.round < state.next_round:
+        return state
+    lag = schedule_step(state, record.round) - state.step
+    return attrs.evolve(state, next_round=record.round + 1, offset=state.offset + max(lag, 0))
+
+
+def _begin_loading(state: LearnerState, cmds: list[Command]) -> LearnerState:
+    """The newest record is known: overwrite every fragment from its frontier."""
+    newest = state.fetched.get(state.seen_round)
+    if newest is None and state.seen_round >= 0:
+        # The head hint named a round we could not read: probe the tape from its start.
+        return attrs.evolve(state, seen_round=-1, fetched={})
+    frontier = frontier_of(state.manifest, newest)
+    cfg = state.manifest.config
+    loading = set()
+    for fragment, fs in enumerate(frontier):
+        state, req = _issue(state, Purpose(kind="load", round=fragment))
+        cmds.append(
+            Align(
+                req=req,
+                round=state.seen_round,
+                fragment=fragment,
+                version=fs.version,
+                theta=fs.theta,
+                mode=Alignment.OVERWRITE,
+                mixing=1.0,
+            )
+        )
+        loading.add(fragment)
+    position = schedule.step_of(state.seen_round, cfg.sync_every, cfg.fragments) if newest else 0
+    return attrs.evolve(
+        state,
+        phase=Phase.LOADING,
+        probing=False,
+        loading=frozenset(loading),
+        fetched={},
+        aligned_round=state.seen_round,
+        next_round=max(state.next_round, state.seen_round + 1),
+        offset=max(state.offset, position - state.step),
+        anchors=tuple(
+            Anchor(version=fs.version, step=state.step, tokens=state.tokens) for fs in frontier
+        ),
+    )
+
+
+def _publish(state: LearnerState, round_: int, *, final: bool, cmds: list[Command]) -> LearnerState:
+    """Capture the delta of round ``round_``'s fragment.
+
+    A due round is published even when its fragment saw no steps since its anchor
+    (the closer rejects it as ``zero_steps``): a learner that stayed silent would
+    leave the closer waiting for it until its lease expired. Only a final flush
+    skips empty fragments, and nobody publishes a round already committed.
+    """
+    cfg = state.manifest.config
+    fragment = schedule.fragment_of(round_, cfg.fragments)
+    anchor = state.anchors[fragment]
+    steps = state.step - anchor.step
+    if (final and steps <= 0) or round_ <= state.seen_round:
+        return state
+    state, req = _issue(state, Purpose(kind="capture", round=round_))
+    cmds.append(Capture(req=req, round=round_, fragment=fragment))
+    outgoing = dict(state.outgoing)
+    outgoing[round_] = Outgoing(
+        round=round_,
+        fragment=fragment,
+        base_version=anchor.version,
+        step=state.step,
+        tokens=state.tokens,
+        steps=steps,
+        token_count=state.tokens - anchor.tokens,
+        final=final,
+    )
+    return attrs.evolve(state, outgoing=outgoing)
+
+
+def _captured(state: LearnerState, round_: int, event: Event, cmds: list[Command]) -> LearnerState:
+    out = state.outgoing.get(round_)
+    if out is None:
+        return state
+    if not isinstance(event, Captured):
+        cmds.append(Notify(kind="publish_failed", round=round_, detail=_error(event)))
+        return _drop_outgoing(state, round_)
+    snapshot = Snapshot(
+        learner=state.node,
+        round=round_,
+        fragment=out.fragment,
+        base_version=out.base_version,
+        steps=out.steps,
+        tokens=out.token_count,
+        step_s=state.step_s if state.step_s is not None else 0.0,
+        schema_digest=state.schema_digest,
+        payload=event.payload,
+        final=out.final,
+    )
+    state, req = _issue(state, Purpose(kind="snapshot", round=round_))
+    cmds.append(
+        PutOnce(req=req, key=keys.snapshot(round_, state.node), data=codec.encode(snapshot))
+    )
+    return state
+
+
+def _snapshot_written(
+    state: LearnerState, round_: int, event: Event, cmds: list[Command]
+) -> LearnerState:
+    out = state.outgoing.get(round_)
+    if out is None:
+        return state
+    if isinstance(event, PutDone) and event.created:
+        cmds.append(Notify(kind="published", round=round_, detail=f"steps={out.steps}"))
+        outgoing = dict(state.outgoing)
+        outgoing[round_] = attrs.evolve(out, published=True)
+        return attrs.evolve(state, outgoing=outgoing)
+    detail = (
+        "a snapshot by this node already exists" if isinstance(event, PutDone) else _error(event)
+    )
+    cmds.append(Notify(kind="publish_failed", round=round_, detail=detail))
+    return _drop_outgoing(state, round_)
+
+
+def _drop_outgoing(state: LearnerState, round_: int) -> LearnerState:
+    outgoing = dict(state.outgoing)
+    outgoing.pop(round_, None)
+    return attrs.evolve(state, outgoing=outgoing)
+
+
+def _error(event: Event) -> str:
+    return event.error if isinstance(event, RequestFailed) else type(event).__name__
+
+
+def _aligned(
+    state: LearnerState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> LearnerState:
+    if not isinstance(event, Aligned):
+        # The payload could not be fetched (swept while we lagged, or a store failure):
+        # join again from the newest record, which re-reads its frontier.
+        cmds.append(Notify(kind="align_failed", round=purpose.round, detail=_error(event)))
+        return attrs.evolve(
+            state,
+            phase=Phase.BOOTING,
+            loading=frozenset(),
+            aligning=None,
+            fetched={},
+            seen_round=state.seen_round - 1,
+            pending={r: p for r, p in state.pending.items() if p.kind not in ("load", "align")},
+        )
+    if purpose.kind == "load":
+        loading = state.loading - {purpose.round}
+        phase = Phase.RUNNING if not loading else state.phase
+        if not loading:
+            cmds.append(Notify(kind="joined", round=state.aligned_round))
+        return attrs.evolve(state, loading=loading, phase=phase)
+    return _apply_alignment(state, purpose.round, event, cmds)
+
+
+def _apply_alignment(
+    state: LearnerState, round_: int, event: Aligned, cmds: list[Command]
+) -> LearnerState:
+    """Commit ``round_`` is now in the model: move the fragment's anchor."""
+    record = state.fetched[round_]
+    anchor = _new_anchor(state, record, event.step, event.tokens)
+    anchors = list(state.anchors)
+    anchors[record.fragment] = anchor
+    fetched = dict(state.fetched)
+    del fetched[round_]
+    outgoing = {r: o for r, o in state.outgoing.items() if r > round_}
+    cmds.append(Notify(kind="aligned", round=round_, detail=f"version={record.version}"))
+    return attrs.evolve(
+        state,
+        anchors=tuple(anchors),
+        fetched=fetched,
+        outgoing=outgoing,
+        aligned_round=round_,
+        aligning=None,
+    )
+
+
+def _new_anchor(state: LearnerState, record: RoundRecord, step: int, tokens: int) -> Anchor:
+    """Carry keeps the steps trained since this learner's snapshot of the round."""
+    cfg = state.manifest.config
+    old = state.anchors[record.fragment]
+    if cfg.alignment is Alignment.CARRY:
+        out = state.outgoing.get(record.round)
+        if out is not None:
+            return Anchor(version=record.version, step=out.step, tokens=out.tokens)
+        return attrs.evolve(old, version=record.version)
+    return Anchor(version=record.version, step=step, tokens=tokens)
+
+
+def _pump(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+    """After any event: publish what is due, align what arrived, poll, renew, pace."""
+    if state.phase in (Phase.IDLE, Phase.CLOSED):
+        return state
+    if state.phase is Phase.RUNNING:
+        state = _publish_due(state, cmds)
+    if state.phase in (Phase.RUNNING, Phase.CLOSING):
+        state = _align_next(state, cmds)
+    state = _poll(state, now_s, cmds)
+    state = _renew(state, now_s, cmds)
+    if state.phase is Phase.CLOSING:
+        state = _maybe_release(state, now_s, cmds)
+    return _pace(state, now_s, cmds)
+
+
+def _publish_due(state: LearnerState, cmds: list[Command]) -> LearnerState:
+    cfg = state.manifest.config
+    while state.step >= schedule_step(state, state.next_round):
+        round_ = state.next_round
+        if round_ > state.aligned_round + cfg.in_flight:
+            break  # stalled: see _pace
+        state = _publish(state, round_, final=False, cmds=cmds)
+        state = attrs.evolve(state, next_round=round_ + 1)
+    return state
+
+
+def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
+    """Align the next record in tape order; a record that changed nothing needs no fetch."""
+    while state.aligning is None:
+        round_ = state.aligned_round + 1
+        record = state.fetched.get(round_)
+        if record is None:
+            return state
+        if record.version == state.anchors[record.fragment].version:
+            aligned = Aligned(now_s=0.0, req=0, step=state.step, tokens=state.tokens)
+            state = _apply_alignment(state, round_, aligned, cmds)
+            continue
+        cfg = state.manifest.config
+        state, req = _issue(state, Purpose(kind="align", round=round_))
+        cmds.append(
+            Align(
+                req=req,
+                round=round_,
+                fragment=record.fragment,
+                version=record.version,
+                theta=record.theta,
+                mode=cfg.alignment,
+                mixing=cfg.mixing if cfg.alignment is Alignment.BLEND else 1.0,
+            )
+        )
+        state = attrs.evolve(state, aligning=round_)
+    return state
+
+
+def _poll(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+    if state.probing or now_s < state.probe_at_s or state.phase is Phase.LOADING:
+        return state
+    round_ = state.seen_round + 1
+    if state.phase is Phase.BOOTING and round_ < 0:
+        round_ = 0
+    state, req = _issue(state, Purpose(kind="record", round=round_))
+    cmds.append(Get(req=req, key=keys.round_record(round_)))
+    return attrs.evolve(state, probing=True, seen_round=max(state.seen_round, round_ - 1))
+
+
+def _renew(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+    if now_s < state.lease_at_s or state.phase is Phase.CLOSED:
+        return state
+    lease = Lease(
+        node=state.node, roles=("learner",), seq=state.lease_seq, renew_s=state.options.renew_s
+    )
+    state, req = _issue(state, Purpose(kind="lease"))
+    cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
+    return attrs.evolve(
+        state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + state.options.renew_s
+    )
+
+
+def _maybe_release(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+    waiting = any(r > state.aligned_round for r in state.outgoing)
+    if (waiting and now_s < state.close_by_s) or any(
+        p.kind == "release" for p in state.pending.values()
+    ):
+        return state
+    state, req = _issue(state, Purpose(kind="release"))
+    cmds.append(Delete(req=req, keys=(keys.lease(state.node),)))
+    return attrs.evolve(state, lease_at_s=NEVER)
+
+
+def _pace(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+    """Tell the shell the next step that matters, whether to stall, and when to wake us."""
+    cfg = state.manifest.config
+    barrier = schedule_step(state, state.next_round)
+    stalled = state.phase is not Phase.RUNNING
+    if state.phase is Phase.RUNNING:
+        stalled = state.step >= barrier and state.next_round > state.aligned_round + cfg.in_flight
+        if cfg.overlap_steps is not None:
+            for out in state.outgoing.values():
+                if out.round > state.aligned_round:
+                    limit = out.step + cfg.overlap_steps
+                    barrier = min(barrier, limit)
+                    stalled = stalled or state.step >= limit
+    pace = Pace(
+        next_step=max(barrier, state.step + 1) if not stalled else state.step, stalled=stalled
+    )
+    if pace != state.pace:
+        cmds.append(pace)
+        state = attrs.evolve(state, pace=pace)
+    wake = min(
+        state.probe_at_s if not state.probing else NEVER,
+        state.lease_at_s,
+        state.close_by_s if state.phase is Phase.CLOSING else NEVER,
+    )
+    if state.phase is Phase.CLOSED:
+        wake = NEVER
+    if wake != state.wake_s:
+        if wake < NEVER:
+            cmds.append(WakeAt(at_s=max(wake, now_s)))
+        state = attrs.evolve(state, wake_s=wake)
+    return state
