@@ -1,0 +1,69 @@
+"""The reference's bit-level minifloat arithmetic, for any array library.
+
+Theory of operation
+-------------------
+E2M1 rounding, power-of-two scales and their exponents are computed on fp32 bit
+patterns (see :mod:`gm_core.numerics.minifloat` for why and how). Torch and MLX
+both have the integer operators needed, in int32 (every finite fp32 magnitude plus
+the rounding constant stays below ``2^31``), but spell bit casts, ``where`` and
+ties-to-even rounding differently. :class:`BitOps` names those four spellings, so
+the formulas exist once here and each backend only supplies its dialect.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from gm_core.numerics import minifloat
+
+Array = Any
+"""An array of the backend's library: torch.Tensor or mlx.core.array."""
+
+
+class BitOps(Protocol):
+    def as_int32(self, x: Array) -> Array:
+        """Reinterpret fp32 bits as int32 (no conversion)."""
+        ...
+
+    def as_float32(self, x: Array) -> Array:
+        """Reinterpret int32 bits as fp32 (no conversion)."""
+        ...
+
+    def where(self, condition: Array, a: Array, b: Array) -> Array: ...
+
+    def round_even_int32(self, x: Array) -> Array:
+        """Round fp32 to the nearest integer, ties to even, as int32."""
+        ...
+
+
+def power_of_two(k: Array, ops: BitOps) -> Array:
+    """Exact fp32 ``2^k`` for int32 ``k`` in ``[−127, 127]`` (``2^−127`` is subnormal)."""
+    normal = (ops.where(k < -126, -126, k) + 127) << 23
+    return ops.as_float32(ops.where(k == -127, 0x40_0000, normal))
+
+
+def scale_exponents(amax: Array, fmt: minifloat.Minifloat, ops: BitOps) -> Array:
+    """Smallest ``k`` in E8M0's range with ``amax ≤ fmt.max_value · 2^k`` (int32)."""
+    top = int(np.array([fmt.max_value], np.float32).view(np.uint32)[0])
+    bits = ops.as_int32(amax)
+    exponent, fraction = bits >> 23, bits & 0x7F_FFFF
+    k = exponent - (top >> 23) + ops.where(fraction > (top & 0x7F_FFFF), 1, 0)
+    k = ops.where(exponent == 0, minifloat.SCALE_MIN_EXPONENT, k)
+    k = ops.where(k < minifloat.SCALE_MIN_EXPONENT, minifloat.SCALE_MIN_EXPONENT, k)
+    return ops.where(k > minifloat.SCALE_MAX_EXPONENT, minifloat.SCALE_MAX_EXPONENT, k)
+
+
+def encode_minifloat(y: Array, fmt: minifloat.Minifloat, ops: BitOps) -> Array:
+    """Codes (int32) of fp32 ``y`` in ``fmt``, round to nearest even; ``|y| ≤ max``."""
+    bits = ops.as_int32(y)
+    magnitude = bits & 0x7FFF_FFFF
+    shift = 23 - fmt.mantissa_bits
+    lsb = (magnitude >> shift) & 1
+    rebias = (127 - fmt.bias) << fmt.mantissa_bits
+    normal = ((magnitude + ((1 << (shift - 1)) - 1) + lsb) >> shift) - rebias
+    absolute = ops.as_float32(magnitude)
+    subnormal = ops.round_even_int32(absolute * 2.0 ** (fmt.bias - 1 + fmt.mantissa_bits))
+    codes = ops.where(absolute < fmt.min_normal, subnormal, normal)
+    return codes | (((bits >> 31) & 1) << (fmt.code_bits - 1))
