@@ -310,4 +310,3 @@ class MlxBackend:
         self.decode(codes, scales, wire, update)
         theta[...] = theta + update
         mx.eval(theta)
-

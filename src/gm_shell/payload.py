@@ -1,0 +1,383 @@
+"""Payload files: safetensors bytes, written into a reused buffer and read without copies.
+
+Theory of operation
+-------------------
+Every tensor payload in the bucket is a safetensors file: an 8-byte little-endian
+header length, a JSON header (padded with spaces to a multiple of 8, so the data
+starts aligned) mapping each tensor name to dtype, shape and ``[begin, end)``
+offsets, then the data. Any safetensors reader can open our payloads.
+
+Writing: :class:`PayloadWriter` lays out the header once for a list of tensors and
+hands out writable views of each tensor's bytes inside a buffer it keeps from
+payload to payload; encoders write codes straight into the file. Reading:
+:func:`read_payload` parses and validates the header and returns numpy views of
+the caller's bytes — nothing is copied. Any mismatch between a tensor's declared
+dtype and shape and its byte range is a :class:`PayloadError` naming the tensor.
+
+A fragment payload holds the wire layout of :mod:`gm_core.numerics.quant`: the
+codes of every tensor in layout order, then every scale tensor. Written by us, the
+two regions are contiguous and decode zero-copy; a file laid out differently by
+another writer still decodes, through one gathering copy.
+
+Compression (``zstd``) byte-shuffles each tensor by its element size (so
+exponent bytes form runs, see :mod:`gm_core.numerics.shuffle`) and compresses the
+whole file as one zstd frame. Hashing is blake3 over the exact bytes uploaded.
+Hashing and (de)compression are CPU work for a worker thread: they refuse to run
+on a thread with a running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import blake3
+import numpy as np
+import zstandard
+
+from gm_core.numerics.arrays import U8
+from gm_core.numerics.quant import SCALE_DTYPE, SCALE_SUFFIX, WireLayout
+from gm_core.numerics.shuffle import shuffle, unshuffle
+from gm_core.records import Compression
+from gm_shell.backends.protocol import Backend
+
+BytesLike = bytes | bytearray | memoryview | U8
+"""Anything whose bytes a payload can be read from or written as."""
+
+DTYPE_BITS: Mapping[str, int] = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E4M3": 8,
+    "F8_E5M2": 8,
+    "F8_E8M0": 8,
+    "F4": 4,
+    "U16": 16,
+    "I16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "U32": 32,
+    "I32": 32,
+    "F32": 32,
+    "U64": 64,
+    "I64": 64,
+    "F64": 64,
+}
+"""Bits per element of the safetensors dtypes gm reads (F4 packs two per byte)."""
+
+HEADER_LIMIT = 100_000_000
+"""Largest header accepted, as in the safetensors format itself."""
+
+
+class PayloadError(ValueError):
+    """Bytes that are not the payload they claim to be; the message names the tensor."""
+
+
+@attrs.frozen
+class TensorEntry:
+    """A tensor as declared in a header: name, safetensors dtype and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the data; a dtype or shape that cannot be stored is a PayloadError."""
+        bits = DTYPE_BITS.get(self.dtype)
+        if bits is None:
+            raise PayloadError(f"tensor {self.name!r}: unknown dtype {self.dtype!r}")
+        if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in self.shape):
+            raise PayloadError(f"tensor {self.name!r}: bad shape {list(self.shape)}")
+        total_bits = math.prod(self.shape) * bits
+        if total_bits % 8:
+            raise PayloadError(
+                f"tensor {self.name!r}: {self.dtype} {list(self.shape)} is not whole bytes"
+            )
+        return total_bits // 8
+
+
+@attrs.frozen(eq=False)
+class TensorView:
+    """A tensor's bytes inside a payload, as a view of the payload's memory."""
+
+    entry: TensorEntry
+    start: int
+    data: U8
+
+
+@attrs.frozen(eq=False)
+class Payload:
+    """A parsed payload: its tensors in file order, and the header's metadata."""
+
+    file: U8
+    tensors: Mapping[str, TensorView]
+    metadata: Mapping[str, str]
+    data_start: int
+
+
+def byte_view(data: BytesLike) -> memoryview:
+    """A memoryview of ``data``'s bytes, without copying."""
+    return data.data if isinstance(data, np.ndarray) else memoryview(data)
+
+
+def off_event_loop(what: str) -> None:
+    """Refuse CPU-heavy work on an event loop thread: it belongs in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"{what} must run in a worker thread (asyncio.to_thread), not on the loop")
+
+
+# -- writing -----------------------------------------------------------------------------
+
+
+def header_bytes(entries: Sequence[TensorEntry], metadata: Mapping[str, str]) -> bytes:
+    """Length prefix and padded JSON header for ``entries`` stored back to back."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for entry in entries:
+        assert entry.name not in header, f"duplicate tensor {entry.name!r}"
+        size = entry.nbytes
+        header[entry.name] = {
+            "dtype": entry.dtype,
+            "shape": list(entry.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-(8 + len(text)) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+class PayloadWriter:
+    """Builds payload files in one buffer reused across payloads (grown, never shrunk).
+
+    Views handed out by :meth:`layout` stay valid until the next call to it.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, dtype=np.uint8)
+        self._header_key: tuple[tuple[TensorEntry, ...], tuple[tuple[str, str], ...]] | None = None
+        self._header = b""
+
+    def layout(
+        self, entries: Sequence[TensorEntry], metadata: Mapping[str, str] | None = None
+    ) -> tuple[U8, dict[str, U8]]:
+        """Write the header; return the whole file and a writable view of each tensor."""
+        key = (tuple(entries), tuple(sorted((metadata or {}).items())))
+        if key != self._header_key:
+            self._header_key, self._header = key, header_bytes(entries, metadata or {})
+        size = len(self._header) + sum(entry.nbytes for entry in entries)
+        if self._buffer.shape[0] < size:
+            self._buffer = np.empty(size, dtype=np.uint8)
+        file = self._buffer[:size]
+        file[: len(self._header)] = np.frombuffer(self._header, dtype=np.uint8)
+        views: dict[str, U8] = {}
+        at = len(self._header)
+        for entry in entries:
+            views[entry.name] = file[at : at + entry.nbytes]
+            at += entry.nbytes
+        return file, views
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+def parse_header(file: U8) -> tuple[dict[str, Any], int]:
+    """The header object and the offset where data starts."""
+    if file.shape[0] < 8:
+        raise PayloadError(f"payload of {file.shape[0]} bytes has no header")
+    (length,) = struct.unpack("<Q", file[:8].tobytes())
+    if length > min(HEADER_LIMIT, file.shape[0] - 8):
+        raise PayloadError(f"header length {length} exceeds the payload")
+    try:
+        header = json.loads(file[8 : 8 + length].tobytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PayloadError(f"header is not JSON: {error}") from error
+    if not isinstance(header, dict):
+        raise PayloadError("header is not a JSON object")
+    return header, 8 + length
+
+
+def parse_entry(name: str, fields: Any) -> tuple[TensorEntry, int, int]:
+    """One header entry, checked: its declared dtype and shape match its byte range."""
+    if not isinstance(fields, dict) or set(fields) != {"dtype", "shape", "data_offsets"}:
+        raise PayloadError(f"tensor {name!r}: header entry must have dtype, shape, data_offsets")
+    shape, offsets = fields["shape"], fields["data_offsets"]
+    if not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != 2:
+        raise PayloadError(f"tensor {name!r}: malformed shape or data_offsets")
+    if not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets):
+        raise PayloadError(f"tensor {name!r}: bad data_offsets {offsets}")
+    entry = TensorEntry(name=name, dtype=str(fields["dtype"]), shape=tuple(shape))
+    begin, end = offsets
+    if end - begin != entry.nbytes:
+        raise PayloadError(
+            f"tensor {name!r}: {entry.dtype} {list(shape)} needs {entry.nbytes} bytes, "
+            f"data_offsets give {end - begin}"
+        )
+    return entry, begin, end
+
+
+def read_payload(data: BytesLike) -> Payload:
+    """Parse and validate a payload; tensor data are views of ``data`` (no copy)."""
+    file = np.frombuffer(data, dtype=np.uint8)
+    header, data_start = parse_header(file)
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise PayloadError("__metadata__ must map strings to strings")
+    parsed = sorted(
+        (parse_entry(name, fields) for name, fields in header.items()), key=lambda e: e[1]
+    )
+    tensors: dict[str, TensorView] = {}
+    position = 0
+    for entry, begin, end in parsed:
+        if begin != position:
+            raise PayloadError(
+                f"tensor {entry.name!r}: data starts at {begin}, expected {position}"
+            )
+        view = file[data_start + begin : data_start + end]
+        tensors[entry.name] = TensorView(entry=entry, start=begin, data=view)
+        position = end
+    if data_start + position != file.shape[0]:
+        raise PayloadError(f"{file.shape[0] - data_start - position} bytes after the last tensor")
+    return Payload(file=file, tensors=tensors, metadata=metadata, data_start=data_start)
+
+
+# -- fragments ---------------------------------------------------------------------------
+
+
+def fragment_entries(wire: WireLayout) -> list[TensorEntry]:
+    """Payload tensors of a fragment in ``wire``'s format: all codes, then all scales."""
+    codes = [
+        TensorEntry(name=t.span.name, dtype=wire.code_dtype, shape=t.shape) for t in wire.tensors
+    ]
+    scales = [
+        TensorEntry(
+            name=t.span.name + SCALE_SUFFIX, dtype=SCALE_DTYPE, shape=(t.scales[1] - t.scales[0],)
+        )
+        for t in wire.tensors
+        if t.scales[1] > t.scales[0]
+    ]
+    return codes + scales
+
+
+def fragment_regions(file: U8, wire: WireLayout) -> tuple[U8, U8]:
+    """The codes and scales regions of a file laid out by :func:`fragment_entries`."""
+    data_start = file.shape[0] - wire.code_bytes - wire.scale_bytes
+    codes = file[data_start : data_start + wire.code_bytes]
+    return codes, file[data_start + wire.code_bytes :]
+
+
+def read_fragment(payload: Payload, wire: WireLayout) -> tuple[U8, U8]:
+    """Codes and scales regions of a fragment payload, checked tensor by tensor.
+
+    Zero-copy when the file stores the tensors in our order; otherwise gathered.
+    """
+    expected = fragment_entries(wire)
+    names = {entry.name for entry in expected}
+    for name in payload.tensors:
+        if name not in names:
+            raise PayloadError(f"tensor {name!r}: not in the fragment")
+    views: list[TensorView] = []
+    for entry in expected:
+        view = payload.tensors.get(entry.name)
+        if view is None:
+            raise PayloadError(f"tensor {entry.name!r}: missing from payload")
+        if view.entry != entry:
+            raise PayloadError(
+                f"tensor {entry.name!r}: payload has {view.entry.dtype} {list(view.entry.shape)}, "
+                f"expected {entry.dtype} {list(entry.shape)}"
+            )
+        views.append(view)
+    starts = [view.start for view in views]
+    if starts == sorted(starts):  # adjacent, since read_payload checked there are no gaps
+        begin = payload.data_start + (starts[0] if starts else 0)
+        joined = payload.file[begin : begin + wire.code_bytes + wire.scale_bytes]
+    else:
+        joined = np.concatenate([view.data for view in views])
+    return joined[: wire.code_bytes], joined[wire.code_bytes :]
+
+
+def write_fragment(
+    writer: PayloadWriter,
+    backend: Backend[Any],
+    x: Any,
+    wire: WireLayout,
+    metadata: Mapping[str, str] | None = None,
+) -> U8:
+    """Encode the fragment ``x`` straight into ``writer``'s buffer; return the file bytes."""
+    file, _ = writer.layout(fragment_entries(wire), metadata)
+    codes, scales = fragment_regions(file, wire)
+    backend.encode(x, wire, codes, scales)
+    return file
+
+
+def decode_fragment(file: BytesLike, wire: WireLayout, backend: Backend[Any], out: Any) -> None:
+    """Validate an (uncompressed) fragment payload and decode it into ``out``."""
+    codes, scales = read_fragment(read_payload(file), wire)
+    backend.decode(codes, scales, wire, out)
+
+
+# -- compression and hashing -------------------------------------------------------------
+
+MAX_DECOMPRESSED = 1 << 36
+"""Refuse frames that claim more than 64 GiB: a corrupt or hostile size field."""
+
+
+def plane_size(entry: TensorEntry) -> int:
+    """Element size used for shuffling; sub-byte and byte dtypes are left as they are."""
+    return max(DTYPE_BITS[entry.dtype] // 8, 1)
+
+
+def transform(file: U8, forward: bool) -> U8:
+    """A copy of ``file`` with every tensor shuffled (or unshuffled) by its element size."""
+    payload = read_payload(file)
+    out = np.empty_like(file)
+    out[: payload.data_start] = file[: payload.data_start]
+    for view in payload.tensors.values():
+        at = payload.data_start + view.start
+        target = out[at : at + view.data.shape[0]]
+        (shuffle if forward else unshuffle)(view.data, plane_size(view.entry), target)
+    return out
+
+
+def seal(file: U8, compression: Compression, level: int = 3) -> BytesLike:
+    """The bytes to upload: the file itself, or its shuffled zstd frame."""
+    if compression is Compression.NONE:
+        return file
+    off_event_loop("payload compression")
+    return zstandard.ZstdCompressor(level=level).compress(transform(file, forward=True).data)
+
+
+def unseal(data: BytesLike, compression: Compression) -> U8:
+    """Inverse of :func:`seal`; a frame that does not decompress is a PayloadError."""
+    if compression is Compression.NONE:
+        return np.frombuffer(data, dtype=np.uint8)
+    off_event_loop("payload decompression")
+    frame = byte_view(data)
+    size = zstandard.frame_content_size(frame)
+    if size < 0 or size > MAX_DECOMPRESSED:
+        raise PayloadError(f"zstd frame declares no usable content size ({size})")
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(frame)
+    except zstandard.ZstdError as error:
+        raise PayloadError(f"zstd frame does not decompress: {error}") from error
+    return transform(np.frombuffer(raw, dtype=np.uint8), forward=False)
+
+
+def content_hash(data: BytesLike, key: bytes | None = None) -> str:
+    """Hex blake3 of ``data`` (keyed with a 32-byte ``key`` for authentication).
+
+    Runs at memory speed in the calling worker thread; refuses the event loop.
+    """
+    off_event_loop("payload hashing")
+    hasher = blake3.blake3(key=key) if key is not None else blake3.blake3()
+    hasher.update(byte_view(data))
+    return str(hasher.hexdigest())
