@@ -1,0 +1,489 @@
+"""The mailbox: the protocol's whole view of the bucket, the same on every backend.
+
+Theory of operation
+-------------------
+The protocol core emits store commands (create-once put, overwrite, get, probe,
+list, delete) over keys relative to the run prefix; a :class:`Mailbox` carries
+them out on one obstore store (see :mod:`gm_shell.stores` for URLs) and makes
+every backend answer alike:
+
+- **Create-once** is obstore's ``mode="create"`` (``If-None-Match: *`` on S3 and
+  GCS, ``If-None-Match`` on Azure, an atomic hard link on a local folder);
+  exactly one of any number of concurrent writers gets ``CREATED``.
+- **Absent is an answer, not an error**: get and probe return ``None``; delete
+  ignores missing keys (local folders and Azure report them as errors).
+  A missing *bucket* is an error, though, and S3 and Azure answer a HEAD on a
+  missing bucket with a bare 404 like a missing key; so the first time a probe
+  finds nothing, one GET of the same key (whose 404 body names the cause)
+  confirms the bucket exists — once per mailbox.
+- **Lists are sorted** by key (a local folder lists in directory order), and
+  ``prefix`` is a plain string prefix like the core's model store (obstore lists
+  whole path segments, so the mailbox lists the enclosing folder and filters).
+- **ETags are unquoted** everywhere (Azure quotes them in HEAD and PUT replies
+  but not in listings).
+- **Errors are typed.** Transient failures (timeouts, connection resets, 5xx,
+  throttling 408/409/425/429) are retried with capped, jittered exponential
+  backoff drawn from a seeded :class:`random.Random` the mailbox owns, for at
+  most ``max_attempts`` attempts; what is left, and every permanent failure
+  (401/403, other 4xx, missing bucket, bad key), is raised as a
+  :class:`MailboxError` subclass naming the operation and the key.
+- **Every request is metered** (:mod:`gm_shell.accounting`), retries included.
+
+Why worker threads and obstore's *synchronous* API, when the mailbox is async:
+obstore's async API completes each future from a tokio thread that enters
+Python to hand over the result (``call_soon_threadsafe``). If that thread is
+still inside Python when the interpreter finalizes, CPython 3.11–3.13 ends it
+with ``pthread_exit``, which cannot unwind through Rust frames: the process
+aborts (SIGABRT) after the program has finished — about one run in five of a
+short script (see :mod:`gm_shell.oneshot`). Through the synchronous API only
+threads Python created ever run Python code, and Python joins them before it
+finalizes, so that race cannot happen. The cost is a thread hop per request,
+which measures no slower than the async API's own handoff (``bench/``).
+One loop drives a mailbox; its meter and jitter are only touched from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import enum
+import functools
+import math
+import random
+import re
+import weakref
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Self, TypeVar
+
+import attrs
+from obstore.exceptions import (
+    AlreadyExistsError,
+    InvalidPathError,
+    NotModifiedError,
+    NotSupportedError,
+    PermissionDeniedError,
+    PreconditionError,
+    UnauthenticatedError,
+    UnknownConfigurationKeyError,
+)
+
+from gm_shell.accounting import Meter, RequestClass, Stats
+from gm_shell.stores import Backend, MailboxOptions, StoreHandle, open_store
+
+T = TypeVar("T")
+
+
+class MailboxError(Exception):
+    """A store operation failed for good; names the operation and the key."""
+
+    def __init__(self, operation: str, key: str | None, detail: str) -> None:
+        self.operation = operation
+        self.key = key
+        self.detail = detail
+        where = f" {key!r}" if key is not None else ""
+        super().__init__(f"{operation}{where}: {detail}")
+
+
+class ConfigError(MailboxError):
+    """The URL or options cannot make a store."""
+
+
+class InvalidKeyError(MailboxError):
+    """A key the protocol would never write (empty segment, '..', odd characters)."""
+
+
+class AccessDeniedError(MailboxError):
+    """Credentials missing, wrong, or without the permission (401/403)."""
+
+
+class BucketMissingError(MailboxError):
+    """The bucket or container does not exist."""
+
+
+class BadRequestError(MailboxError):
+    """The store refused the request as malformed or unsupported (other 4xx)."""
+
+
+class UnavailableError(MailboxError):
+    """Transient failures outlasted the retry budget; the store may come back."""
+
+
+class PutOutcome(enum.Enum):
+    CREATED = "created"
+    EXISTS = "exists"
+
+
+@attrs.frozen(kw_only=True)
+class Got:
+    data: bytes
+    etag: str
+
+
+@attrs.frozen(kw_only=True)
+class Listed:
+    key: str
+    size: int
+    etag: str
+
+
+_KEY = re.compile(r"[A-Za-z0-9._\-=+,@~]+(/[A-Za-z0-9._\-=+,@~]+)*")
+"""Keys are ASCII path segments: every backend stores them verbatim and sorts them
+the same way (by byte), and none needs percent-encoding."""
+
+_BUCKET_MISSING = re.compile(
+    r"NoSuchBucket|ContainerNotFound|specified (bucket|container) does not exist", re.IGNORECASE
+)
+_STATUS = re.compile(r"status code: (\d{3})")
+_RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+"""Timeout, conflicting concurrent write (S3 asks for a retry), too early, throttled."""
+
+_PASS = None
+"""Classification of an exception the caller interprets itself (absent, exists)."""
+
+
+def _classify(exc: BaseException) -> type[MailboxError] | None:
+    """The typed error for ``exc``; UnavailableError means retryable; None passes through."""
+    text = str(exc)
+    if isinstance(exc, FileNotFoundError):
+        return BucketMissingError if _BUCKET_MISSING.search(text) else _PASS
+    if isinstance(exc, AlreadyExistsError):
+        return _PASS
+    if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
+        return AccessDeniedError
+    if isinstance(
+        exc,
+        InvalidPathError
+        | NotSupportedError
+        | UnknownConfigurationKeyError
+        | PreconditionError
+        | NotModifiedError
+        | ValueError
+        | TypeError,
+    ):
+        return BadRequestError
+    if _BUCKET_MISSING.search(text):
+        return BucketMissingError
+    status = _STATUS.search(text)
+    if status is not None:
+        code = int(status.group(1))
+        if code in (401, 403):
+            return AccessDeniedError
+        if 400 <= code < 500 and code not in _RETRYABLE_4XX:
+            return BadRequestError
+    # 5xx, throttling, timeouts, resets, refused connections, join errors.
+    return UnavailableError
+
+
+def _etag(raw: str | None, meta: Any = None) -> str:
+    """One spelling of an ETag: weak marker and quotes removed.
+
+    A backend that reports none gets a stand-in that still changes on every
+    write: size and modification time.
+    """
+    if raw is None:
+        if meta is None:
+            return ""
+        return f"{meta['size']}-{meta['last_modified'].timestamp():.6f}"
+    if raw.startswith("W/"):
+        raw = raw[2:]
+    if len(raw) >= 2 and raw[0] == raw[-1] == '"':
+        raw = raw[1:-1]
+    return raw
+
+
+def check_key(key: str, operation: str) -> str:
+    """Return ``key`` if the protocol could have written it, else raise InvalidKeyError."""
+    if not _KEY.fullmatch(key) or any(s in (".", "..") for s in key.split("/")):
+        raise InvalidKeyError(operation, key, "not a relative key of ASCII path segments")
+    return key
+
+
+def _check_prefix(prefix: str, operation: str) -> str:
+    """Prefixes may be empty or end in '/'; what comes before must be a valid key."""
+    body = prefix[:-1] if prefix.endswith("/") else prefix
+    if body:
+        check_key(body, operation)
+    return prefix
+
+
+def _list_plan(prefix: str, offset: str | None) -> tuple[str | None, str | None]:
+    """The folder obstore must list and the offset to list it from.
+
+    obstore matches prefixes by whole segments; for a partial last segment we
+    list its folder and filter. The listing may start after ``prefix[:-1]``:
+    every key that starts with ``prefix`` sorts after it.
+    """
+    if not prefix or prefix.endswith("/"):
+        return (prefix.rstrip("/") or None), offset
+    folder, _, _ = prefix.rpartition("/")
+    below = prefix[:-1]
+    start = below if offset is None else max(offset, below)
+    return (folder or None), (start or None)
+
+
+_OPEN: weakref.WeakSet[Mailbox] = weakref.WeakSet()
+
+
+def close_all() -> None:
+    """Close every mailbox still open in this process (see :mod:`gm_shell.oneshot`)."""
+    for mailbox in builtins.list(_OPEN):
+        mailbox.close()
+
+
+class Mailbox:
+    """Async object-store operations over keys relative to one run prefix."""
+
+    def __init__(self, handle: StoreHandle, options: MailboxOptions) -> None:
+        self._handle = handle
+        self._store = handle.store
+        self._options = options
+        self._meter = Meter()
+        self._rng = random.Random(options.seed)
+        self._pool = ThreadPoolExecutor(
+            max_workers=options.max_concurrency, thread_name_prefix="gm-mailbox"
+        )
+        # Local stores cannot lose their bucket: the folder is made at open.
+        self._bucket_confirmed = handle.backend in (Backend.MEMORY, Backend.FILE)
+        self._closed = False
+        _OPEN.add(self)
+
+    @classmethod
+    def open(cls, url: str, *, options: MailboxOptions | None = None) -> Mailbox:
+        """A mailbox for ``url``; sends nothing until the first operation."""
+        options = options or MailboxOptions()
+        try:
+            handle = open_store(url, options)
+        except (ValueError, UnknownConfigurationKeyError) as exc:
+            raise ConfigError("open", None, str(exc)) from exc
+        if handle.backend is not Backend.FILE:
+            # The run prefix joins every key, so it obeys the same rules.
+            _, _, prefix = url.split("://", 1)[-1].partition("/")
+            if prefix.strip("/"):
+                check_key(prefix.strip("/"), "open")
+        return cls(handle, options)
+
+    @property
+    def url(self) -> str:
+        return self._handle.url
+
+    @property
+    def backend(self) -> Backend:
+        return self._handle.backend
+
+    @property
+    def stats(self) -> Stats:
+        """Requests and bytes so far (an immutable snapshot)."""
+        return self._meter.stats
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for requests in flight (each bounded by the request timeout), then stop.
+
+        Idempotent. After it, no thread of this mailbox runs obstore code.
+        """
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            _OPEN.discard(self)
+
+    async def aclose(self) -> None:
+        """:meth:`close` without blocking the event loop."""
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- operations --------------------------------------------------------
+
+    async def put_once(self, key: str, data: bytes) -> PutOutcome:
+        """Create ``key`` holding ``data`` unless it exists.
+
+        ``EXISTS`` after a retried attempt may mean our own earlier attempt
+        landed before its reply was lost; callers that care compare contents
+        (the protocol does: a closer adopts whatever record won).
+        """
+        check_key(key, "put_once")
+        try:
+            await self._run(
+                "put_once",
+                key,
+                RequestClass.PUT,
+                functools.partial(self._store.put, key, data, mode="create", use_multipart=False),
+                sent=len(data),
+            )
+        except AlreadyExistsError:
+            return PutOutcome.EXISTS
+        return PutOutcome.CREATED
+
+    async def put(self, key: str, data: bytes) -> str:
+        """Write ``key``, replacing any previous object; returns the new ETag."""
+        check_key(key, "put")
+        result = await self._run(
+            "put",
+            key,
+            RequestClass.PUT,
+            functools.partial(self._store.put, key, data, use_multipart=False),
+            sent=len(data),
+        )
+        if result["e_tag"] is not None:
+            return _etag(result["e_tag"])
+        etag = await self.probe(key)
+        if etag is None:
+            raise UnavailableError("put", key, "object vanished right after it was written")
+        return etag
+
+    async def get(self, key: str) -> Got | None:
+        """The object's bytes and ETag, or None when it does not exist."""
+        check_key(key, "get")
+
+        def fetch() -> tuple[bytes, Any]:
+            result = self._store.get(key)
+            return result.bytes().to_bytes(), result.meta
+
+        try:
+            data, meta = await self._run("get", key, RequestClass.GET, fetch)
+        except FileNotFoundError:
+            # A GET's 404 body names a missing bucket, so this absence is real.
+            self._bucket_confirmed = True
+            return None
+        self._meter.received(len(data))
+        return Got(data=data, etag=_etag(meta["e_tag"], meta))
+
+    async def probe(self, key: str) -> str | None:
+        """The object's ETag (a HEAD request), or None when it does not exist."""
+        check_key(key, "probe")
+        try:
+            meta = await self._run(
+                "probe", key, RequestClass.GET, functools.partial(self._store.head, key)
+            )
+        except FileNotFoundError:
+            if not self._bucket_confirmed:
+                got = await self.get(key)  # raises BucketMissingError if that is the cause
+                return None if got is None else got.etag
+            return None
+        return _etag(meta["e_tag"], meta)
+
+    async def list(self, prefix: str, *, offset: str | None = None) -> builtins.list[Listed]:
+        """Objects whose key starts with ``prefix`` and sorts after ``offset``, sorted by key."""
+        _check_prefix(prefix, "list")
+        folder, start = _list_plan(prefix, offset)
+
+        def collect() -> builtins.list[Any]:
+            return builtins.list(self._store.list(folder, offset=start).collect())
+
+        metas = await self._run("list", prefix, RequestClass.LIST, collect)
+        page = self._handle.list_page_keys
+        extra_pages = max(0, math.ceil(len(metas) / page) - 1) if page else 0
+        if extra_pages:
+            self._meter.request(RequestClass.LIST, n=extra_pages)
+        found = [
+            Listed(key=m["path"], size=m["size"], etag=_etag(m["e_tag"], m))
+            for m in metas
+            if m["path"].startswith(prefix) and (offset is None or m["path"] > offset)
+        ]
+        found.sort(key=lambda item: item.key)
+        return found
+
+    async def delete(self, keys: Iterable[str]) -> None:
+        """Delete ``keys`` in as few requests as the backend allows; absent keys are fine."""
+        await self._delete(sorted({check_key(k, "delete") for k in keys}))
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Delete every object the listing of ``prefix`` shows; returns how many.
+
+        Listed keys are deleted as they are, even ones our own code would never
+        write (a hostile or foreign object must not make garbage collection fail).
+        """
+        keys = [item.key for item in await self.list(prefix)]
+        await self._delete(keys)
+        return len(keys)
+
+    # -- machinery ---------------------------------------------------------
+
+    async def _delete(self, todo: builtins.list[str]) -> None:
+        if not todo:
+            return
+        batch = self._handle.delete_batch_keys
+        label = todo[0] if len(todo) == 1 else f"{todo[0]} (+{len(todo) - 1} more)"
+        try:
+            await self._run(
+                "delete",
+                label,
+                RequestClass.DELETE,
+                functools.partial(self._store.delete, todo),
+                requests=math.ceil(len(todo) / batch),
+            )
+        except FileNotFoundError:
+            # Local folders and Azure fail a batch on its first absent key; finish key by key.
+            await asyncio.gather(*(self._delete_one(k) for k in todo))
+
+    async def _delete_one(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            await self._run(
+                "delete", key, RequestClass.DELETE, functools.partial(self._store.delete, key)
+            )
+
+    def backoff_s(self, attempt: int) -> float:
+        """Delay before attempt ``attempt + 1``: exponential, capped, half of it jittered."""
+        ceiling = min(
+            self._options.backoff_cap_s, self._options.backoff_base_s * 2.0 ** (attempt - 1)
+        )
+        return ceiling / 2 + self._rng.random() * ceiling / 2
+
+    async def _run(
+        self,
+        operation: str,
+        key: str,
+        cls: RequestClass,
+        call: Callable[[], T],
+        *,
+        sent: int = 0,
+        requests: int = 1,
+    ) -> T:
+        """Run ``call`` on a worker thread with metering, retries and typed errors.
+
+        FileNotFoundError (absent key) and AlreadyExistsError reach the caller
+        as they are: they are answers, not failures.
+        """
+        if self._closed:
+            raise RuntimeError(f"{operation} {key!r} on a closed mailbox")
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            attempt += 1
+            self._meter.request(cls, n=requests, retry=attempt > 1)
+            self._meter.sent(sent)
+            try:
+                result = await loop.run_in_executor(self._pool, call)
+            except Exception as exc:
+                kind = _classify(exc)
+                if kind is None:
+                    raise
+                if kind is UnavailableError and attempt < self._options.max_attempts:
+                    await asyncio.sleep(self.backoff_s(attempt))
+                    continue
+                self._meter.failed()
+                detail = _first_line(exc)
+                if kind is UnavailableError:
+                    detail = f"gave up after {attempt} attempts: {detail}"
+                raise kind(operation, key, detail) from exc
+            self._bucket_confirmed = True
+            return result
+
+
+def _first_line(exc: BaseException) -> str:
+    """obstore messages carry a multi-line debug dump; the first line says what happened."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"

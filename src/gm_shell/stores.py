@@ -1,0 +1,265 @@
+"""From a mailbox URL to an obstore store, with the backend facts the mailbox needs.
+
+Theory of operation
+-------------------
+A run lives under one URL: ``memory://[name/prefix]``, ``file:///abs/path``,
+``s3://bucket/prefix`` (AWS, R2, MinIO, SeaweedFS, HF buckets — anything
+S3-compatible, through an endpoint), ``gs://bucket/prefix`` or
+``az://container/prefix``. :func:`open_store` builds the obstore store rooted at
+that prefix, so every key the mailbox handles is relative to the run.
+
+Settings come from :class:`MailboxOptions`, then from the usual environment
+(``AWS_*``, ``GOOGLE_*``, ``AZURE_STORAGE_*``), which obstore reads itself.
+Hands-on findings this module encodes:
+
+- ``allow_http`` is an HTTP-client option: it must travel in ``client_options``
+  (passing it to ``from_url`` as a keyword panics), and it is switched on when
+  the endpoint — given here or in ``AWS_ENDPOINT_URL`` — is plain ``http://``.
+- obstore's own retry budget defaults to 10 retries within 180 s, far too long
+  to notice a dead endpoint. It is switched off (``max_retries=0``): the mailbox
+  retries itself, with a seeded jitter it owns and a meter that sees every
+  attempt (an attempt obstore retried internally would be billed but uncounted).
+- Azure's ``use_emulator`` flag pins the endpoint to ``127.0.0.1:10000`` and
+  ignores ``endpoint``; for Azurite we pass its well-known account, key and the
+  endpoint explicitly instead.
+- ``memory://`` with no name is a fresh private store; ``memory://name/...``
+  names one process-wide store, so several mailboxes in one process (a test
+  cluster) can share a bucket the way separate machines share S3.
+
+The handle also records how the backend batches requests, which the meter
+needs because obstore does not report HTTP requests: list pages (S3 and GCS
+return up to 1000 keys per LIST, Azure 5000) and bulk deletes (S3 deletes up
+to 1000 keys per request, Azure 256 per batch, the others one per key).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import urlsplit
+
+import attrs
+from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, ObjectStore, RetryConfig
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+"""Azurite's published development account key (public, not a secret)."""
+AZURITE_DEFAULT_ENDPOINT = f"http://127.0.0.1:10000/{AZURITE_ACCOUNT}"
+
+
+class Backend(enum.StrEnum):
+    MEMORY = "memory"
+    FILE = "file"
+    S3 = "s3"
+    GCS = "gcs"
+    AZURE = "azure"
+
+
+@attrs.frozen(kw_only=True)
+class MailboxOptions:
+    """How to reach a bucket and how hard to try; every field has a safe default.
+
+    Credentials left ``None`` are taken from the environment by obstore.
+    """
+
+    endpoint: str | None = None
+    """S3-compatible endpoint (R2, MinIO, SeaweedFS…), or Azure blob endpoint
+    including the account path (Azurite: ``http://127.0.0.1:10000/devstoreaccount1``)."""
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    account_name: str | None = None
+    """Azure storage account."""
+    account_key: str | None = None
+    azure_emulator: bool = False
+    """Use Azurite's well-known account and key (endpoint defaults to its port 10000)."""
+    service_account_path: str | None = None
+    """GCS service-account JSON; defaults to ``GOOGLE_APPLICATION_CREDENTIALS``."""
+    allow_http: bool | None = None
+    """``None``: allowed exactly when the endpoint is ``http://``."""
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 60.0
+    """Whole-request timeout; sized for the largest payload on the slowest link."""
+    max_attempts: int = 4
+    """Attempts per operation, the first included; transient errors only are retried."""
+    backoff_base_s: float = 0.05
+    backoff_cap_s: float = 2.0
+    seed: int | None = None
+    """Seed of the retry jitter; ``None`` draws one from the OS."""
+    max_concurrency: int = 32
+    """Requests in flight at once (worker threads); more callers queue."""
+    extra_config: Mapping[str, str] = attrs.field(factory=dict)
+    """Passed verbatim to obstore's store config (e.g. ``virtual_hosted_style_request``)."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_attempts < 1 or self.max_concurrency < 1:
+            raise ValueError("max_attempts and max_concurrency must be at least 1")
+        if not 0 < self.backoff_base_s <= self.backoff_cap_s:
+            raise ValueError("need 0 < backoff_base_s <= backoff_cap_s")
+
+
+@attrs.frozen(kw_only=True)
+class StoreHandle:
+    """An obstore store rooted at the run prefix, and how its backend batches requests."""
+
+    store: ObjectStore
+    backend: Backend
+    url: str
+    """The URL as given (it holds no secrets: those live in options or the environment)."""
+    list_page_keys: int
+    """Keys per LIST request; 0 when listing costs no request (memory, file)."""
+    delete_batch_keys: int
+    """Keys per DELETE request (1: one request per key)."""
+
+
+_MEMORY_STORES: dict[str, MemoryStore] = {}
+_MEMORY_LOCK = threading.Lock()
+
+
+def open_store(url: str, options: MailboxOptions) -> StoreHandle:
+    """Build the store for ``url``; raises ValueError for a URL it cannot serve.
+
+    No request is sent: obstore connects lazily, on the first operation.
+    """
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    bucket = parts.netloc
+    prefix = parts.path.strip("/") or None
+    if parts.query or parts.fragment:
+        raise ValueError(f"mailbox URL takes no query or fragment: {url!r}")
+    if scheme == "memory":
+        return StoreHandle(
+            store=_memory_store(bucket, prefix),
+            backend=Backend.MEMORY,
+            url=url,
+            list_page_keys=0,
+            delete_batch_keys=1,
+        )
+    if scheme == "file":
+        if bucket not in ("", "localhost") or not parts.path.startswith("/"):
+            raise ValueError(f"file URL needs an absolute path, file:///abs/path: {url!r}")
+        return StoreHandle(
+            store=LocalStore(parts.path, mkdir=True),
+            backend=Backend.FILE,
+            url=url,
+            list_page_keys=0,
+            delete_batch_keys=1,
+        )
+    if not bucket:
+        raise ValueError(f"mailbox URL names no bucket or container: {url!r}")
+    if scheme in ("s3", "s3a"):
+        return StoreHandle(
+            store=_s3_store(bucket, prefix, options),
+            backend=Backend.S3,
+            url=url,
+            list_page_keys=1000,
+            delete_batch_keys=1000,
+        )
+    if scheme in ("gs", "gcs"):
+        return StoreHandle(
+            store=_gcs_store(bucket, prefix, options),
+            backend=Backend.GCS,
+            url=url,
+            list_page_keys=1000,
+            delete_batch_keys=1,
+        )
+    if scheme in ("az", "azure", "abfs", "abfss"):
+        return StoreHandle(
+            store=_azure_store(bucket, prefix, options),
+            backend=Backend.AZURE,
+            url=url,
+            list_page_keys=5000,
+            delete_batch_keys=256,
+        )
+    raise ValueError(f"unsupported mailbox URL scheme {scheme!r} in {url!r}")
+
+
+def _memory_store(name: str, prefix: str | None) -> MemoryStore:
+    """A fresh store for ``memory://``; one shared store per ``memory://name/prefix``."""
+    if not name:
+        return MemoryStore()
+    key = f"{name}/{prefix or ''}"
+    with _MEMORY_LOCK:
+        return _MEMORY_STORES.setdefault(key, MemoryStore())
+
+
+def _client_options(options: MailboxOptions, endpoint: str | None) -> ClientConfig:
+    client: ClientConfig = {
+        "connect_timeout": timedelta(seconds=options.connect_timeout_s),
+        "timeout": timedelta(seconds=options.request_timeout_s),
+    }
+    allow_http = options.allow_http
+    if allow_http is None:
+        allow_http = endpoint is not None and endpoint.lower().startswith("http://")
+    if allow_http:
+        client["allow_http"] = True
+    return client
+
+
+_NO_RETRIES: RetryConfig = {"max_retries": 0, "retry_timeout": timedelta(seconds=1)}
+
+
+def _config(pairs: Mapping[str, str | None], options: MailboxOptions) -> dict[str, Any]:
+    """Options that are set, then ``extra_config`` (which wins)."""
+    config: dict[str, Any] = {k: v for k, v in pairs.items() if v is not None}
+    config.update(options.extra_config)
+    return config
+
+
+def _s3_store(bucket: str, prefix: str | None, options: MailboxOptions) -> S3Store:
+    env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    config = _config(
+        {
+            "endpoint": options.endpoint,
+            "region": options.region,
+            "access_key_id": options.access_key_id,
+            "secret_access_key": options.secret_access_key,
+            "session_token": options.session_token,
+        },
+        options,
+    )
+    return S3Store(
+        bucket,
+        prefix=prefix,
+        config=cast("Any", config),
+        client_options=_client_options(options, options.endpoint or env_endpoint),
+        retry_config=_NO_RETRIES,
+    )
+
+
+def _gcs_store(bucket: str, prefix: str | None, options: MailboxOptions) -> GCSStore:
+    config = _config({"service_account": options.service_account_path}, options)
+    return GCSStore(
+        bucket,
+        prefix=prefix,
+        config=cast("Any", config),
+        client_options=_client_options(options, None),
+        retry_config=_NO_RETRIES,
+    )
+
+
+def _azure_store(container: str, prefix: str | None, options: MailboxOptions) -> AzureStore:
+    endpoint = options.endpoint
+    account, key = options.account_name, options.account_key
+    if options.azure_emulator:
+        endpoint = endpoint or AZURITE_DEFAULT_ENDPOINT
+        account = account or AZURITE_ACCOUNT
+        key = key or AZURITE_KEY
+    config = _config({"endpoint": endpoint, "account_name": account, "account_key": key}, options)
+    return AzureStore(
+        container,
+        prefix=prefix,
+        config=cast("Any", config),
+        client_options=_client_options(options, endpoint),
+        retry_config=_NO_RETRIES,
+    )
