@@ -90,10 +90,10 @@ def blend(theta: mx.array, committed: mx.array, keep: mx.array, take: mx.array) 
     return theta * keep + committed * take
 
 
-WEIGHTED_SUM: Callable[..., mx.array] = mx.compile(weighted_sum)
-NESTEROV: Callable[..., tuple[mx.array, mx.array]] = mx.compile(nesterov)
-FUSED_STEP: Callable[..., tuple[mx.array, mx.array]] = mx.compile(fused_step)
-BLEND: Callable[..., mx.array] = mx.compile(blend)
+WEIGHTED_SUM: Callable[..., mx.array] = mx.compile(weighted_sum, shapeless=True)
+NESTEROV: Callable[..., tuple[mx.array, mx.array]] = mx.compile(nesterov, shapeless=True)
+FUSED_STEP: Callable[..., tuple[mx.array, mx.array]] = mx.compile(fused_step, shapeless=True)
+BLEND: Callable[..., mx.array] = mx.compile(blend, shapeless=True)
 E2M1_TABLE = mx.array(minifloat.E2M1.table())
 
 

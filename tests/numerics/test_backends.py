@@ -1,0 +1,155 @@
+"""torch == numpy == MLX: exact for codecs and the error-feedback mirror, fp32-close for math."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numeric_strategies import contributions, fragment, layouts, merge_bound, seeds
+
+from gm_core.numerics import Contributions, Layout, wire_layout
+from gm_core.records import Alignment, MergeRule, WireFormat
+from gm_shell.backends import Backend, NumpyBackend, backend
+from gm_shell.backends.mlx_backend import MlxBackend
+from gm_shell.backends.torch_backend import TorchBackend
+
+PATTERN = "embed"
+REFERENCE = NumpyBackend()
+# A tiny torch block exercises the multi-block paths on small hypothesis inputs.
+BACKENDS: dict[str, Backend[Any]] = {"torch": TorchBackend(block=64), "mlx": MlxBackend()}
+names = pytest.mark.parametrize("name", sorted(BACKENDS))
+cases = settings(max_examples=25, deadline=None)
+
+
+def on(b: Backend[Any], x: np.ndarray) -> Any:
+    return b.asarray(x.copy())
+
+
+def test_factory_and_protocol() -> None:
+    assert isinstance(backend("numpy"), NumpyBackend)
+    assert isinstance(backend("torch"), TorchBackend)
+    assert isinstance(backend("mlx"), MlxBackend)
+    with pytest.raises(ValueError, match="unknown backend"):
+        backend("jax")
+
+
+@names
+@cases
+@given(layouts(), seeds(), st.sampled_from(list(WireFormat)))
+def test_codecs_are_bit_exact(name: str, layout: Layout, seed: int, fmt: WireFormat) -> None:
+    b = BACKENDS[name]
+    x = fragment(np.random.default_rng(seed), layout.total, spread=20.0)
+    if fmt is WireFormat.F16:
+        x = np.clip(x, -60000, 60000)
+    wire = wire_layout(layout, fmt)
+    regions = [np.full(n, 0xAA, np.uint8) for n in (wire.code_bytes, wire.scale_bytes) * 2]
+    REFERENCE.encode(x, wire, regions[0], regions[1])
+    b.encode(on(b, x), wire, regions[2], regions[3])
+    np.testing.assert_array_equal(regions[2], regions[0])
+    np.testing.assert_array_equal(regions[3], regions[1])
+    expected, got = np.empty_like(x), b.empty(layout.total)
+    REFERENCE.decode(regions[0], regions[1], wire, expected)
+    b.decode(regions[0], regions[1], wire, got)
+    np.testing.assert_array_equal(b.to_numpy(got), expected)
+
+
+@names
+@cases
+@given(layouts(), seeds(), st.integers(1, 3), st.sampled_from(list(MergeRule)))
+def test_merge_agrees_within_fp32_rounding(
+    name: str, layout: Layout, seed: int, k: int, rule: MergeRule
+) -> None:
+    b = BACKENDS[name]
+    rng = np.random.default_rng(seed)
+    deltas, c = [fragment(rng, layout.total) for _ in range(k)], contributions(rng, k)
+    expected, got = np.empty(layout.total, np.float32), b.empty(layout.total)
+    REFERENCE.merge(deltas, c, layout, rule, PATTERN, expected)
+    b.merge([on(b, d) for d in deltas], c, layout, rule, PATTERN, got)
+    rel = 2e-5 if rule is MergeRule.MEAN else 6e-5
+    assert np.all(np.abs(b.to_numpy(got) - expected) <= merge_bound(deltas, c, rel))
+    cos_expected, cos_got = REFERENCE.cosine(deltas), b.cosine([on(b, d) for d in deltas])
+    assert (cos_expected is None) == (cos_got is None)
+    if cos_expected is not None and cos_got is not None:
+        assert math.isclose(cos_got, cos_expected, abs_tol=1e-5)
+
+
+@names
+@cases
+@given(layouts(), seeds(), st.integers(1, 3), st.sampled_from(list(MergeRule)), st.booleans())
+def test_merge_step_agrees_within_fp32_rounding(
+    name: str, layout: Layout, seed: int, k: int, rule: MergeRule, final: bool
+) -> None:
+    b = BACKENDS[name]
+    rng = np.random.default_rng(seed)
+    deltas, c = [fragment(rng, layout.total) for _ in range(k)], contributions(rng, k)
+    c = Contributions(learners=c.learners, weights=c.weights, final=(final,) * k)
+    theta, momentum = fragment(rng, layout.total), fragment(rng, layout.total)
+    theta_b, momentum_b = on(b, theta), on(b, momentum)
+    b.merge_step(
+        [on(b, d) for d in deltas], c, layout, rule, PATTERN, theta_b, momentum_b, 0.7, 0.9
+    )
+    scale = np.abs(theta) + np.abs(momentum) + merge_bound(deltas, c, rel=1.0)
+    REFERENCE.merge_step(deltas, c, layout, rule, PATTERN, theta, momentum, 0.7, 0.9)
+    rel = 1e-5 if rule is MergeRule.MEAN else 6e-5
+    assert np.all(np.abs(b.to_numpy(theta_b) - theta) <= rel * scale)
+    assert np.all(np.abs(b.to_numpy(momentum_b) - momentum) <= rel * scale)
+
+
+@names
+@cases
+@given(seeds(), st.integers(1, 300), st.sampled_from(list(Alignment)), st.floats(0.0, 1.0))
+def test_align_and_outer_step_agree(
+    name: str, seed: int, n: int, alignment: Alignment, mixing: float
+) -> None:
+    b = BACKENDS[name]
+    rng = np.random.default_rng(seed)
+    theta, committed, snapshot = (fragment(rng, n) for _ in range(3))
+    theta_b = on(b, theta)
+    b.align(theta_b, on(b, committed), alignment, mixing, on(b, snapshot))
+    REFERENCE.align(theta, committed, alignment, mixing, snapshot)
+    scale = np.abs(theta) + np.abs(committed) + np.abs(snapshot)
+    assert np.all(np.abs(b.to_numpy(theta_b) - theta) <= 1e-6 * scale)
+    momentum, delta = fragment(rng, n), fragment(rng, n)
+    theta_b, momentum_b = on(b, theta), on(b, momentum)
+    b.outer_step(theta_b, momentum_b, on(b, delta), 0.7, 0.9, final_only=False)
+    scale = np.abs(theta) + np.abs(momentum) + np.abs(delta)
+    REFERENCE.outer_step(theta, momentum, delta, 0.7, 0.9, final_only=False)
+    assert np.all(np.abs(b.to_numpy(theta_b) - theta) <= 1e-5 * scale)
+    assert np.all(np.abs(b.to_numpy(momentum_b) - momentum) <= 1e-5 * scale)
+
+
+@names
+@cases
+@given(
+    layouts(), seeds(), st.sampled_from([WireFormat.F8_E4M3, WireFormat.F4_E2M1, WireFormat.BF16])
+)
+def test_error_feedback_mirror_is_bit_exact(
+    name: str, layout: Layout, seed: int, fmt: WireFormat
+) -> None:
+    b = BACKENDS[name]
+    rng = np.random.default_rng(seed)
+    wire = wire_layout(layout, fmt)
+    master, mirror = fragment(rng, layout.total), fragment(rng, layout.total)
+    master_b, mirror_b = on(b, master), on(b, mirror)
+    regions = [np.empty(n, np.uint8) for n in (wire.code_bytes, wire.scale_bytes) * 2]
+    REFERENCE.publish_update(master, mirror, wire, regions[0], regions[1])
+    b.publish_update(master_b, mirror_b, wire, regions[2], regions[3])
+    np.testing.assert_array_equal(regions[2], regions[0])
+    np.testing.assert_array_equal(regions[3], regions[1])
+    np.testing.assert_array_equal(b.to_numpy(mirror_b), mirror)
+
+
+@names
+@cases
+@given(seeds(), st.integers(1, 300), st.sampled_from([np.nan, np.inf, -np.inf]))
+def test_all_finite_detects_bad_elements(name: str, seed: int, n: int, bad: float) -> None:
+    b = BACKENDS[name]
+    rng = np.random.default_rng(seed)
+    x = fragment(rng, n, spread=100.0)
+    assert b.all_finite(on(b, x))
+    x[rng.integers(n)] = bad
+    assert not b.all_finite(on(b, x))

@@ -1,0 +1,206 @@
+"""Payload files: safetensors interop, zero-copy reads, errors naming the tensor, sealing, hash."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+
+import blake3
+import numpy as np
+import pytest
+import safetensors
+import safetensors.numpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numeric_strategies import fragment, layouts, seeds
+
+from gm_core.numerics import Layout, wire_layout
+from gm_core.records import Compression, WireFormat
+from gm_shell.backends import NumpyBackend
+from gm_shell.payload import (
+    PayloadError,
+    PayloadWriter,
+    TensorEntry,
+    content_hash,
+    decode_fragment,
+    read_fragment,
+    read_payload,
+    seal,
+    unseal,
+    write_fragment,
+)
+
+NUMPY = NumpyBackend()
+
+
+def with_header(file: np.ndarray, edit: dict[str, object]) -> bytes:
+    """``file`` with its header entries updated by ``edit`` (length prefix rewritten)."""
+    (length,) = struct.unpack("<Q", file[:8].tobytes())
+    header = json.loads(file[8 : 8 + length].tobytes())
+    header.update(edit)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + file[8 + length :].tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), seeds(), st.sampled_from(list(WireFormat)), st.sampled_from(list(Compression)))
+def test_fragment_round_trip_through_sealed_bytes(
+    layout: Layout, seed: int, fmt: WireFormat, compression: Compression
+) -> None:
+    x = fragment(np.random.default_rng(seed), layout.total)
+    wire = wire_layout(layout, fmt)
+    file = write_fragment(PayloadWriter(), NUMPY, x, wire, {"format": fmt.value})
+    sent = bytes(seal(file, compression))
+    received = unseal(sent, compression)
+    np.testing.assert_array_equal(received, file)
+    direct, through = np.empty_like(x), np.empty_like(x)
+    codes, scales = np.empty(wire.code_bytes, np.uint8), np.empty(wire.scale_bytes, np.uint8)
+    NUMPY.encode(x, wire, codes, scales)
+    NUMPY.decode(codes, scales, wire, direct)
+    decode_fragment(received, wire, NUMPY, through)
+    np.testing.assert_array_equal(through, direct)
+
+
+def test_the_safetensors_library_reads_our_files() -> None:
+    layout = Layout.of([("a", (2, 3)), ("b", (5,))])
+    x = np.arange(11, dtype=np.float32)
+    file = write_fragment(PayloadWriter(), NUMPY, x, wire_layout(layout, WireFormat.F32))
+    loaded = safetensors.numpy.load(file.tobytes())
+    np.testing.assert_array_equal(loaded["a"], x[:6].reshape(2, 3))
+    f4 = write_fragment(PayloadWriter(), NUMPY, x, wire_layout(layout, WireFormat.F4_E2M1))
+    described = {
+        name: (info["dtype"], info["shape"]) for name, info in safetensors.deserialize(f4.tobytes())
+    }
+    assert described == {
+        "a": ("F4", [6]),
+        "b": ("F4", [6]),
+        "a:scale": ("F8_E8M0", [1]),
+        "b:scale": ("F8_E8M0", [1]),
+    }
+
+
+def test_we_read_the_library_files_in_any_order() -> None:
+    """The library orders tensors its own way: our reader gathers them (one copy)."""
+    layout = Layout.of([("z", (3,)), ("a", (2,))])
+    x = np.array([1, 2, 3, 4, 5], np.float32)
+    data = safetensors.numpy.save({"z": x[:3], "a": x[3:]})
+    out = np.empty(5, np.float32)
+    decode_fragment(data, wire_layout(layout, WireFormat.F32), NUMPY, out)
+    np.testing.assert_array_equal(out, x)
+
+
+def test_reading_is_zero_copy_and_writing_reuses_the_buffer() -> None:
+    layout = Layout.of([("a", (64,)), ("b", (40,))])
+    wire = wire_layout(layout, WireFormat.F8_E4M3)
+    writer = PayloadWriter()
+    first = write_fragment(writer, NUMPY, np.ones(104, np.float32), wire)
+    second = write_fragment(writer, NUMPY, np.full(104, 2.0, np.float32), wire)
+    assert np.shares_memory(first, second)
+    codes, scales = read_fragment(read_payload(second), wire)
+    assert np.shares_memory(codes, second)
+    assert np.shares_memory(scales, second)
+
+
+def test_writer_views_address_each_tensor() -> None:
+    entries = [
+        TensorEntry(name="x", dtype="U8", shape=(3,)),
+        TensorEntry(name="y", dtype="F32", shape=(1,)),
+    ]
+    file, views = PayloadWriter().layout(entries, {"note": "hi"})
+    views["x"][:] = [1, 2, 3]
+    views["y"].view(np.float32)[0] = 1.5
+    payload = read_payload(file)
+    assert payload.metadata == {"note": "hi"}
+    assert payload.tensors["x"].data.tolist() == [1, 2, 3]
+    assert payload.tensors["y"].data.view(np.float32)[0] == 1.5
+    assert (payload.data_start % 8, len(payload.tensors)) == (0, 2)
+
+
+@pytest.fixture
+def f32_file() -> np.ndarray:
+    layout = Layout.of([("a", (2, 3)), ("b", (5,))])
+    return write_fragment(
+        PayloadWriter(), NUMPY, np.zeros(11, np.float32), wire_layout(layout, WireFormat.F32)
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            {"b": {"dtype": "F32", "shape": [6], "data_offsets": [24, 44]}},
+            "tensor 'b': F32 \\[6\\] needs 24 bytes",
+        ),
+        (
+            {"b": {"dtype": "F64", "shape": [5], "data_offsets": [24, 44]}},
+            "tensor 'b': F64 \\[5\\] needs 40",
+        ),
+        (
+            {"b": {"dtype": "Q7", "shape": [5], "data_offsets": [24, 44]}},
+            "tensor 'b': unknown dtype",
+        ),
+        (
+            {"b": {"dtype": "F4", "shape": [5], "data_offsets": [24, 44]}},
+            "tensor 'b': .* not whole bytes",
+        ),
+        ({"b": {"dtype": "F32", "shape": [-5], "data_offsets": [24, 44]}}, "tensor 'b': bad shape"),
+        (
+            {"b": {"dtype": "F32", "shape": [4], "data_offsets": [28, 44]}},
+            "tensor 'b': data starts at 28",
+        ),
+        ({"b": {"dtype": "F32", "shape": [5]}}, "tensor 'b': header entry"),
+    ],
+)
+def test_mismatched_bytes_name_the_tensor(
+    f32_file: np.ndarray, edit: dict[str, object], message: str
+) -> None:
+    with pytest.raises(PayloadError, match=message):
+        read_payload(with_header(f32_file, edit))
+
+
+def test_fragment_mismatches_name_the_tensor(f32_file: np.ndarray) -> None:
+    layout = Layout.of([("a", (2, 3)), ("b", (5,))])
+    with pytest.raises(PayloadError, match="tensor 'a': payload has F32 \\[2, 3\\], expected BF16"):
+        read_fragment(read_payload(f32_file), wire_layout(layout, WireFormat.BF16))
+    other = Layout.of([("a", (2, 3)), ("c", (5,))])
+    with pytest.raises(PayloadError, match="tensor 'b': not in the fragment"):
+        read_fragment(read_payload(f32_file), wire_layout(other, WireFormat.F32))
+    bigger = Layout.of([("a", (2, 3)), ("b", (5,)), ("c", (1,))])
+    with pytest.raises(PayloadError, match="tensor 'c': missing"):
+        read_fragment(read_payload(f32_file), wire_layout(bigger, WireFormat.F32))
+
+
+def test_truncated_and_garbage_payloads(f32_file: np.ndarray) -> None:
+    with pytest.raises(PayloadError, match="no header"):
+        read_payload(b"abc")
+    with pytest.raises(PayloadError, match="exceeds"):
+        read_payload(f32_file[:40].tobytes())
+    with pytest.raises(PayloadError, match="after the last tensor"):
+        read_payload(f32_file[:-4].tobytes())
+    with pytest.raises(PayloadError, match="not JSON"):
+        read_payload(struct.pack("<Q", 8) + b"{{{{{{{{")
+    with pytest.raises(PayloadError, match="zstd"):
+        unseal(b"\x28\xb5\x2f\xfd garbage", Compression.ZSTD)
+
+
+def test_content_hash_is_blake3_and_stays_off_the_event_loop() -> None:
+    data = np.arange(1000, dtype=np.uint8)
+    assert content_hash(data) == blake3.blake3(data.tobytes()).hexdigest()
+    key = bytes(range(32))
+    assert content_hash(b"x", key=key) == blake3.blake3(b"x", key=key).hexdigest()
+
+    async def on_loop() -> None:
+        with pytest.raises(RuntimeError, match="worker thread"):
+            content_hash(b"x")
+        assert await asyncio.to_thread(content_hash, b"x") == blake3.blake3(b"x").hexdigest()
+
+    asyncio.run(on_loop())
+
+
+def test_shuffled_zstd_shrinks_smooth_fp32_data() -> None:
+    layout = Layout.of([("w", (4096,))])
+    x = (1.0 + np.arange(4096, dtype=np.float32) * 1e-4).astype(np.float32)
+    file = write_fragment(PayloadWriter(), NUMPY, x, wire_layout(layout, WireFormat.F32))
+    assert len(bytes(seal(file, Compression.ZSTD))) < 0.5 * file.shape[0]
