@@ -20,7 +20,10 @@ from gm_shell.backends.torch_backend import TorchBackend
 PATTERN = "embed"
 REFERENCE = NumpyBackend()
 # A tiny torch block exercises the multi-block paths on small hypothesis inputs.
-BACKENDS: dict[str, Backend[Any]] = {"torch": TorchBackend(block=64), "mlx": MlxBackend()}
+BACKENDS: dict[str, Backend[Any]] = {
+    "torch": TorchBackend(block=64, codec_block=64, threads=3),
+    "mlx": MlxBackend(),
+}
 names = pytest.mark.parametrize("name", sorted(BACKENDS))
 cases = settings(max_examples=25, deadline=None)
 
@@ -153,3 +156,28 @@ def test_all_finite_detects_bad_elements(name: str, seed: int, n: int, bad: floa
     assert b.all_finite(on(b, x))
     x[rng.integers(n)] = bad
     assert not b.all_finite(on(b, x))
+
+
+def test_default_torch_configuration_on_a_multi_range_fragment() -> None:
+    """Default blocks and threads: several ranges per merge, several chunks per codec."""
+    b = TorchBackend()
+    n = 10 * b.block + 77
+    layout = Layout.of([("embed", (n // 3,)), ("w", (n - n // 3,))])
+    rng = np.random.default_rng(7)
+    deltas, c = [fragment(rng, n) for _ in range(3)], contributions(rng, 3)
+    for rule in MergeRule:
+        theta, momentum = fragment(rng, n), fragment(rng, n)
+        theta_b, momentum_b = on(b, theta), on(b, momentum)
+        b.merge_step(
+            [on(b, d) for d in deltas], c, layout, rule, PATTERN, theta_b, momentum_b, 0.7, 0.9
+        )
+        scale = np.abs(theta) + np.abs(momentum) + merge_bound(deltas, c, rel=1.0)
+        REFERENCE.merge_step(deltas, c, layout, rule, PATTERN, theta, momentum, 0.7, 0.9)
+        assert np.all(np.abs(b.to_numpy(theta_b) - theta) <= 6e-5 * scale)
+    for fmt in (WireFormat.F4_E2M1, WireFormat.F8_E4M3):
+        wire = wire_layout(layout, fmt)
+        regions = [np.empty(k, np.uint8) for k in (wire.code_bytes, wire.scale_bytes) * 2]
+        REFERENCE.encode(deltas[0], wire, regions[0], regions[1])
+        b.encode(on(b, deltas[0]), wire, regions[2], regions[3])
+        np.testing.assert_array_equal(regions[2], regions[0])
+        np.testing.assert_array_equal(regions[3], regions[1])

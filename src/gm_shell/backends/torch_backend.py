@@ -7,7 +7,14 @@ in-place kernels so nothing full-size is allocated per call:
 
 * merges and outer steps walk the fragment in cache-sized blocks; a block's
   merged delta is accumulated with ``mul(out=)`` and ``add_(alpha=)`` in a
-  scratch that stays in cache, and is consumed there by the Nesterov update;
+  scratch that stays in cache, and is consumed there by the Nesterov update, so
+  main memory sees each delta read once and θ and m read and written once;
+* on CPU, blocks are kept at torch's parallel grain (32768 elements), where each
+  op runs inline without waking its thread pool (a fixed cost that dominated at
+  this size), and the fragment is instead split into one contiguous range per
+  core, each walked by a thread of our own (torch releases the GIL inside ops).
+  Results do not depend on the split except the per-range partial sums of RDA
+  norms, which are added in range order, so they are deterministic;
 * codecs use torch's own fp16/bf16/fp8-E4M3 conversions (round to nearest even,
   as the reference) and, for E2M1, the reference's bit-level rounding written in
   int32 arithmetic; power-of-two scales are built from their exponent bits, so
@@ -22,9 +29,11 @@ torch rounds them back to the same fp32 values.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -38,9 +47,15 @@ from gm_core.numerics.quant import F4_BLOCK, WireLayout
 from gm_core.records import Alignment, MergeRule, WireFormat
 from gm_shell.backends import bits
 
-TORCH_BLOCK = 1 << 18
-"""Elements per block. Larger than the numpy reference's block: each torch call costs a few
-microseconds, and 1 MiB blocks still leave acc, θ and m in L2 of this machine's cores."""
+CPU_BLOCK = 1 << 15
+"""torch's internal parallel grain: smaller ops run inline on the calling thread."""
+ACCELERATOR_BLOCK = 1 << 22
+"""On a GPU each op is a kernel launch: blocks large enough to fill the device."""
+CODEC_BLOCK = 1 << 20
+"""Codecs chain a dozen ops per block with temporaries; 4 MiB chunks amortize each op's fixed
+cost while bounding the temporaries."""
+
+T = TypeVar("T")
 
 
 def check_flat(x: torch.Tensor, n: int, what: str) -> None:
@@ -67,27 +82,91 @@ class TorchBits:
 
 
 OPS = TorchBits()
-
-
 E2M1_TABLE = torch.from_numpy(minifloat.E2M1.table())
 
 
+def nesterov_block(
+    theta: torch.Tensor, momentum: torch.Tensor, delta: torch.Tensor, lr: float, beta: float
+) -> None:
+    """``m ← βm + Δ; Θ ← Θ − η(Δ + βm)``; ``delta`` (a scratch block) is overwritten."""
+    momentum.mul_(beta).add_(delta)
+    delta.add_(momentum, alpha=beta)
+    theta.sub_(delta, alpha=lr)
+
+
+def accumulate(
+    deltas: Sequence[torch.Tensor],
+    coefs: Sequence[float],
+    acc: torch.Tensor,
+    lo: int,
+    hi: int,
+    sq_norms: list[float] | None,
+) -> None:
+    """``acc = Σ c_i Δ_i[lo:hi]`` in learner order; optionally add ``‖Δ_i[lo:hi]‖²``."""
+    for i, (delta, coef) in enumerate(zip(deltas, coefs, strict=True)):
+        block = delta[lo:hi]
+        if i == 0:
+            torch.mul(block, coef, out=acc)
+        else:
+            acc.add_(block, alpha=coef)
+        if sq_norms is not None:
+            sq_norms[i] += float(torch.dot(block, block))
+
+
 class TorchBackend:
-    """Flat fp32 torch tensors on ``device``."""
+    """Flat fp32 torch tensors on ``device``.
+
+    ``threads`` ranges are walked concurrently (default: torch's CPU thread count on
+    CPU, one on accelerators); ``block`` is the element count of one cached block of a
+    merge, ``codec_block`` that of one chunk of a codec.
+    """
 
     name = "torch"
 
-    def __init__(self, device: str | torch.device = "cpu", block: int = TORCH_BLOCK) -> None:
-        assert block % F4_BLOCK == 0, "blocks must hold whole F4 scale blocks"
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        block: int | None = None,
+        threads: int | None = None,
+        codec_block: int | None = None,
+    ) -> None:
         self.device = torch.device(device)
-        self.block = block
-        self._scratch = torch.empty(0, dtype=torch.float32, device=self.device)
+        cpu = self.device.type == "cpu"
+        self.block = block or (CPU_BLOCK if cpu else ACCELERATOR_BLOCK)
+        assert self.block % F4_BLOCK == 0, "blocks must hold whole F4 scale blocks"
+        self.codec_block = codec_block or max(self.block, CODEC_BLOCK)
+        assert self.codec_block % F4_BLOCK == 0, "codec blocks must hold whole F4 scale blocks"
+        self.threads = threads or (torch.get_num_threads() if cpu else 1)
+        self._pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+        self._scratch: dict[str, torch.Tensor] = {}
 
-    def scratch(self, n: int) -> torch.Tensor:
-        """Reusable fp32 scratch of ``n`` elements; contents are not preserved."""
-        if self._scratch.shape[0] < n:
-            self._scratch = torch.empty(n, dtype=torch.float32, device=self.device)
-        return self._scratch[:n]
+    def scratch(self, n: int, purpose: str) -> torch.Tensor:
+        """Reusable fp32 buffer of ``n`` elements per purpose; contents are not preserved."""
+        buffer = self._scratch.get(purpose)
+        if buffer is None or buffer.shape[0] < n:
+            buffer = torch.empty(n, dtype=torch.float32, device=self.device)
+            self._scratch[purpose] = buffer
+        return buffer[:n]
+
+    def ranges(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Split ``[lo, hi)`` into up to ``threads`` runs of whole blocks."""
+        whole = -(-(hi - lo) // self.block)
+        parts = max(1, min(self.threads, whole // 4))  # tiny spans are not worth a thread
+        cuts = [lo + min(hi - lo, (whole * i // parts) * self.block) for i in range(parts + 1)]
+        return [(a, b) for a, b in itertools.pairwise(cuts) if b > a] or [(lo, hi)]
+
+    def in_ranges(self, work: Callable[[int, int, int], T], lo: int, hi: int) -> list[T]:
+        """``work(slot, a, b)`` over :meth:`ranges`, concurrently; results in range order."""
+        parts = self.ranges(lo, hi)
+        if self._pool is None or len(parts) == 1:
+            return [work(slot, a, b) for slot, (a, b) in enumerate(parts)]
+        futures = [self._pool.submit(work, slot, a, b) for slot, (a, b) in enumerate(parts)]
+        return [future.result() for future in futures]
+
+    def slot(self, index: int, n: int) -> torch.Tensor:
+        """Per-range block scratch ``index``; the first ``threads`` blocks of scratch."""
+        blocks_buffer = self.scratch(self.threads * self.block, "blocks")
+        return blocks_buffer[index * self.block : index * self.block + n]
 
     def empty(self, n: int) -> torch.Tensor:
         return torch.empty(n, dtype=torch.float32, device=self.device)
@@ -106,25 +185,6 @@ class TorchBackend:
         return bool(torch.isfinite(low) & torch.isfinite(high))
 
     # -- merge ---------------------------------------------------------------------------
-
-    def accumulate(
-        self,
-        deltas: Sequence[torch.Tensor],
-        coefs: Sequence[float],
-        acc: torch.Tensor,
-        lo: int,
-        hi: int,
-        sq_norms: list[float] | None,
-    ) -> None:
-        """``acc = Σ c_i Δ_i[lo:hi]`` in learner order; optionally add ``‖Δ_i[lo:hi]‖²``."""
-        for i, (delta, coef) in enumerate(zip(deltas, coefs, strict=True)):
-            block = delta[lo:hi]
-            if i == 0:
-                torch.mul(block, coef, out=acc)
-            else:
-                acc.add_(block, alpha=coef)
-            if sq_norms is not None:
-                sq_norms[i] += float(torch.dot(block, block))
 
     def _check(self, deltas: Sequence[torch.Tensor], contributions: Contributions, n: int) -> None:
         assert len(deltas) == len(contributions.learners), "one delta per contribution"
@@ -145,32 +205,23 @@ class TorchBackend:
         coefs = [float(c) for c in contributions.coefficients()]
         for span in layout.spans:
             rda = uses_rda(span, rule, embedding_pattern)
-            sq_norms = [0.0] * len(deltas) if rda else None
-            for lo, hi in blocks(span.start, span.stop, self.block):
-                self.accumulate(deltas, coefs, out[lo:hi], lo, hi, sq_norms)
-            if sq_norms is not None:
+
+            def run(_: int, lo: int, hi: int, rda: bool = rda) -> list[float]:
+                sq_norms = [0.0] * len(deltas)
+                for a, b in blocks(lo, hi, self.block):
+                    accumulate(deltas, coefs, out[a:b], a, b, sq_norms if rda else None)
+                return sq_norms
+
+            partials = self.in_ranges(run, span.start, span.stop)
+            if rda:
+                sq_norms = [math.fsum(p[i] for p in partials) for i in range(len(deltas))]
                 part = out[span.start : span.stop]
                 mean_sq = math.fsum(
-                    float(torch.dot(part[lo:hi], part[lo:hi]))
-                    for lo, hi in blocks(0, span.size, self.block)
+                    float(torch.dot(part[a:b], part[a:b]))
+                    for a, b in blocks(0, span.size, self.block)
                 )
-                factor = float(
-                    np.float32(rda_factor(contributions.coefficients(), sq_norms, mean_sq))
-                )
-                part.mul_(factor)
-
-    def nesterov_block(
-        self,
-        theta: torch.Tensor,
-        momentum: torch.Tensor,
-        delta: torch.Tensor,
-        lr: float,
-        beta: float,
-    ) -> None:
-        """``m ← βm + Δ; Θ ← Θ − η(Δ + βm)``; ``delta`` (a scratch block) is overwritten."""
-        momentum.mul_(beta).add_(delta)
-        delta.add_(momentum, alpha=beta)
-        theta.sub_(delta, alpha=lr)
+                factor = rda_factor(contributions.coefficients(), sq_norms, mean_sq)
+                part.mul_(float(np.float32(factor)))
 
     def outer_step(
         self,
@@ -188,11 +239,13 @@ class TorchBackend:
             theta.sub_(delta)
             return
         check_flat(momentum, n, "momentum")
-        scratch = self.scratch(min(self.block, n))
-        for lo, hi in blocks(0, n, self.block):
-            tmp = scratch[: hi - lo]
-            tmp.copy_(delta[lo:hi])
-            self.nesterov_block(theta[lo:hi], momentum[lo:hi], tmp, lr, beta)
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            for a, b in blocks(lo, hi, self.block):
+                tmp = self.slot(slot, b - a).copy_(delta[a:b])
+                nesterov_block(theta[a:b], momentum[a:b], tmp, lr, beta)
+
+        self.in_ranges(run, 0, n)
 
     def merge_step(
         self,
@@ -211,21 +264,20 @@ class TorchBackend:
         check_flat(momentum, n, "momentum")
         final_only = contributions.all_final
         if final_only or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans):
-            merged = self.scratch(n)
+            merged = self.scratch(n, "merged")
             self.merge(deltas, contributions, layout, rule, embedding_pattern, merged)
-            if final_only:
-                theta.sub_(merged)
-                return
-            for lo, hi in blocks(0, n, self.block):
-                self.nesterov_block(theta[lo:hi], momentum[lo:hi], merged[lo:hi], lr, beta)
+            self.outer_step(theta, momentum, merged, lr, beta, final_only=final_only)
             return
         self._check(deltas, contributions, n)
         coefs = [float(c) for c in contributions.coefficients()]
-        scratch = self.scratch(min(self.block, n))
-        for lo, hi in blocks(0, n, self.block):
-            acc = scratch[: hi - lo]
-            self.accumulate(deltas, coefs, acc, lo, hi, None)
-            self.nesterov_block(theta[lo:hi], momentum[lo:hi], acc, lr, beta)
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            for a, b in blocks(lo, hi, self.block):
+                acc = self.slot(slot, b - a)
+                accumulate(deltas, coefs, acc, a, b, None)
+                nesterov_block(theta[a:b], momentum[a:b], acc, lr, beta)
+
+        self.in_ranges(run, 0, n)
 
     def cosine(self, deltas: Sequence[torch.Tensor]) -> float | None:
         k = len(deltas)
@@ -292,13 +344,13 @@ class TorchBackend:
         k = bits.scale_exponents(amax, minifloat.E4M3, OPS)
         scale.copy_((k + 127).to(torch.uint8))
         inverse = float(2.0 ** -int(k[0]))
-        tmp = self.scratch(min(self.block, x.shape[0]))
-        for lo, hi in blocks(0, x.shape[0], self.block):
+        tmp = self.scratch(min(self.codec_block, x.shape[0]), "codec")
+        for lo, hi in blocks(0, x.shape[0], self.codec_block):
             y = torch.mul(x[lo:hi], inverse, out=tmp[: hi - lo])
             codes[lo:hi].view(torch.float8_e4m3fn).copy_(y)
 
     def encode_f4(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> None:
-        for lo, hi in blocks(0, x.shape[0], self.block):
+        for lo, hi in blocks(0, x.shape[0], self.codec_block):
             count = -(-(hi - lo) // F4_BLOCK)
             chunk = torch.zeros(count * F4_BLOCK, dtype=torch.float32, device=self.device)
             chunk[: hi - lo] = x[lo:hi]
@@ -333,7 +385,7 @@ class TorchBackend:
 
     def decode_f4(self, codes: torch.Tensor, exponents: torch.Tensor, out: torch.Tensor) -> None:
         table = E2M1_TABLE.to(self.device)
-        for lo, hi in blocks(0, out.shape[0], self.block):
+        for lo, hi in blocks(0, out.shape[0], self.codec_block):
             count = -(-(hi - lo) // F4_BLOCK)
             packed = codes[lo // 2 : lo // 2 + -(-(hi - lo) // 2)]
             nibbles = torch.stack((packed & 0x0F, packed >> 4), dim=1).view(-1).to(torch.int64)
@@ -349,12 +401,12 @@ class TorchBackend:
         self, master: torch.Tensor, mirror: torch.Tensor, wire: WireLayout, codes: U8, scales: U8
     ) -> None:
         n = wire.layout.total
-        difference = self.scratch(2 * n)[n:]  # apply_update below uses the first n
+        difference = self.scratch(n, "difference")
         torch.sub(master, mirror, out=difference)
         self.encode(difference, wire, codes, scales)
         self.apply_update(mirror, codes, scales, wire)
 
     def apply_update(self, theta: torch.Tensor, codes: U8, scales: U8, wire: WireLayout) -> None:
-        update = self.scratch(wire.layout.total)
+        update = self.scratch(wire.layout.total, "update")
         self.decode(codes, scales, wire, update)
         theta.add_(update)
