@@ -68,6 +68,7 @@ from obstore.exceptions import (
     UnauthenticatedError,
     UnknownConfigurationKeyError,
 )
+from obstore.exceptions import BaseError as ObstoreError
 
 from gm_shell.accounting import Meter, RequestClass, Stats
 from gm_shell.stores import Backend, MailboxOptions, StoreHandle, open_store
@@ -255,13 +256,13 @@ class Mailbox:
         options = options or MailboxOptions()
         try:
             handle = open_store(url, options)
-        except (ValueError, UnknownConfigurationKeyError) as exc:
-            raise ConfigError("open", None, str(exc)) from exc
+        except (ValueError, ObstoreError) as exc:
+            raise ConfigError("open", None, _first_line(exc)) from exc
         if handle.backend is not Backend.FILE:
             # The run prefix joins every key, so it obeys the same rules.
             _, _, prefix = url.split("://", 1)[-1].partition("/")
-            if prefix.strip("/"):
-                check_key(prefix.strip("/"), "open")
+            if prefix.strip("/") and not _KEY.fullmatch(prefix.strip("/")):
+                raise ConfigError("open", None, f"run prefix {prefix!r} is not a valid key")
         return cls(handle, options)
 
     @property
@@ -271,6 +272,11 @@ class Mailbox:
     @property
     def backend(self) -> Backend:
         return self._handle.backend
+
+    @property
+    def handle(self) -> StoreHandle:
+        """The store and its batching facts (for accounting and tests)."""
+        return self._handle
 
     @property
     def stats(self) -> Stats:
