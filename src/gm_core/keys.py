@@ -1,0 +1,328 @@
+"""The bucket layout: every object key gm reads or writes, built and parsed in one place.
+
+Theory of operation
+-------------------
+Keys are relative to the run prefix (the mailbox prepends it)::
+
+    manifest.json                              the run's birth certificate
+    head.json                                  hint of the newest committed round
+    rounds/{round:012d}.json                   the tape: one create-once record per round
+    snapshots/{round:012d}/{learner}.json      a learner's contribution to a round
+    payloads/{round:012d}/{digest}.st          tensor bytes, named by their content hash
+    leases/{node}.json                         a node's liveness token
+    claims/{round:012d}/{attempt:04d}.json     create-once takeover bids for a round
+
+Numbers are zero-padded to a fixed width so that the byte order of keys, which is
+what every object store lists in, equals numeric order: the newest round is the last
+key of ``rounds/``, and the lowest free claim is found by listing. Round numbers are
+therefore bounded by ``ROUND_LIMIT`` and claim attempts by ``ATTEMPT_LIMIT``.
+
+Ids (learners, nodes) become path segments, so they are restricted to a safe
+alphabet (:func:`valid_id`): nothing that a store, a file system or a URL would
+interpret (no slashes, no ``..``, no leading dot or dash, no unicode look-alikes).
+
+Building is for our own code, so a bad argument is caller misuse and raises
+``ValueError`` (or ``TypeError`` for a non-integer). Parsing is for keys that came
+from a listing, which peers and operators can fill with anything, so :func:`parse`
+accepts exactly the strings the builders produce and raises :class:`BadKey` for
+everything else: ``build(parse(k)) == k`` for every key that parses.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import assert_never
+
+import attrs
+
+ROUND_LIMIT = 10**12
+"""Rounds are ``0 <= round < ROUND_LIMIT`` (12 decimal digits in keys)."""
+
+ATTEMPT_LIMIT = 10**4
+"""Claim attempts are ``0 <= attempt < ATTEMPT_LIMIT`` (4 decimal digits in keys)."""
+
+ID_MAX_CHARS = 64
+"""Longest id that :func:`valid_id` accepts."""
+
+DIGEST_HEX_CHARS = 64
+"""Payload digests are this many lowercase hex characters (256 bits)."""
+
+MANIFEST = "manifest.json"
+HEAD = "head.json"
+ROUNDS_PREFIX = "rounds/"
+SNAPSHOTS_PREFIX = "snapshots/"
+PAYLOADS_PREFIX = "payloads/"
+LEASES_PREFIX = "leases/"
+CLAIMS_PREFIX = "claims/"
+
+_ROUND_WIDTH = 12
+_ATTEMPT_WIDTH = 4
+_JSON = ".json"
+_PAYLOAD_SUFFIX = ".st"
+
+# Explicit ASCII ranges (never \w or \d, which match unicode letters and digits);
+# used with fullmatch only, since ``$`` would also match before a trailing newline.
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+
+
+class BadKey(ValueError):  # noqa: N818 (the protocol names it BadKey)
+    """A key that is not exactly one the builders produce; ``reason`` says why."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"bad key {key!r}: {reason}")
+        self.key = key
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[BadKey], tuple[str, str]]:
+        # ValueError pickles its args (the message); rebuild from the fields instead,
+        # so the error survives crossing a process boundary.
+        return (BadKey, (self.key, self.reason))
+
+
+def valid_id(s: str) -> bool:
+    """Whether ``s`` is safe as a learner or node id, and hence as a key segment.
+
+    1 to 64 characters of ``[A-Za-z0-9._-]``, starting with a letter or digit, and no
+    ``..`` anywhere: an id never reads as a path step, a hidden file or an option.
+    """
+    return (
+        isinstance(s, str)
+        and len(s) <= ID_MAX_CHARS
+        and _ID_RE.fullmatch(s) is not None
+        and ".." not in s
+    )
+
+
+def valid_digest(s: str) -> bool:
+    """Whether ``s`` is a payload digest as keys spell it: 64 lowercase hex characters."""
+    return isinstance(s, str) and _DIGEST_RE.fullmatch(s) is not None
+
+
+# --- parsed keys -------------------------------------------------------------------
+
+
+@attrs.frozen
+class ManifestKey:
+    """``manifest.json``."""
+
+
+@attrs.frozen
+class HeadKey:
+    """``head.json``."""
+
+
+@attrs.frozen
+class RoundKey:
+    """``rounds/{round}.json``."""
+
+    round: int
+
+
+@attrs.frozen
+class SnapshotKey:
+    """``snapshots/{round}/{learner}.json``."""
+
+    round: int
+    learner: str
+
+
+@attrs.frozen
+class PayloadKey:
+    """``payloads/{round}/{digest}.st``."""
+
+    round: int
+    digest: str
+
+
+@attrs.frozen
+class LeaseKey:
+    """``leases/{node}.json``."""
+
+    node: str
+
+
+@attrs.frozen
+class ClaimKey:
+    """``claims/{round}/{attempt}.json``."""
+
+    round: int
+    attempt: int
+
+
+ParsedKey = ManifestKey | HeadKey | RoundKey | SnapshotKey | PayloadKey | LeaseKey | ClaimKey
+
+
+# --- builders ------------------------------------------------------------------------
+
+
+def _number(value: int, limit: int, width: int, what: str) -> str:
+    # bool is an int subclass, but True as a round number is always a bug.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    if not 0 <= value < limit:
+        raise ValueError(f"{what} {value} is outside [0, {limit})")
+    return f"{value:0{width}d}"
+
+
+def _round(r: int) -> str:
+    return _number(r, ROUND_LIMIT, _ROUND_WIDTH, "round")
+
+
+def _id(s: str, what: str) -> str:
+    if not valid_id(s):
+        raise ValueError(f"{what} {s!r} is not a valid id")
+    return s
+
+
+def manifest() -> str:
+    """Key of the run's manifest."""
+    return MANIFEST
+
+
+def head() -> str:
+    """Key of the head hint."""
+    return HEAD
+
+
+def round_record(r: int) -> str:
+    """Key of round ``r``'s record (the commit point)."""
+    return f"{ROUNDS_PREFIX}{_round(r)}{_JSON}"
+
+
+def snapshot_prefix(r: int) -> str:
+    """Folder of round ``r``'s snapshots, ending in ``/`` (what the closer lists)."""
+    return f"{SNAPSHOTS_PREFIX}{_round(r)}/"
+
+
+def snapshot(r: int, learner: str) -> str:
+    """Key of ``learner``'s snapshot for round ``r``."""
+    return f"{snapshot_prefix(r)}{_id(learner, 'learner')}{_JSON}"
+
+
+def payload_prefix(r: int) -> str:
+    """Folder of payloads written for round ``r``, ending in ``/``."""
+    return f"{PAYLOADS_PREFIX}{_round(r)}/"
+
+
+def payload(r: int, digest: str) -> str:
+    """Key of the payload with content digest ``digest``, written for round ``r``."""
+    if not valid_digest(digest):
+        raise ValueError(f"digest {digest!r} is not {DIGEST_HEX_CHARS} lowercase hex digits")
+    return f"{payload_prefix(r)}{digest}{_PAYLOAD_SUFFIX}"
+
+
+def lease(node: str) -> str:
+    """Key of ``node``'s lease."""
+    return f"{LEASES_PREFIX}{_id(node, 'node')}{_JSON}"
+
+
+def claim_prefix(r: int) -> str:
+    """Folder of the takeover claims for round ``r``, ending in ``/``."""
+    return f"{CLAIMS_PREFIX}{_round(r)}/"
+
+
+def claim(r: int, attempt: int) -> str:
+    """Key of claim number ``attempt`` for round ``r``."""
+    number = _number(attempt, ATTEMPT_LIMIT, _ATTEMPT_WIDTH, "attempt")
+    return f"{claim_prefix(r)}{number}{_JSON}"
+
+
+def build(parsed: ParsedKey) -> str:
+    """The key a parsed value stands for; the inverse of :func:`parse`."""
+    match parsed:
+        case ManifestKey():
+            return manifest()
+        case HeadKey():
+            return head()
+        case RoundKey(round=r):
+            return round_record(r)
+        case SnapshotKey(round=r, learner=learner):
+            return snapshot(r, learner)
+        case PayloadKey(round=r, digest=digest):
+            return payload(r, digest)
+        case LeaseKey(node=node):
+            return lease(node)
+        case ClaimKey(round=r, attempt=attempt):
+            return claim(r, attempt)
+        case _:
+            assert_never(parsed)
+
+
+# --- parsing -------------------------------------------------------------------------
+
+
+def _parse_number(key: str, text: str, width: int, what: str) -> int:
+    # isdigit() alone accepts unicode digits ("٣", "³"); isascii() pins it to 0-9.
+    if len(text) != width or not (text.isascii() and text.isdigit()):
+        raise BadKey(key, f"{what} must be exactly {width} ASCII digits, got {text!r}")
+    return int(text)
+
+
+def _strip(key: str, name: str, suffix: str) -> str:
+    if not name.endswith(suffix):
+        raise BadKey(key, f"{name!r} does not end in {suffix!r}")
+    return name[: -len(suffix)]
+
+
+def _parse_id(key: str, text: str, what: str) -> str:
+    if not valid_id(text):
+        raise BadKey(key, f"{what} {text!r} is not a valid id")
+    return text
+
+
+def _segments(key: str, parts: list[str], count: int) -> list[str]:
+    if len(parts) != count:
+        raise BadKey(key, f"expected {count} path segments, got {len(parts)}")
+    return parts
+
+
+def parse(key: str) -> ParsedKey:
+    """Parse a key the builders produce; raise :class:`BadKey` for anything else.
+
+    Strict on purpose: listings may contain objects written by anyone, and a key that
+    merely resembles ours (another width, a hostile id, a trailing newline) must not
+    be mistaken for a protocol object.
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, got {type(key).__name__}")
+    parts = key.split("/")
+    folder = parts[0]
+    if len(parts) == 1:
+        if key == MANIFEST:
+            return ManifestKey()
+        if key == HEAD:
+            return HeadKey()
+        raise BadKey(key, "not a known top-level object")
+    if folder == ROUNDS_PREFIX[:-1]:
+        _, name = _segments(key, parts, 2)
+        r = _parse_number(key, _strip(key, name, _JSON), _ROUND_WIDTH, "round")
+        return RoundKey(r)
+    if folder == SNAPSHOTS_PREFIX[:-1]:
+        _, round_text, name = _segments(key, parts, 3)
+        r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
+        return SnapshotKey(r, _parse_id(key, _strip(key, name, _JSON), "learner"))
+    if folder == PAYLOADS_PREFIX[:-1]:
+        _, round_text, name = _segments(key, parts, 3)
+        r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
+        digest = _strip(key, name, _PAYLOAD_SUFFIX)
+        if not valid_digest(digest):
+            raise BadKey(key, f"digest {digest!r} is not {DIGEST_HEX_CHARS} lowercase hex digits")
+        return PayloadKey(r, digest)
+    if folder == LEASES_PREFIX[:-1]:
+        _, name = _segments(key, parts, 2)
+        return LeaseKey(_parse_id(key, _strip(key, name, _JSON), "node"))
+    if folder == CLAIMS_PREFIX[:-1]:
+        _, round_text, name = _segments(key, parts, 3)
+        r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
+        attempt = _parse_number(key, _strip(key, name, _JSON), _ATTEMPT_WIDTH, "attempt")
+        return ClaimKey(r, attempt)
+    raise BadKey(key, f"unknown folder {folder!r}")
+
+
+def round_of_payload_key(key: str) -> int:
+    """The round a payload key was written for (garbage collection sorts by it)."""
+    parsed = parse(key)
+    if not isinstance(parsed, PayloadKey):
+        raise BadKey(key, "not a payload key")
+    return parsed.round
