@@ -5,17 +5,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numeric_strategies import contributions, fragment, layouts, merge_bound, seeds
 
-from gm_core.numerics import Contributions, Layout, wire_layout
+from gm_core.numerics import Contributions, Layout, minifloat, wire_layout
 from gm_core.records import Alignment, MergeRule, WireFormat
-from gm_shell.backends import Backend, NumpyBackend, backend
-from gm_shell.backends.mlx_backend import MlxBackend
-from gm_shell.backends.torch_backend import TorchBackend
+from gm_shell.backends import Backend, NumpyBackend, backend, bits
+from gm_shell.backends.mlx_backend import MlxBackend, MlxBits
+from gm_shell.backends.torch_backend import TorchBackend, TorchBits
 
 PATTERN = "embed"
 REFERENCE = NumpyBackend()
@@ -181,3 +183,17 @@ def test_default_torch_configuration_on_a_multi_range_fragment() -> None:
         b.encode(on(b, deltas[0]), wire, regions[2], regions[3])
         np.testing.assert_array_equal(regions[2], regions[0])
         np.testing.assert_array_equal(regions[3], regions[1])
+
+
+@pytest.mark.parametrize("fmt", [minifloat.E4M3, minifloat.E2M1])
+def test_bit_built_decoding_matches_the_table(fmt: minifloat.Minifloat) -> None:
+    """Every code's value from bits equals the reference table (NaN codes excepted)."""
+    table = fmt.table()
+    codes = np.flatnonzero(np.isfinite(table)).astype(np.int32)
+    from_torch = bits.decode_minifloat(torch.from_numpy(codes), fmt, TorchBits())
+    np.testing.assert_array_equal(from_torch.numpy(), table[codes])
+    from_mlx = bits.decode_minifloat(mx.array(codes), fmt, MlxBits())
+    np.testing.assert_array_equal(np.array(from_mlx), table[codes])
+    values = np.abs(table[codes]) * 2.0 ** (fmt.bias - 1 + fmt.mantissa_bits)
+    rounded = TorchBits().round_even_int32(torch.from_numpy((values + 0.5).astype(np.float32)))
+    np.testing.assert_array_equal(rounded.numpy(), np.rint(values + 0.5).astype(np.int32))

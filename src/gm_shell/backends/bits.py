@@ -34,7 +34,11 @@ class BitOps(Protocol):
     def where(self, condition: Array, a: Array, b: Array) -> Array: ...
 
     def round_even_int32(self, x: Array) -> Array:
-        """Round fp32 to the nearest integer, ties to even, as int32."""
+        """Round fp32 in ``[0, 2^22)`` to the nearest integer, ties to even, as int32."""
+        ...
+
+    def int_to_float32(self, x: Array) -> Array:
+        """Convert int32 values to fp32 values."""
         ...
 
 
@@ -67,3 +71,16 @@ def encode_minifloat(y: Array, fmt: minifloat.Minifloat, ops: BitOps) -> Array:
     subnormal = ops.round_even_int32(absolute * 2.0 ** (fmt.bias - 1 + fmt.mantissa_bits))
     codes = ops.where(absolute < fmt.min_normal, subnormal, normal)
     return codes | (((bits >> 31) & 1) << (fmt.code_bits - 1))
+
+
+def decode_minifloat(codes: Array, fmt: minifloat.Minifloat, ops: BitOps) -> Array:
+    """fp32 values of int32 ``codes`` in ``fmt``, built from bits (no table lookup)."""
+    mantissa_mask = (1 << fmt.mantissa_bits) - 1
+    exponent = (codes >> fmt.mantissa_bits) & ((1 << fmt.exponent_bits) - 1)
+    mantissa = codes & mantissa_mask
+    normal = ((exponent + (127 - fmt.bias)) << 23) | (mantissa << (23 - fmt.mantissa_bits))
+    # Subnormal: mantissa · 2^(1 − bias − m), exact in fp32 (a few bits times a power of two).
+    scaled = ops.int_to_float32(mantissa) * 2.0 ** (1 - fmt.bias - fmt.mantissa_bits)
+    subnormal = ops.as_int32(scaled)
+    magnitude = ops.where(exponent == 0, subnormal, normal)
+    return ops.as_float32(magnitude | ((codes >> (fmt.code_bits - 1)) << 31))

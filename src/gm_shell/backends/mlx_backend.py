@@ -50,6 +50,9 @@ class MlxBits:
     def round_even_int32(self, x: mx.array) -> mx.array:
         return mx.round(x).astype(mx.int32)
 
+    def int_to_float32(self, x: mx.array) -> mx.array:
+        return x.astype(mx.float32)
+
 
 OPS = MlxBits()
 
