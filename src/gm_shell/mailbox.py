@@ -134,8 +134,10 @@ _KEY = re.compile(r"[A-Za-z0-9._\-=+,@~]+(/[A-Za-z0-9._\-=+,@~]+)*")
 the same way (by byte), and none needs percent-encoding."""
 
 _BUCKET_MISSING = re.compile(
-    r"NoSuchBucket|ContainerNotFound|specified (bucket|container) does not exist", re.IGNORECASE
+    r"<Code>(NoSuchBucket|ContainerNotFound)</Code>|specified (bucket|container) does not exist"
 )
+"""The error codes in S3/GCS and Azure reply bodies, and Azure's batch-delete wording; none
+can occur inside a valid key (no '<', '>' or spaces), so a key cannot fake them."""
 _STATUS = re.compile(r"status code: (\d{3})")
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 """Timeout, conflicting concurrent write (S3 asks for a retry), too early, throttled."""

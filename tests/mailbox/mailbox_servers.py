@@ -42,6 +42,7 @@ from gm_shell.stores import AZURITE_ACCOUNT, AZURITE_KEY, MailboxOptions
 REPO = Path(__file__).resolve().parents[2]
 BUCKET = "gm-test"
 READY_TIMEOUT_S = 30.0
+STOP_GRACE_S = 3.0
 AZURITE_INSTALL = "npm install --no-audit --no-fund --prefix .servers/node azurite@3.37.0"
 
 
@@ -62,10 +63,11 @@ class RunningServer:
     log: Path
 
     def stop(self) -> None:
+        """SIGTERM, then SIGKILL after a few seconds: the data is scratch, only the port matters."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)

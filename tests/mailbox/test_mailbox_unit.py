@@ -183,6 +183,7 @@ def test_generic_obstore_errors_are_classified_by_status(
 
 def test_absent_and_denied_are_classified() -> None:
     assert _classify(FileNotFoundError("not found: 404")) is None
+    assert _classify(FileNotFoundError("Object at location NoSuchBucket not found")) is None
     assert _classify(FileNotFoundError("<Code>ContainerNotFound</Code>")) is BucketMissingError
     assert _classify(PermissionDeniedError("403")) is AccessDeniedError
 
