@@ -61,6 +61,8 @@ class RunningServer:
     """Mailbox URL of the test bucket (append a run prefix)."""
     options: MailboxOptions
     log: Path
+    leftovers: list[Path] = attrs.field(factory=list)
+    """Files the server makes outside its directory, removed after it stops."""
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after a few seconds: the data is scratch, only the port matters."""
@@ -71,6 +73,8 @@ class RunningServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        for path in self.leftovers:
+            path.unlink(missing_ok=True)
 
 
 def free_ports(n: int) -> list[int]:
@@ -115,20 +119,25 @@ def _launch(name: str, argv: list[str], workdir: Path) -> tuple[subprocess.Popen
     return process, log
 
 
-def _wait(
-    name: str, process: subprocess.Popen[bytes], log: Path, ready: Callable[[], bool]
-) -> None:
-    """Poll ``ready`` until it holds; fail with the log's tail if the server dies or stalls."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with {process.returncode}:\n{_tail(log)}")
-        with contextlib.suppress(OSError, http.client.HTTPException):
-            if ready():
-                return
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"{name} not ready after {READY_TIMEOUT_S} s:\n{_tail(log)}")
+def _ready(server: RunningServer, ready: Callable[[], bool]) -> RunningServer:
+    """Poll ``ready`` until it holds; on any failure stop the server and say why, with its log."""
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if server.process.poll() is not None:
+                raise RuntimeError(
+                    f"{server.name} exited with {server.process.returncode}:\n{_tail(server.log)}"
+                )
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                if ready():
+                    return server
+            time.sleep(0.1)
+        raise RuntimeError(
+            f"{server.name} not ready after {READY_TIMEOUT_S} s:\n{_tail(server.log)}"
+        )
+    except BaseException:
+        server.stop()
+        raise
 
 
 def _tail(log: Path) -> str:
@@ -197,25 +206,30 @@ def start_seaweedfs(workdir: Path) -> RunningServer:
             return False
         return _request(s3, "DELETE", f"/{BUCKET}/.ready") == 204
 
-    _wait("seaweedfs", process, log, ready)
+    # weed also opens a unix socket per gRPC port at a fixed /tmp path, which no flag moves.
+    leftovers = [
+        Path(f"/tmp/seaweedfs-{role}-grpc-{ports[f'-{role}.port.grpc']}.sock")
+        for role in ("master", "volume", "filer", "s3", "admin")
+    ]
     endpoint = f"http://127.0.0.1:{s3}"
-    return RunningServer(
+    server = RunningServer(
         name="seaweedfs",
         process=process,
         endpoint=endpoint,
         url=f"s3://{BUCKET}",
         options=_s3_options(endpoint),
         log=log,
+        leftovers=leftovers,
     )
+    return _ready(server, ready)
 
 
 def start_moto(workdir: Path) -> RunningServer:
     moto = _venv_binary("moto_server")
     (port,) = free_ports(1)
     process, log = _launch("moto", [str(moto), "-H", "127.0.0.1", "-p", str(port)], workdir)
-    _wait("moto", process, log, lambda: _request(port, "PUT", f"/{BUCKET}") == 200)
     endpoint = f"http://127.0.0.1:{port}"
-    return RunningServer(
+    server = RunningServer(
         name="moto",
         process=process,
         endpoint=endpoint,
@@ -223,6 +237,7 @@ def start_moto(workdir: Path) -> RunningServer:
         options=_s3_options(endpoint),
         log=log,
     )
+    return _ready(server, lambda: _request(port, "PUT", f"/{BUCKET}") == 200)
 
 
 def start_azurite(workdir: Path) -> RunningServer:
@@ -238,7 +253,6 @@ def start_azurite(workdir: Path) -> RunningServer:
         "--silent",
     ]
     process, log = _launch("azurite", argv, workdir)
-    _wait("azurite", process, log, lambda: create_azure_container(port, BUCKET) in (201, 409))
     endpoint = f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
     options = MailboxOptions(
         endpoint=endpoint,
@@ -248,7 +262,7 @@ def start_azurite(workdir: Path) -> RunningServer:
         backoff_cap_s=0.5,
         seed=0,
     )
-    return RunningServer(
+    server = RunningServer(
         name="azurite",
         process=process,
         endpoint=endpoint,
@@ -256,6 +270,7 @@ def start_azurite(workdir: Path) -> RunningServer:
         options=options,
         log=log,
     )
+    return _ready(server, lambda: create_azure_container(port, BUCKET) in (201, 409))
 
 
 def create_azure_container(port: int, container: str) -> int:
