@@ -64,6 +64,7 @@ from gm_core.records import (
     Manifest,
     PayloadRef,
     Reason,
+    RoundRecord,
     TensorSpec,
 )
 from gm_core.store_model import ModelStore
@@ -116,6 +117,7 @@ class Cluster:
     now_s: float = 0.0
     notes: tuple[tuple[str, Notify], ...] = ()
     violations: tuple[invariants.Violation, ...] = ()
+    hostile: frozenset[str] = frozenset()
     learner_options: learner.LearnerOptions = attrs.field(factory=learner.LearnerOptions)
     closer_options: closer.CloserOptions = attrs.field(factory=closer.CloserOptions)
 
@@ -177,10 +179,17 @@ def create(
 
 
 def view(c: Cluster) -> invariants.ClusterView:
+    """What the invariants judge: the nodes, and the store less what outsiders wrote."""
+    store = c.store
+    if c.hostile:
+        store = attrs.evolve(
+            store.delete(tuple(c.hostile)),
+            created=tuple((k, d) for k, d in store.created if k not in c.hostile),
+        )
     return invariants.ClusterView(
         manifest=c.manifest,
         schema_digest=c.schema_digest,
-        store=c.store,
+        store=store,
         learners={n.name: n.learner for n in c.nodes.values() if n.alive and n.learner},
         closers={n.name: n.closer for n in c.nodes.values() if n.alive and n.closer},
     )
@@ -446,3 +455,27 @@ def _merge(c: Cluster, cmd: Merge) -> tuple[Cluster, Event]:
         store, _ = store.put_once(outer.key, outer_data)
     merged = Merged(now_s=now, req=cmd.req, theta=theta, outer=outer, update=None, cosine=None)
     return attrs.evolve(c, store=store), merged
+
+
+# --- faults from outside the protocol, and reading results ---------------------------------
+
+
+def set_poison(c: Cluster, name: str, poison: bool) -> Cluster:
+    """From now on the node's learner publishes deltas holding a NaN."""
+    nodes = dict(c.nodes)
+    nodes[name] = attrs.evolve(c.nodes[name], poison=poison)
+    return attrs.evolve(c, nodes=nodes)
+
+
+def inject(c: Cluster, key: str, data: bytes) -> Cluster:
+    """Someone outside the protocol writes ``data`` at ``key`` (a hostile or broken writer)."""
+    store, created = c.store.put_once(key, data)
+    if not created:
+        return c
+    return attrs.evolve(c, store=store, hostile=c.hostile | {key})
+
+
+def records(c: Cluster) -> list[RoundRecord]:
+    """The tape as the store holds it now, in round order."""
+    tape = invariants.read_tape(view(c))
+    return [tape[r] for r in sorted(tape)]

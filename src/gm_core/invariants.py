@@ -14,6 +14,7 @@ learner monotonicity across one transition (:func:`learner_monotonic`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 
 import attrs
@@ -38,18 +39,26 @@ class Violation:
     message: str
 
 
-def _tape(view: ClusterView) -> dict[int, RoundRecord]:
+@functools.lru_cache(maxsize=8192)
+def _decode_record(data: bytes) -> RoundRecord | None:
+    """Records are immutable bytes, checked after every step: decode each one once."""
+    try:
+        return codec.decode(RoundRecord, data)
+    except codec.CodecError:
+        return None
+
+
+def read_tape(view: ClusterView) -> dict[int, RoundRecord]:
     """Every round record in the store, by round (undecodable ones are left out)."""
     out: dict[int, RoundRecord] = {}
     for key in view.store.list(keys.ROUNDS_PREFIX):
         stored = view.store.get(key)
-        parsed = keys.parse(key)
+        parsed = _parse_or_none(key)
         if stored is None or not isinstance(parsed, keys.RoundKey):
             continue
-        try:
-            out[parsed.round] = codec.decode(RoundRecord, stored.data)
-        except codec.CodecError:
-            continue
+        record = _decode_record(stored.data)
+        if record is not None:
+            out[parsed.round] = record
     return out
 
 
@@ -79,7 +88,7 @@ def one_record_per_round(view: ClusterView) -> tuple[str, ...]:
     for key, _ in view.store.created:
         seen[key] = seen.get(key, 0) + 1
     out = [f"{k} created {n} times" for k, n in seen.items() if n > 1]
-    tape = _tape(view)
+    tape = read_tape(view)
     for key in view.store.list(keys.ROUNDS_PREFIX):
         parsed = _parse_or_none(key)
         if not isinstance(parsed, keys.RoundKey) or parsed.round not in tape:
@@ -91,7 +100,7 @@ def one_record_per_round(view: ClusterView) -> tuple[str, ...]:
 
 def contiguous_tape(view: ClusterView) -> tuple[str, ...]:
     """The records present are exactly rounds 0..n-1."""
-    rounds = sorted(_tape(view))
+    rounds = sorted(read_tape(view))
     if rounds != list(range(len(rounds))):
         return (f"tape has gaps: {rounds}",)
     return ()
@@ -100,7 +109,7 @@ def contiguous_tape(view: ClusterView) -> tuple[str, ...]:
 def record_consistency(view: ClusterView) -> tuple[str, ...]:
     """Each record moves exactly its own fragment's version by one, or by none if empty."""
     out = []
-    tape = _tape(view)
+    tape = read_tape(view)
     for r, rec in sorted(tape.items()):
         before = _before(view, tape, r)
         if r > 0 and r - 1 not in tape:
@@ -126,7 +135,7 @@ def schedule_coverage(view: ClusterView) -> tuple[str, ...]:
     """Record r syncs fragment r mod P at step_of(r), so each fragment once per H steps."""
     cfg = view.manifest.config
     out = []
-    for r, rec in _tape(view).items():
+    for r, rec in read_tape(view).items():
         if rec.fragment != schedule.fragment_of(r, cfg.fragments):
             out.append(f"round {r}: fragment {rec.fragment}")
         if rec.step != schedule.step_of(r, cfg.sync_every, cfg.fragments):
@@ -136,7 +145,7 @@ def schedule_coverage(view: ClusterView) -> tuple[str, ...]:
 
 def retention(view: ClusterView) -> tuple[str, ...]:
     """Every payload the newest frontier points at is still in the store."""
-    tape = _tape(view)
+    tape = read_tape(view)
     frontier = tape[max(tape)].frontier if tape else view.manifest.init
     refs = [ref for fs in frontier for ref in (fs.theta, fs.momentum) if ref is not None]
     gone = [ref.key for ref in refs if view.store.get(ref.key) is None]
@@ -162,7 +171,7 @@ def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
     """Every participant wrote a snapshot for that round that passes every verdict."""
     cfg = view.manifest.config
     snapshots = _created(view, keys.SnapshotKey)
-    tape = _tape(view)
+    tape = read_tape(view)
     out = []
     for r, rec in tape.items():
         before = _before(view, tape, r)
@@ -197,7 +206,7 @@ def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
 def single_committer(view: ClusterView) -> tuple[str, ...]:
     """Each record's closer was named by the previous record, or won the claim it cites."""
     claims = _created(view, keys.ClaimKey)
-    tape = _tape(view)
+    tape = read_tape(view)
     out = []
     for r, rec in tape.items():
         previous = tape.get(r - 1)
@@ -218,7 +227,7 @@ def single_committer(view: ClusterView) -> tuple[str, ...]:
 def grace_bounds(view: ClusterView) -> tuple[str, ...]:
     """0 ≤ grace ≤ gap·ξ_step, and grace is 0 while any estimate was missing."""
     cfg = view.manifest.config
-    tape = _tape(view)
+    tape = read_tape(view)
     out = []
     for r, rec in tape.items():
         previous = tape.get(r - 1)
@@ -238,7 +247,7 @@ def grace_bounds(view: ClusterView) -> tuple[str, ...]:
 
 def learners_behind_commits(view: ClusterView) -> tuple[str, ...]:
     """No learner has aligned a round or a version that the tape does not hold."""
-    tape = _tape(view)
+    tape = read_tape(view)
     newest = max(tape, default=-1)
     frontier = tape[newest].frontier if tape else view.manifest.init
     out = []

@@ -1,0 +1,217 @@
+"""Several learners and closers driven through ``advance`` against the model store.
+
+Hypothesis picks every action — which command lands next (and whether it fails or
+loses its response), timers, training, clock, crashes, restarts, poisoned deltas,
+garbage dropped into the bucket — and every named invariant is checked after
+each one. A second group of tests drives fair schedules and asserts progress.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import event, settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from gm_core import closer, keys, learner
+from gm_core import cluster as cl
+from gm_core.records import AlgorithmConfig, Alignment, Reason
+
+L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
+NAMES = ("n0", "n1", "n2")
+ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "n2": frozenset({L})}
+FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
+FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
+
+
+def make(config: AlgorithmConfig) -> cl.Cluster:
+    c = cl.create(config, ROLES, learner_options=FAST_L, closer_options=FAST_C)
+    for name in NAMES:
+        c = cl.start(c, name)
+    return c
+
+
+configs = st.builds(
+    AlgorithmConfig,
+    sync_every=st.integers(2, 6),
+    fragments=st.integers(1, 2),
+    quorum=st.integers(1, 2),
+    in_flight=st.integers(1, 2),
+    alignment=st.sampled_from(list(Alignment)),
+    lease_timeout_s=st.just(4.0),
+    takeover_floor_s=st.just(6.0),
+)
+
+
+class ClusterMachine(RuleBasedStateMachine):
+    c: cl.Cluster
+
+    @initialize(config=configs)
+    def setup(self, config: AlgorithmConfig) -> None:
+        self.c = make(config)
+
+    @precondition(lambda self: bool(self.c.inflight))
+    @rule(data=st.data())
+    def deliver(self, data: st.DataObject) -> None:
+        index = data.draw(st.integers(0, len(self.c.inflight) - 1))
+        fault = data.draw(
+            st.sampled_from([cl.Fault.NONE] * 6 + [cl.Fault.FAIL, cl.Fault.LOSE_RESPONSE])
+        )
+        self.c = cl.deliver(self.c, index, fault)
+
+    @rule()
+    def deliver_all(self) -> None:
+        for _ in range(50):
+            if not self.c.inflight:
+                break
+            self.c = cl.deliver(self.c, 0)
+
+    @precondition(lambda self: bool(cl.due_timers(self.c)))
+    @rule()
+    def fire_timers(self) -> None:
+        for name, machine in cl.due_timers(self.c):
+            self.c = cl.fire(self.c, name, machine)
+
+    @rule(name=st.sampled_from(NAMES), steps=st.integers(1, 4))
+    def train(self, name: str, steps: int) -> None:
+        self.c = cl.train(self.c, name, steps)
+
+    @rule(seconds=st.sampled_from([0.25, 1.0, 3.0, 10.0]))
+    def tick(self, seconds: float) -> None:
+        self.c = cl.tick(self.c, seconds)
+
+    @precondition(lambda self: sum(n.alive for n in self.c.nodes.values()) > 1)
+    @rule(name=st.sampled_from(NAMES))
+    def crash(self, name: str) -> None:
+        self.c = cl.crash(self.c, name)
+
+    @rule(name=st.sampled_from(NAMES))
+    def restart(self, name: str) -> None:
+        if not self.c.nodes[name].alive:
+            self.c = cl.start(self.c, name)
+
+    @rule(name=st.sampled_from(NAMES))
+    def poison(self, name: str) -> None:
+        self.c = cl.set_poison(self.c, name, True)
+
+    @rule(key=st.sampled_from(["snapshot", "round", "claim", "junk"]), blob=st.binary(max_size=40))
+    def hostile_write(self, key: str, blob: bytes) -> None:
+        """Garbage dropped into the bucket by hand must be survived, never crash a machine."""
+        newest = len(self.c.store.list(keys.ROUNDS_PREFIX))
+        target = {
+            "snapshot": keys.snapshot(newest, "intruder"),
+            "round": keys.round_record(newest + 50),
+            "claim": keys.claim(newest, 9000),
+            "junk": f"{keys.snapshot_prefix(newest)}not a key",
+        }[key]
+        self.c = cl.inject(self.c, target, blob)
+
+    @rule(ticks=st.integers(4, 40))
+    def run_fairly(self, ticks: int) -> None:
+        """A stretch of fair scheduling, so that random runs get deep into the tape."""
+        self.c = run_fair(self.c, ticks, check=False)
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        broken = cl.check(self.c)
+        assert not broken, broken
+
+    def teardown(self) -> None:
+        event(f"records committed: {min(len(cl.records(self.c)) // 5 * 5, 20)}+")
+
+
+ClusterMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=50, deadline=None)
+TestClusterStateful = ClusterMachine.TestCase
+
+
+def run_fair(c: cl.Cluster, ticks: int, *, dt: float = 0.25, check: bool = True) -> cl.Cluster:
+    """A fair schedule: everything in flight lands, timers fire, everyone trains a step."""
+    for _ in range(ticks):
+        while c.inflight:
+            c = cl.deliver(c, 0)
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        for name in sorted(c.nodes):
+            c = cl.train(c, name, 1)
+        c = cl.tick(c, dt)
+        if check:
+            assert not cl.check(c), cl.check(c)
+    return c
+
+
+def participants(c: cl.Cluster) -> list[int]:
+    return [len(r.participants) for r in cl.records(c)]
+
+
+def test_fair_schedule_commits_every_round_with_everyone() -> None:
+    c = run_fair(make(AlgorithmConfig(sync_every=8, fragments=2, quorum=3, in_flight=1)), 200)
+    counts = participants(c)
+    assert len(counts) >= 10
+    assert all(n == 3 for n in counts), counts
+
+
+def test_crashed_closer_is_taken_over_through_a_claim() -> None:
+    config = AlgorithmConfig(
+        sync_every=8, fragments=2, quorum=1, in_flight=1, lease_timeout_s=4.0, takeover_floor_s=6.0
+    )
+    c = run_fair(make(config), 60)
+    before = len(cl.records(c))
+    c = cl.crash(c, "n0")
+    c = run_fair(c, 200)
+    records = cl.records(c)
+    assert len(records) > before + 5
+    taken = [r for r in records if r.closer == "n1" and r.claim > 0]
+    assert taken, "n1 never took over"
+    assert all(r.closer == "n1" for r in records[before + 1 :])
+
+
+def test_poisoned_learner_is_rejected_by_name_and_the_run_goes_on() -> None:
+    c = make(AlgorithmConfig(sync_every=8, fragments=2, quorum=2, in_flight=1))
+    c = cl.set_poison(c, "n2", True)
+    c = run_fair(c, 150)
+    records = cl.records(c)
+    assert len(records) >= 8
+    assert all("n2" not in {p.learner for p in r.participants} for r in records)
+    assert any(
+        (x.learner, x.reason) == ("n2", Reason.NONFINITE) for r in records for x in r.rejections
+    )
+
+
+def test_dead_learner_is_waited_for_at_most_the_lease_timeout() -> None:
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=3, in_flight=1, lease_timeout_s=4.0)
+    c = run_fair(make(config), 60)
+    before = len(cl.records(c))
+    c = cl.crash(c, "n2")
+    c = run_fair(c, 120)
+    after = cl.records(c)[before:]
+    assert len(after) >= 5
+    assert all(len(r.participants) == 2 for r in after[2:])
+
+
+def test_learner_joining_mid_run_catches_up_and_participates() -> None:
+    c = cl.create(
+        AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=1),
+        ROLES,
+        learner_options=FAST_L,
+        closer_options=FAST_C,
+    )
+    c = cl.start(cl.start(c, "n0"), "n1")
+    c = run_fair(c, 80)
+    joined_at = len(cl.records(c))
+    c = run_fair(cl.start(c, "n2"), 80)
+    later = cl.records(c)[joined_at + 2 :]
+    assert any("n2" in {p.learner for p in r.participants} for r in later)
+    assert c.nodes["n2"].learner is not None
+    assert c.nodes["n2"].learner.aligned_round >= joined_at
+
+
+def test_clean_close_flushes_and_releases_the_lease() -> None:
+    c = run_fair(make(AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=1)), 60)
+    c = cl.close(c, "n2")
+    c = run_fair(c, 80)
+    node = c.nodes["n2"]
+    assert node.learner is not None
+    assert node.learner.phase is learner.Phase.CLOSED
+    assert c.store.get(keys.lease("n2")) is None
+    finals = [p for r in cl.records(c) for p in r.participants if p.final]
+    assert finals
+    assert all(p.learner == "n2" for p in finals)
