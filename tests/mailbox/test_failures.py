@@ -1,4 +1,4 @@
-"""Failures against real servers: what is retried, what is raised, and what is counted.
+"""Failures and configuration against real servers: what is retried, raised and counted.
 
 Transient faults are injected by a real proxy in front of moto (see
 ``fault_proxy.py``); permanent ones come from the servers themselves: a bucket
@@ -26,6 +26,7 @@ from gm_shell.mailbox import (
     PutOutcome,
     UnavailableError,
 )
+from gm_shell.stores import MailboxOptions
 
 pytestmark = list(SERVER_MARKS)
 
@@ -132,3 +133,23 @@ def test_wrong_azure_key_is_access_denied(azurite: RunningServer) -> None:
     with mailbox, pytest.raises(AccessDeniedError) as raised:
         asyncio.run(mailbox.get("head.json"))
     assert raised.value.operation == "get"
+
+
+def test_endpoint_and_credentials_come_from_the_environment(
+    moto: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS_* variables alone reach a plain-http endpoint (allow_http inferred from the URL)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "from-env")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "from-env-secret")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    mailbox = Mailbox.open(f"{moto.url}/from-env", options=MailboxOptions(seed=0))
+
+    async def body() -> None:
+        assert await mailbox.put_once("manifest.json", b"{}") is PutOutcome.CREATED
+        got = await mailbox.get("manifest.json")
+        assert got is not None
+        assert got.data == b"{}"
+
+    with mailbox:
+        asyncio.run(body())
