@@ -1,0 +1,93 @@
+"""Adopting a run: is the manifest in the bucket the run this node would have created?
+
+Theory of operation
+-------------------
+The first node of a run writes the manifest create-once; every later node
+computes the manifest it *would* have written (its config, its model's schema,
+the plan both imply) and compares it with the one it found. Nodes that differ
+in anything the run agrees on — the wire format of the records, any field of the
+algorithm config, the tensor schema, or the fragment plan — cannot train
+together: their deltas would be merged with the wrong weights, layouts or
+formats. :func:`manifest_mismatch` names every such difference in one sentence
+so the operator sees at once what to change, and returns ``None`` when the node
+may adopt the run.
+
+What is *not* compared, by design: ``run_id`` and ``created_by`` (who won the
+creation race is not a property of the run's training) and ``init`` (the
+initial parameters are the creator's; a joining node loads them, whatever its
+own were).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from gm_core.records import AlgorithmConfig, Manifest, TensorSpec
+
+MAX_LISTED = 5
+"""Differences of one kind named individually before the rest are only counted."""
+
+
+def manifest_mismatch(mine: Manifest, theirs: Manifest) -> str | None:
+    """Why this node (``mine``) cannot join the run described by ``theirs``; None if it can."""
+    problems = [
+        *_format_mismatch(mine.format, theirs.format),
+        *config_mismatch(mine.config, theirs.config),
+        *schema_mismatch(mine.schema, theirs.schema),
+    ]
+    if not problems and mine.plan != theirs.plan:
+        # Same config and schema imply the same plan; a different one was made by other code.
+        problems.append("the fragment plan differs (the run was created by another gm version)")
+    if not problems:
+        return None
+    return "this node cannot join the run: " + "; ".join(problems)
+
+
+def _format_mismatch(mine: int, theirs: int) -> list[str]:
+    if mine == theirs:
+        return []
+    return [f"manifest format: the run has {theirs}, this node writes {mine}"]
+
+
+def config_mismatch(mine: AlgorithmConfig, theirs: AlgorithmConfig) -> list[str]:
+    """One phrase per config field that differs, in declaration order."""
+    return [
+        f"config.{field.name}: the run has {getattr(theirs, field.name)!r}, "
+        f"this node has {getattr(mine, field.name)!r}"
+        for field in attrs.fields(AlgorithmConfig)
+        if getattr(mine, field.name) != getattr(theirs, field.name)
+    ]
+
+
+def schema_mismatch(mine: tuple[TensorSpec, ...], theirs: tuple[TensorSpec, ...]) -> list[str]:
+    """Tensors missing on either side, tensors whose shape or dtype differ, or another order."""
+    if mine == theirs:
+        return []
+    ours = {t.name: t for t in mine}
+    run = {t.name: t for t in theirs}
+    problems = [
+        *_listed("tensors this node lacks", [n for n in run if n not in ours]),
+        *_listed("tensors the run lacks", [n for n in ours if n not in run]),
+        *_listed(
+            "tensors that differ",
+            [_spec_difference(ours[n], run[n]) for n in run if n in ours and ours[n] != run[n]],
+        ),
+    ]
+    if not problems:
+        problems.append("the schema lists the same tensors in another order")
+    return problems
+
+
+def _spec_difference(mine: TensorSpec, theirs: TensorSpec) -> str:
+    return (
+        f"{mine.name!r} is {theirs.dtype}{list(theirs.shape)} in the run, "
+        f"{mine.dtype}{list(mine.shape)} here"
+    )
+
+
+def _listed(what: str, items: list[str]) -> list[str]:
+    if not items:
+        return []
+    named = ", ".join(items[:MAX_LISTED])
+    more = f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
+    return [f"{what}: {named}{more}"]
