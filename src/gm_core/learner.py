@@ -540,9 +540,7 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
 def _poll(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
     if state.probing or now_s < state.probe_at_s or state.phase is Phase.LOADING:
         return state
-    round_ = state.seen_round + 1
-    if state.phase is Phase.BOOTING and round_ < 0:
-        round_ = 0
+    round_ = max(state.seen_round + 1, 0)  # -1 while the head hint is unknown: tape start
     state, req = _issue(state, Purpose(kind="record", round=round_))
     cmds.append(Get(req=req, key=keys.round_record(round_)))
     return attrs.evolve(state, probing=True, seen_round=max(state.seen_round, round_ - 1))
