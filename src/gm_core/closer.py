@@ -15,15 +15,18 @@ written create-once, so whatever the claims say, at most one record exists per
 round. A closer whose record write finds the key taken has been *superseded*: it
 reads the winner's record and adopts it, exactly like a follower would.
 
-Leading round ``r``: list ``snapshots/r/`` (and only that folder; later lists
-start after the last key seen), fetch each snapshot record, judge it
+Leading round ``r``: list ``snapshots/r/`` (and only that folder; each list
+reads it whole, since learners' keys land in any order and the folder holds at
+most one key per learner), fetch each new snapshot record, judge it
 (:func:`verdicts.judge_snapshot`), have the shell verify its payload, and count
 verdicts. Once :func:`verdicts.ready_to_close` holds, wait the adaptive grace
 window (or close at once when every live learner has reported), ask the shell
 to merge the accepted deltas, then write the record — the commit point. Timing
 EMAs, the frontier and the closer's name travel in the record, so any node can
 take over from the newest record alone. Garbage collection and the head hint
-are written after the commit, off the critical path.
+are written after the commit, off the critical path. A leader also watches its
+round's record key while it collects: a follower that judged it dead may have
+closed the round, and that record ends the round for everyone.
 """
 
 from __future__ import annotations
@@ -147,7 +150,7 @@ class CloserState:
     grace_s: float = 0.0
     merge_at_s: float = 0.0
     entries: Mapping[str, Entry] = attrs.field(factory=dict)
-    list_offset: str | None = None
+    bad_keys: frozenset[str] = frozenset()
     draft: RoundRecord | None = None
     leases: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
     busy: frozenset[str] = frozenset()
@@ -298,7 +301,7 @@ def _enter(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
         closer_lease=None,
         waiting_since_s=now_s,
         entries={},
-        list_offset=None,
+        bad_keys=frozenset(),
         quorum_at_s=None,
         close_at_s=NEVER,
         grace_s=0.0,
@@ -407,12 +410,13 @@ def _list_outcome(
     if state.phase is not Phase.COLLECTING:
         return state
     entries = dict(state.entries)
-    offset = state.list_offset
+    bad_keys = set(state.bad_keys)
     for key in event.keys:
-        offset = key if offset is None else max(offset, key)
         learner = _snapshot_learner(key, state.round)
         if learner is None:
-            cmds.append(Notify(kind="bad_key", round=state.round, detail=key))
+            if key not in bad_keys:  # every list reads the whole folder: report a key once
+                cmds.append(Notify(kind="bad_key", round=state.round, detail=key))
+                bad_keys.add(key)
             continue
         if learner in entries:
             continue
@@ -422,7 +426,7 @@ def _list_outcome(
         if learner not in state.leases:
             state, req = _issue(state, Purpose(kind="lease", round=state.round, name=learner))
             cmds.append(Probe(req=req, key=keys.lease(learner)))
-    return attrs.evolve(state, entries=entries, list_offset=offset)
+    return attrs.evolve(state, entries=entries, bad_keys=frozenset(bad_keys))
 
 
 def _snapshot_learner(key: str, round_: int) -> str | None:
@@ -828,8 +832,11 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
 def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     if "list" not in state.busy and now_s >= state.poll_at_s:
         state, req = _busy(state, Purpose(kind="list", round=state.round))
-        prefix = keys.snapshot_prefix(state.round)
-        cmds.append(List(req=req, prefix=prefix, offset=state.list_offset))
+        cmds.append(List(req=req, prefix=keys.snapshot_prefix(state.round)))
+        if "watch" not in state.busy:
+            # Someone who judged us dead may have closed this round: its record ends it.
+            state, req = _busy(state, Purpose(kind="watch", round=state.round))
+            cmds.append(Get(req=req, key=keys.round_record(state.round)))
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
     if now_s >= state.leases_at_s and state.leases:
         for learner in sorted(state.leases):
@@ -852,16 +859,29 @@ def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
     )
 
 
+_POLLED_BY = {Phase.BOOTING: "tape", Phase.FOLLOWING: "watch", Phase.COLLECTING: "list"}
+"""The request kind each phase's polling issues (at most one in flight)."""
+
+
 def _wake(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
-    """Ask for one timer at the earliest moment anything could change without an outcome."""
+    """Ask for one timer at the earliest moment anything could change without an outcome.
+
+    A deadline that has passed but whose work cannot start — the poll while its
+    request is in flight, lease probes with nobody to probe — is left out: a timer
+    for it would fire at once, find nothing to do and ask again, a busy loop until
+    the outcome arrives, which pumps the machine anyway.
+    """
     times = [state.lease_at_s if state.options.write_lease else NEVER]
-    if state.phase in (Phase.BOOTING, Phase.FOLLOWING, Phase.COLLECTING):
+    polled_by = _POLLED_BY.get(state.phase)
+    if polled_by is not None and polled_by not in state.busy:
         times.append(state.poll_at_s)
     if state.phase is Phase.FOLLOWING:
-        times.append(state.leases_at_s)
+        if _watched(state) not in ("", state.node):
+            times.append(state.leases_at_s)
         times.append(_takeover_at(state))
     if state.phase is Phase.COLLECTING:
-        times.extend((state.leases_at_s, state.close_at_s, _lease_expiry(state, now_s)))
+        probes_at = state.leases_at_s if state.leases else NEVER
+        times.extend((probes_at, state.close_at_s, _lease_expiry(state, now_s)))
     wake = max(min(times), now_s)
     if wake != state.wake_s:
         if wake < NEVER:
