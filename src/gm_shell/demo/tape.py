@@ -1,0 +1,70 @@
+"""What the bucket says about a finished demo run: its round records, folded into figures.
+
+Theory of operation
+-------------------
+The summary's protocol figures come from the tape, not from the processes'
+own accounts, because the tape is the truth of the run: a round counts if its
+record exists, a learner participated if a record accepted it. Records are read
+in order by probing the one key expected next (the same walk a joining node
+does), stopping at the first absent key. Tokens are what the accepted snapshots
+say they trained since their previous sync of the same fragment, so summed over
+a fragment's rounds they cover each learner's training once; over all rounds,
+``P`` times — hence the division by ``fragments`` in :attr:`TapeFigures.merged_tokens`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import attrs
+
+from gm_core import keys
+from gm_core.records import RoundRecord
+from gm_core.tape import BadRecord, parse_record
+from gm_shell.mailbox import Mailbox
+
+
+async def _walk(box: Mailbox) -> tuple[list[RoundRecord], str]:
+    records: list[RoundRecord] = []
+    while True:
+        got = await box.get(keys.round_record(len(records)))
+        if got is None:
+            return records, ""
+        parsed = parse_record(got.data, len(records))
+        if isinstance(parsed, BadRecord):
+            return records, f"round {parsed.round}: {parsed.reason}"
+        records.append(parsed)
+
+
+def read_rounds(url: str) -> tuple[list[RoundRecord], str]:
+    """Every round record in order, and why the walk stopped early ('' if at the end)."""
+    with Mailbox.open(url) as box:
+        return asyncio.run(_walk(box))
+
+
+@attrs.frozen(kw_only=True)
+class TapeFigures:
+    rounds: int
+    learners: tuple[str, ...]
+    """Every learner some record accepted."""
+    participants_mean: float
+    participants_min: int
+    rejections: int
+    merged_tokens: float
+    """Training tokens that reached a commit, counted once per learner-step (see module doc)."""
+    takeovers: int
+
+
+def figures(records: Sequence[RoundRecord], fragments: int) -> TapeFigures:
+    counts = [len(r.participants) for r in records] or [0]
+    tokens = sum(p.tokens for r in records for p in r.participants)
+    return TapeFigures(
+        rounds=len(records),
+        learners=tuple(sorted({p.learner for r in records for p in r.participants})),
+        participants_mean=sum(counts) / len(counts),
+        participants_min=min(counts),
+        rejections=sum(len(r.rejections) for r in records),
+        merged_tokens=tokens / fragments,
+        takeovers=sum(1 for r in records if r.claim > 0),
+    )
