@@ -1,0 +1,118 @@
+"""Loading the newest committed model without joining the run (evaluation, and close).
+
+Theory of operation
+-------------------
+Reading a run needs no lease and writes nothing: the head hint names a recent
+round, round records are probed forward from it one expected key at a time
+until one is missing (a GET that misses is cheap), and the newest record's
+frontier names the committed payload of every fragment. Those ``P`` payloads
+are fetched, checked against their digests, decoded and written into the
+model. A record that exists but does not decode stops the walk: the tape
+cannot be skipped, so the model is left at the last good commit and the
+returned :class:`Checkpoint` says which one.
+
+:func:`align` is the evaluation entry point (``gm_shell.align(model,
+mailbox=url)``); :func:`newest_record` and :func:`load_frontier` are shared with
+``Session.close``, which leaves the model at the newest commit the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+
+from gm_core import keys
+from gm_core.manifest import schema_mismatch
+from gm_core.numerics.arrays import F32
+from gm_core.records import Manifest, PayloadRef, RoundRecord
+from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
+from gm_shell.fragments import FragmentCodec, Role
+from gm_shell.loopthread import LoopThread
+from gm_shell.mailbox import Mailbox
+from gm_shell.models import adapt
+from gm_shell.replica import Replica
+from gm_shell.run import RunError, RunMismatchError, read_manifest
+from gm_shell.stores import MailboxOptions
+
+
+@attrs.frozen(kw_only=True)
+class Checkpoint:
+    """Which commit the model now holds: ``round`` -1 is the run's initial parameters."""
+
+    round: int
+    versions: tuple[int, ...]
+    stopped_at: str = ""
+    """Why the walk stopped before the tape's end (an unreadable record), if it did."""
+
+
+async def newest_record(mailbox: Mailbox, known: int = -1) -> tuple[RoundRecord | None, str]:
+    """The newest decodable record at or after round ``known`` (or the head hint)."""
+    got = await mailbox.get(keys.head())
+    start = max(parse_head(None if got is None else got.data), known, 0)
+    newest, stopped = await _walk(mailbox, start)
+    if newest is None and start > 0 and not stopped:
+        newest, stopped = await _walk(mailbox, 0)  # the hint named a round not written
+    return newest, stopped
+
+
+async def _walk(mailbox: Mailbox, start: int) -> tuple[RoundRecord | None, str]:
+    newest: RoundRecord | None = None
+    round_ = start
+    while True:
+        got = await mailbox.get(keys.round_record(round_))
+        if got is None:
+            return newest, ""
+        parsed = parse_record(got.data, round_)
+        if isinstance(parsed, BadRecord):
+            return newest, f"round {round_}: {parsed.reason}"
+        newest, round_ = parsed, round_ + 1
+
+
+Fetch = Callable[[int, PayloadRef], Awaitable[F32]]
+
+
+async def load_frontier(manifest: Manifest, record: RoundRecord | None, fetch: Fetch) -> list[F32]:
+    """The committed value of every fragment after ``record``, fetched in parallel."""
+    frontier = frontier_of(manifest, record)
+    return list(await asyncio.gather(*(fetch(f, fs.theta) for f, fs in enumerate(frontier))))
+
+
+def align(model: Any, *, mailbox: str, options: MailboxOptions | None = None) -> Checkpoint:
+    """Load the run's newest committed parameters into ``model`` (torch or MLX) and return."""
+    adapter = adapt(model)
+    loop = LoopThread("gm-align")
+    box = Mailbox.open(mailbox, options=options)
+    try:
+        manifest = loop.run(read_manifest(box))
+        if manifest is None:
+            raise RunError(f"{mailbox}: no run here (manifest.json is absent)")
+        problems = schema_mismatch(adapter.schema(), manifest.schema)
+        if problems:
+            raise RunMismatchError(
+                f"{mailbox}: the model differs from the run's: " + "; ".join(problems)
+            )
+        codec = FragmentCodec(manifest)
+
+        async def fetch(fragment: int, ref: PayloadRef) -> F32:
+            got = await box.get(ref.key)
+            data = None if got is None else got.data
+            return await asyncio.to_thread(codec.load, fragment, Role.THETA, ref, data)
+
+        async def read() -> tuple[RoundRecord | None, str, list[F32]]:
+            record, stopped = await newest_record(box)
+            return record, stopped, await load_frontier(manifest, record, fetch)
+
+        record, stopped, values = loop.run(read())
+    finally:
+        loop.stop()
+        box.close()
+    Replica(adapter, manifest.plan).overwrite_all(values)
+    frontier = frontier_of(manifest, record)
+    return Checkpoint(
+        round=-1 if record is None else record.round,
+        versions=tuple(fs.version for fs in frontier),
+        stopped_at=stopped,
+    )

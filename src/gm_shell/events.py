@@ -1,0 +1,302 @@
+"""Typed user events: what the protocol told this node, for callbacks and ``logging``.
+
+Theory of operation
+-------------------
+The core reports what a user may want to know as :class:`gm_core.commands.Notify`
+values (a ``kind``, a round and a short detail); the shell adds a few of its own
+(the run was created or adopted). :func:`from_notify` turns each into a frozen,
+typed event — :class:`Committed`, :class:`Rejected`, :class:`TookOver`… — whose
+fields are parsed from the detail, so user code matches on classes and reads
+attributes instead of parsing strings. A kind this module does not know yet
+becomes :class:`Other`, never an error: a newer core must not break older
+callbacks.
+
+Delivery must never slow the event loop: the loop only puts the event into a
+bounded queue (:class:`EventHub`); a dispatcher thread of its own calls the
+callbacks and logs. A callback that raises is logged and skipped; one that is
+slow only delays later callbacks, and once the queue is full further events are
+counted in ``dropped`` instead of blocking the loop. A bounded deque of recent
+events is kept for inspection (``Session.events``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import ClassVar, TypeVar
+
+import attrs
+
+from gm_core.commands import Notify
+from gm_core.records import Reason
+
+LOG = logging.getLogger("gm")
+E = TypeVar("E", bound="Event")
+
+
+@attrs.frozen(kw_only=True)
+class Event:
+    """Something that happened at ``node`` about ``round``, at ``at_s`` on its monotonic clock."""
+
+    kind: ClassVar[str] = "event"
+    level: ClassVar[int] = logging.INFO
+    node: str
+    round: int
+    detail: str = ""
+    at_s: float = 0.0
+
+    def describe(self) -> str:
+        return f"{self.node}: {self.kind} round {self.round}" + (
+            f" ({self.detail})" if self.detail else ""
+        )
+
+
+@attrs.frozen(kw_only=True)
+class RunCreated(Event):
+    """This node wrote the run's manifest and initial parameters."""
+
+    kind: ClassVar[str] = "run_created"
+
+
+@attrs.frozen(kw_only=True)
+class RunAdopted(Event):
+    """The run existed; this node's config and schema match it."""
+
+    kind: ClassVar[str] = "run_adopted"
+
+
+@attrs.frozen(kw_only=True)
+class Joined(Event):
+    """The learner loaded the committed parameters and starts training."""
+
+    kind: ClassVar[str] = "joined"
+
+
+@attrs.frozen(kw_only=True)
+class Published(Event):
+    kind: ClassVar[str] = "published"
+    steps: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class PublishFailed(Event):
+    kind: ClassVar[str] = "publish_failed"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
+class Aligned(Event):
+    kind: ClassVar[str] = "aligned"
+    version: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class AlignFailed(Event):
+    kind: ClassVar[str] = "align_failed"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
+class Committed(Event):
+    """This node's closer wrote the round's record (the commit point)."""
+
+    kind: ClassVar[str] = "committed"
+    version: int = 0
+    participants: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class Superseded(Event):
+    """Another closer's record won this round; this node adopted it."""
+
+    kind: ClassVar[str] = "superseded"
+    level: ClassVar[int] = logging.WARNING
+    by: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class TookOver(Event):
+    """This node claimed a round from a closer that went silent."""
+
+    kind: ClassVar[str] = "took_over"
+    level: ClassVar[int] = logging.WARNING
+    claim: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class Rejected(Event):
+    """A snapshot was not accepted into the round, and why (recorded in the round record)."""
+
+    kind: ClassVar[str] = "rejected"
+    level: ClassVar[int] = logging.WARNING
+    learner: str = ""
+    reason: Reason | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RecordRejected(Event):
+    """An object at a round record's key could not be used (hostile or newer writer)."""
+
+    kind: ClassVar[str] = "record_rejected"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
+class SnapshotMalformed(Event):
+    kind: ClassVar[str] = "snapshot_malformed"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
+class ClaimRejected(Event):
+    kind: ClassVar[str] = "claim_rejected"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
+class BadKey(Event):
+    """A key in a snapshot folder that no learner could have written."""
+
+    kind: ClassVar[str] = "bad_key"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
+class LeaseFailed(Event):
+    """Renewing this node's lease failed; others may soon judge it dead."""
+
+    kind: ClassVar[str] = "lease_failed"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
+class MergeFailed(Event):
+    kind: ClassVar[str] = "merge_failed"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
+class Closed(Event):
+    """The learner finished closing and released its lease."""
+
+    kind: ClassVar[str] = "closed"
+
+
+@attrs.frozen(kw_only=True)
+class CloserStopped(Event):
+    kind: ClassVar[str] = "closer_stopped"
+
+
+@attrs.frozen(kw_only=True)
+class Other(Event):
+    """A notification this version of the shell has no class for; ``name`` is its kind."""
+
+    name: str = ""
+
+
+_PLAIN: dict[str, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        Joined,
+        PublishFailed,
+        AlignFailed,
+        RecordRejected,
+        SnapshotMalformed,
+        ClaimRejected,
+        BadKey,
+        LeaseFailed,
+        MergeFailed,
+        Closed,
+        CloserStopped,
+    )
+}
+_NUMBER = re.compile(r"(\w+)=(-?\d+)")
+
+
+def _numbers(detail: str) -> dict[str, int]:
+    return {k: int(v) for k, v in _NUMBER.findall(detail)}
+
+
+def from_notify(note: Notify, node: str, at_s: float) -> Event:
+    """The typed event for one of the core's notifications."""
+    numbers = _numbers(note.detail)
+
+    def make(cls: type[E], **extra: object) -> E:
+        return cls(node=node, round=note.round, detail=note.detail, at_s=at_s, **extra)
+
+    if note.kind in _PLAIN:
+        return make(_PLAIN[note.kind])
+    if note.kind == "rejected":
+        learner, _, reason = note.detail.partition(": ")
+        known = reason in {r.value for r in Reason}
+        return make(Rejected, learner=learner, reason=Reason(reason) if known else None)
+    if note.kind == "committed":
+        return make(
+            Committed,
+            version=numbers.get("version", 0),
+            participants=numbers.get("participants", 0),
+        )
+    if note.kind == "published":
+        return make(Published, steps=numbers.get("steps", 0))
+    if note.kind == "aligned":
+        return make(Aligned, version=numbers.get("version", 0))
+    if note.kind == "took_over":
+        return make(TookOver, claim=numbers.get("claim", 0))
+    if note.kind == "superseded":
+        return make(Superseded, by=note.detail.removeprefix("by "))
+    return make(Other, name=note.kind)
+
+
+Callback = Callable[[Event], None]
+
+_STOP = object()
+
+
+class EventHub:
+    """Hands events from the loop to callbacks and logging on a thread of its own."""
+
+    def __init__(
+        self, callbacks: Sequence[Callback] = (), *, capacity: int = 1024, recent: int = 512
+    ) -> None:
+        self._callbacks = list(callbacks)
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=capacity)
+        self.recent: deque[Event] = deque(maxlen=recent)
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._dispatch, name="gm-events", daemon=True)
+        self._thread.start()
+
+    def subscribe(self, callback: Callback) -> None:
+        self._callbacks.append(callback)
+
+    def emit(self, event: Event) -> None:
+        """Never blocks: a full queue drops the event and counts it."""
+        self.recent.append(event)
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self.dropped += 1
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Deliver what is queued (bounded by ``timeout_s``), then stop the dispatcher."""
+        try:
+            self._queue.put(_STOP, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._thread.join(timeout_s)
+
+    def _dispatch(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is _STOP:
+                return
+            assert isinstance(event, Event)
+            LOG.log(event.level, "%s", event.describe())
+            for callback in list(self._callbacks):
+                try:
+                    callback(event)
+                except Exception:
+                    LOG.exception("gm event callback %r failed on %s", callback, event.kind)

@@ -1,0 +1,204 @@
+"""Fragment payloads of one run: encode, check, decode and merge on host fp32 buffers.
+
+Theory of operation
+-------------------
+Every tensor payload of a run is one fragment in one of three roles, each with
+its wire format fixed by the manifest: a learner's *delta* (``delta_format``), a
+committed *theta* (``commit_format``) and the closer's outer *momentum* (always
+F32: it is state, not a message, and must survive a takeover exactly).
+:class:`FragmentCodec` knows the layout of every fragment (from the manifest's
+schema and plan) and turns flat fp32 host buffers into payload bytes and a
+:class:`~gm_core.records.PayloadRef` and back.
+
+Reading a payload judges it, in the order a closer must report it: absent
+(``missing``), bytes that are not what the reference promised — wrong size or
+blake3 digest, a zstd frame or safetensors header that does not parse
+(``corrupt``), tensors that are not this fragment's (``schema``), values that are
+NaN or ±Inf (``nonfinite``, deltas only: a committed theta is the run's truth).
+
+All of it is CPU work for worker threads (payload hashing and compression refuse
+to run on an event loop). Each thread gets its own :class:`PayloadWriter`.
+Merges run on the chosen compute backend (torch where installed: on CPU its
+arrays share memory with the host buffers, so nothing is copied).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gm_core import keys
+from gm_core.numerics import Contributions, Layout, WireLayout, wire_layout
+from gm_core.numerics.arrays import F32
+from gm_core.records import (
+    AlgorithmConfig,
+    Manifest,
+    PayloadRef,
+    Reason,
+    WireFormat,
+)
+from gm_shell.backends import Backend, NumpyBackend
+from gm_shell.payload import (
+    PayloadError,
+    PayloadWriter,
+    byte_view,
+    content_hash,
+    read_fragment,
+    read_payload,
+    seal,
+    unseal,
+    write_fragment,
+)
+
+
+class Role(enum.StrEnum):
+    DELTA = "delta"
+    THETA = "theta"
+    MOMENTUM = "momentum"
+
+
+class UnusablePayloadError(ValueError):
+    """A payload that cannot be used, and the protocol's name for why."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+def layouts_of(manifest: Manifest) -> list[Layout]:
+    """Each fragment's flat layout: its tensors back to back, in plan order."""
+    specs = {t.name: t for t in manifest.schema}
+    return [Layout.from_specs(specs[n] for n in names) for names in manifest.plan.fragments]
+
+
+class FragmentCodec:
+    """Payload bytes <-> flat fp32 buffers for the fragments of one run."""
+
+    def __init__(self, manifest: Manifest, compute: Backend[Any] | None = None) -> None:
+        self.config: AlgorithmConfig = manifest.config
+        self.layouts = layouts_of(manifest)
+        self._formats = {
+            Role.DELTA: self.config.delta_format,
+            Role.THETA: self.config.commit_format,
+            Role.MOMENTUM: WireFormat.F32,
+        }
+        self._wires = {
+            (f, fmt): wire_layout(layout, fmt)
+            for f, layout in enumerate(self.layouts)
+            for fmt in set(self._formats.values())
+        }
+        self._numpy = NumpyBackend()
+        self._compute: Backend[Any] = compute or self._numpy
+        self._local = threading.local()
+
+    def wire(self, fragment: int, role: Role) -> WireLayout:
+        return self._wires[(fragment, self._formats[role])]
+
+    def size(self, fragment: int) -> int:
+        return self.layouts[fragment].total
+
+    # -- writing --------------------------------------------------------------------------
+
+    def encode(self, fragment: int, role: Role, round_: int, x: F32) -> tuple[bytes, PayloadRef]:
+        """The bytes to upload for ``x`` and the reference a record will carry."""
+        writer: PayloadWriter | None = getattr(self._local, "writer", None)
+        if writer is None:
+            writer = self._local.writer = PayloadWriter()
+        file = write_fragment(writer, self._numpy, x, self.wire(fragment, role))
+        data = bytes(byte_view(seal(file, self.config.compression)))
+        digest = content_hash(data)
+        ref = PayloadRef(key=keys.payload(round_, digest), size=len(data), digest=digest)
+        return data, ref
+
+    def roundtrip(self, fragment: int, role: Role, x: F32, data: bytes) -> F32:
+        """What every reader of ``data`` will get: ``x`` itself when the format is exact."""
+        if self._formats[role] is WireFormat.F32:
+            return x
+        return self.decode(fragment, role, data)
+
+    # -- reading --------------------------------------------------------------------------
+
+    def check(self, ref: PayloadRef, data: bytes | None) -> None:
+        """Raise UnusablePayloadError unless ``data`` is exactly the bytes ``ref`` names."""
+        if data is None:
+            raise UnusablePayloadError(Reason.MISSING, f"{ref.key} is absent")
+        if len(data) != ref.size:
+            raise UnusablePayloadError(
+                Reason.CORRUPT, f"{ref.key}: {len(data)} bytes, not {ref.size}"
+            )
+        digest = content_hash(data)
+        if digest != ref.digest:
+            raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: content hash {digest[:12]}…")
+
+    def decode(self, fragment: int, role: Role, data: bytes) -> F32:
+        """A fresh flat fp32 buffer holding the payload's fragment."""
+        wire = self.wire(fragment, role)
+        try:
+            file = unseal(data, self.config.compression)
+            payload = read_payload(file)
+        except PayloadError as error:
+            raise UnusablePayloadError(Reason.CORRUPT, str(error)) from error
+        try:
+            codes, scales = read_fragment(payload, wire)
+        except PayloadError as error:
+            raise UnusablePayloadError(Reason.SCHEMA, str(error)) from error
+        out = np.empty(wire.layout.total, dtype=np.float32)
+        self._numpy.decode(codes, scales, wire, out)
+        return out
+
+    def load(self, fragment: int, role: Role, ref: PayloadRef, data: bytes | None) -> F32:
+        """Check, decode and (for deltas) require finite values; raises UnusablePayloadError."""
+        self.check(ref, data)
+        assert data is not None
+        x = self.decode(fragment, role, data)
+        if role is Role.DELTA and not self._numpy.all_finite(x):
+            raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
+        return x
+
+    # -- the closer's arithmetic ----------------------------------------------------------
+
+    def merge(
+        self,
+        fragment: int,
+        theta: F32,
+        momentum: F32 | None,
+        deltas: Sequence[F32],
+        contributions: Contributions,
+    ) -> tuple[F32, F32, float | None]:
+        """New theta and momentum (fresh buffers) and the deltas' mean pairwise cosine."""
+        cfg = self.config
+        compute = self._compute
+        new_theta = compute.asarray(theta.copy())
+        new_momentum = compute.asarray(
+            np.zeros_like(theta) if momentum is None else momentum.copy()
+        )
+        arrays = [compute.asarray(d) for d in deltas]
+        compute.merge_step(
+            arrays,
+            contributions,
+            self.layouts[fragment],
+            cfg.merge,
+            cfg.embedding_pattern,
+            new_theta,
+            new_momentum,
+            cfg.outer_lr,
+            cfg.outer_momentum,
+        )
+        cosine = compute.cosine(arrays)
+        return compute.to_numpy(new_theta), compute.to_numpy(new_momentum), cosine
+
+
+def compute_backend(name: str) -> Backend[Any]:
+    """The merge backend: ``auto`` is torch on CPU where installed, else numpy."""
+    from gm_shell.backends import backend
+
+    if name != "auto":
+        return backend(name)
+    try:
+        return backend("torch")
+    except ImportError:
+        return NumpyBackend()

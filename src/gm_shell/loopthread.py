@@ -1,0 +1,113 @@
+"""One asyncio event loop on a thread of its own, and the two ways other threads reach it.
+
+Theory of operation
+-------------------
+A session's protocol state lives on one event loop, so that exactly one thread
+ever calls the core's ``advance``. The training thread (and ``__enter__`` /
+``close``) reach that loop in two ways only:
+
+- :meth:`LoopThread.post` schedules a callback and returns at once (handing a
+  captured delta over, reporting an applied commit);
+- :meth:`LoopThread.call` runs a callback or coroutine on the loop and waits for
+  its result (reporting a step and learning the core's reply; setup; close).
+  Waiting is bounded and notices a loop that died, so a caller never hangs on
+  a loop that will not answer.
+
+The thread is a daemon: a process that exits without closing its sessions is
+not held hostage by it (the mailbox's own worker threads are joined by Python
+at exit, see :mod:`gm_shell.oneshot`). :meth:`stop` lets every pending task end
+(bounded), then stops and closes the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self.loop.is_closed()
+
+    def on_loop(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def post(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the loop soon; never blocks."""
+        if self.alive:
+            self.loop.call_soon_threadsafe(callback)
+
+    def call(self, callback: Callable[[], T], timeout_s: float | None = None) -> T:
+        """Run ``callback`` on the loop and return its result (or raise its exception)."""
+        if not self.alive:
+            raise RuntimeError("the session's event loop has stopped")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(callback())
+            except BaseException as error:
+                future.set_exception(error)
+
+        self.loop.call_soon_threadsafe(run)
+        return self._wait(future, timeout_s)
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coroutine`` on the loop and wait for its result."""
+        if not self.alive:
+            coroutine.close()
+            raise RuntimeError("the session's event loop has stopped")
+        return self._wait(asyncio.run_coroutine_threadsafe(coroutine, self.loop), timeout_s)
+
+    def _wait(self, future: concurrent.futures.Future[T], timeout_s: float | None) -> T:
+        """The result, checking every second that the loop is still there to produce it."""
+        waited = 0.0
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except concurrent.futures.TimeoutError:
+                waited += 1.0
+                if not self.alive:
+                    raise RuntimeError("the session's event loop stopped") from None
+                if timeout_s is not None and waited >= timeout_s:
+                    future.cancel()
+                    raise TimeoutError(f"no answer from the event loop in {timeout_s} s") from None
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Let pending tasks finish for up to ``grace_s``, cancel the rest, stop the loop."""
+        if not self.alive:
+            return
+        if not self.on_loop():
+            with contextlib.suppress(RuntimeError, TimeoutError):
+                self.run(_drain(grace_s), timeout_s=grace_s + 5.0)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=grace_s + 5.0)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+async def _drain(grace_s: float) -> None:
+    me = asyncio.current_task()
+    tasks: set[asyncio.Task[Any]] = {t for t in asyncio.all_tasks() if t is not me}
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)

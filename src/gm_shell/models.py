@@ -1,0 +1,202 @@
+"""Model adapters: a torch or MLX model's parameters as flat fp32 fragments on the host.
+
+Theory of operation
+-------------------
+The protocol sees a model as a schema (name, shape, dtype of every parameter)
+dealt into fragments by the run's plan; the numerics see a fragment as one flat
+contiguous fp32 buffer (:class:`gm_core.numerics.Layout`). An adapter bridges
+the two for one framework, and does only two things, both on the training
+thread, between two optimizer steps:
+
+- :meth:`FragmentAccess.gather` copies a fragment's parameters into a flat fp32
+  host buffer (converting bf16/fp16 parameters to fp32, and device to host);
+- :meth:`FragmentAccess.scatter` writes a flat fp32 buffer back into the
+  parameters (converting back to each parameter's own dtype and device).
+
+Everything else — deltas, encoding, hashing, alignment arithmetic — happens on
+host buffers the adapter never sees, so the training loop only pays for these
+copies, and only at the steps where a round needs them. Parameters are the
+framework's own list (``named_parameters()`` in torch, ``parameters()`` in MLX),
+buffers such as batch-norm statistics are not synchronized.
+
+Frameworks are imported only when a model of theirs is adapted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, cast
+
+import numpy as np
+
+from gm_core.numerics.arrays import F32
+from gm_core.numerics.layout import Layout
+from gm_core.records import TensorSpec
+
+
+class ModelError(TypeError):
+    """The object cannot be trained by gm as given (unknown framework, unsupported dtype)."""
+
+
+class FragmentAccess(Protocol):
+    """Copies between one fragment's parameters and a flat fp32 host buffer."""
+
+    layout: Layout
+
+    def gather(self, out: F32) -> None:
+        """``out`` (length ``layout.total``) receives the parameters, in layout order."""
+        ...
+
+    def scatter(self, flat: F32) -> None:
+        """The parameters take the values of ``flat``."""
+        ...
+
+
+class ModelAdapter(Protocol):
+    framework: str
+
+    def schema(self) -> tuple[TensorSpec, ...]:
+        """Every parameter, in the framework's order, with the dtype it is held in."""
+        ...
+
+    def fragment(self, names: Sequence[str]) -> FragmentAccess:
+        """Access to the parameters ``names`` laid out back to back in that order."""
+        ...
+
+
+def adapt(model: Any) -> ModelAdapter:
+    """The adapter for ``model``: a ``torch.nn.Module`` or an ``mlx.nn.Module``."""
+    kind = type(model).__mro__
+    modules = {cls.__module__.split(".")[0] for cls in kind}
+    if "torch" in modules:
+        return TorchModel(model)
+    if "mlx" in modules:
+        return MlxModel(model)
+    raise ModelError(
+        f"{type(model).__name__} is neither a torch.nn.Module nor an mlx.nn.Module; "
+        "gm trains the parameters of one of those"
+    )
+
+
+def _layout(specs: dict[str, TensorSpec], names: Sequence[str]) -> Layout:
+    missing = [n for n in names if n not in specs]
+    if missing:
+        raise ModelError(f"the model has no parameters named {missing}")
+    return Layout.from_specs(specs[n] for n in names)
+
+
+# -- torch ------------------------------------------------------------------------------------
+
+_TORCH_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64"}
+
+
+class TorchModel:
+    """A ``torch.nn.Module``'s ``named_parameters()``."""
+
+    framework = "torch"
+
+    def __init__(self, model: Any) -> None:
+        self._params = dict(model.named_parameters())
+        self._specs = {name: _torch_spec(name, p) for name, p in self._params.items()}
+
+    def schema(self) -> tuple[TensorSpec, ...]:
+        return tuple(self._specs.values())
+
+    def fragment(self, names: Sequence[str]) -> FragmentAccess:
+        return _TorchFragment(_layout(self._specs, names), [self._params[n] for n in names])
+
+
+def _torch_spec(name: str, p: Any) -> TensorSpec:
+    dtype = _TORCH_DTYPES.get(str(p.dtype).removeprefix("torch."))
+    if dtype is None:
+        raise ModelError(f"parameter {name!r} has dtype {p.dtype}; gm trains float parameters")
+    return TensorSpec(name=name, shape=tuple(p.shape), dtype=dtype)
+
+
+class _TorchFragment:
+    def __init__(self, layout: Layout, params: list[Any]) -> None:
+        self.layout = layout
+        self._params = params
+
+    def gather(self, out: F32) -> None:
+        import torch
+
+        host = torch.from_numpy(out)
+        with torch.no_grad():
+            for span, p in zip(self.layout.spans, self._params, strict=True):
+                host[span.start : span.stop].copy_(p.detach().reshape(-1))
+
+    def scatter(self, flat: F32) -> None:
+        import torch
+
+        host = torch.from_numpy(flat)
+        with torch.no_grad():
+            for span, p in zip(self.layout.spans, self._params, strict=True):
+                p.copy_(host[span.start : span.stop].view(p.shape))
+
+
+# -- MLX ----------------------------------------------------------------------------------------
+
+_MLX_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+class MlxModel:
+    """An ``mlx.nn.Module``'s ``parameters()``, flattened to dotted names."""
+
+    framework = "mlx"
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self._specs = {name: _mlx_spec(name, a) for name, a in _mlx_arrays(model).items()}
+
+    def schema(self) -> tuple[TensorSpec, ...]:
+        return tuple(self._specs.values())
+
+    def fragment(self, names: Sequence[str]) -> FragmentAccess:
+        return _MlxFragment(_layout(self._specs, names), self._model)
+
+
+def _mlx_arrays(model: Any) -> dict[str, Any]:
+    """The module's parameters by dotted name, in MLX's order."""
+    from mlx.utils import tree_flatten
+
+    return dict(cast(list[tuple[str, Any]], tree_flatten(model.parameters())))
+
+
+def _mlx_spec(name: str, a: Any) -> TensorSpec:
+    dtype = _MLX_DTYPES.get(str(a.dtype).removeprefix("mlx.core."))
+    if dtype is None:
+        raise ModelError(f"parameter {name!r} has dtype {a.dtype}; gm trains float parameters")
+    return TensorSpec(name=name, shape=tuple(a.shape), dtype=dtype)
+
+
+class _MlxFragment:
+    """MLX arrays are immutable values: scatter rebinds the module's parameters."""
+
+    def __init__(self, layout: Layout, model: Any) -> None:
+        self.layout = layout
+        self._model = model
+
+    def gather(self, out: F32) -> None:
+        import mlx.core as mx
+
+        current = _mlx_arrays(self._model)
+        for span in self.layout.spans:
+            values = current[span.name].astype(mx.float32).reshape(-1)
+            out[span.start : span.stop] = np.asarray(values)
+
+    def scatter(self, flat: F32) -> None:
+        import mlx.core as mx
+
+        dtypes = {name: a.dtype for name, a in _mlx_arrays(self._model).items()}
+        weights = [
+            (
+                span.name,
+                mx.array(flat[span.start : span.stop].reshape(span.shape)).astype(
+                    dtypes[span.name]
+                ),
+            )
+            for span in self.layout.spans
+        ]
+        self._model.load_weights(weights, strict=False)
+        mx.eval(self._model.parameters())

@@ -1,0 +1,101 @@
+"""Creating a run once, or adopting the one in the bucket: the manifest and initial parameters.
+
+Theory of operation
+-------------------
+A run is born when its manifest is written create-once. Each node computes the
+manifest it would write — its algorithm config, its model's schema and the plan
+they imply — and reads ``manifest.json``:
+
+- present: the node adopts it if :func:`gm_core.manifest.manifest_mismatch`
+  finds no difference, and fails with a :class:`RunMismatchError` naming every
+  difference otherwise (nothing is written);
+- absent: the node uploads its initial parameters, one payload per fragment in
+  the commit format (content-addressed, so a retried or repeated upload is a
+  no-op), then writes the manifest pointing at them — payload before pointer.
+  If another node's manifest won the race, that one is read and judged as above;
+  the loser's payloads are left for the sweeper.
+
+A closer-only node has no model and therefore no schema of its own: it adopts
+whatever run it finds, and there must be one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from gm_core import codec, keys, plan
+from gm_core.manifest import manifest_mismatch
+from gm_core.numerics.arrays import F32
+from gm_core.records import AlgorithmConfig, FragmentState, Manifest, TensorSpec
+from gm_shell.fragments import FragmentCodec, Role
+from gm_shell.mailbox import Mailbox, PutOutcome
+
+INIT_ROUND = 0
+"""Initial payloads live under round 0's payload folder, pinned until each fragment commits."""
+
+
+class RunError(RuntimeError):
+    """The bucket holds no usable run for this node."""
+
+
+class RunMismatchError(RunError):
+    """This node's config or model differs from the run's; the message names each difference."""
+
+
+def draft_manifest(
+    *, run_id: str, node: str, config: AlgorithmConfig, schema: tuple[TensorSpec, ...]
+) -> Manifest:
+    """The manifest this node would write, without initial payloads yet."""
+    return Manifest(
+        run_id=run_id,
+        created_by=node,
+        config=config,
+        schema=schema,
+        plan=plan.make_plan(schema, config),
+        init=(),
+    )
+
+
+async def read_manifest(mailbox: Mailbox) -> Manifest | None:
+    """The run's manifest, or None if the run does not exist yet."""
+    got = await mailbox.get(keys.manifest())
+    if got is None:
+        return None
+    try:
+        return codec.decode(Manifest, got.data)
+    except codec.CodecError as error:
+        raise RunError(f"{mailbox.url}: the run's manifest is unreadable: {error}") from error
+
+
+def adopt(mine: Manifest | None, theirs: Manifest, url: str) -> Manifest:
+    """``theirs``, if this node may join it."""
+    if mine is not None:
+        problem = manifest_mismatch(mine, theirs)
+        if problem is not None:
+            raise RunMismatchError(f"{url}: {problem}")
+    return theirs
+
+
+async def create(mailbox: Mailbox, draft: Manifest, initial: Sequence[F32]) -> Manifest | None:
+    """Upload ``initial`` and write the manifest; None if another node's manifest won."""
+    fragment_codec = FragmentCodec(draft)
+
+    async def upload(fragment: int, x: F32) -> FragmentState:
+        data, ref = await asyncio.to_thread(
+            fragment_codec.encode, fragment, Role.THETA, INIT_ROUND, x
+        )
+        await mailbox.put_once(ref.key, data)
+        return FragmentState(version=0, theta=ref, momentum=None)
+
+    states = await asyncio.gather(*(upload(f, x) for f, x in enumerate(initial)))
+    manifest = Manifest(
+        run_id=draft.run_id,
+        created_by=draft.created_by,
+        config=draft.config,
+        schema=draft.schema,
+        plan=draft.plan,
+        init=tuple(states),
+    )
+    outcome = await mailbox.put_once(keys.manifest(), codec.encode(manifest))
+    return manifest if outcome is PutOutcome.CREATED else None

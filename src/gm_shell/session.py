@@ -1,0 +1,394 @@
+"""``Session``: a few lines in a training loop make this process one node of a DiLoCo run.
+
+Theory of operation
+-------------------
+::
+
+    with Session(model, algorithm=DiLoCo(sync_every=100, fragments=4), mailbox=url) as s:
+        for batch in data:
+            loss(model, batch).backward(); opt.step(); opt.zero_grad()
+            s.step(samples=len(batch))
+
+Entering the session opens the mailbox, creates the run or adopts the one there
+(:mod:`gm_shell.run`), starts the runtime's event loop (:mod:`gm_shell.runtime`)
+and, for a learner, waits until the newest committed parameters are in the
+model. ``step()`` after each optimizer step is an increment and a compare until
+the core's next barrier (:mod:`gm_shell.pacer`); there it copies a fragment
+when a round is due, folds in commits that have arrived, and blocks only where
+``in_flight`` / ``overlap_steps`` say so, raising :class:`StalledError` if the
+run makes no progress for ``stall_timeout_s``. Closing flushes this learner's
+last deltas (``flush_on_close``), waits for its rounds in flight (bounded),
+releases its lease, stops the closer, and leaves the model at the newest commit.
+
+Roles: ``both`` (the default: learner and closer-capable), ``learner`` and
+``closer`` (no training loop; the model, if given, only serves to create the
+run). A learner and a closer of one node share its lease key, so only the
+learner writes it.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import attrs
+
+from gm_core import closer as core_closer
+from gm_core import keys
+from gm_core import learner as core_learner
+from gm_core.records import (
+    AlgorithmConfig,
+    Alignment,
+    Compression,
+    Manifest,
+    MergeRule,
+    Partition,
+    WireFormat,
+)
+from gm_shell import events
+from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
+from gm_shell.align import Checkpoint, load_frontier, newest_record
+from gm_shell.fragments import FragmentCodec, compute_backend
+from gm_shell.loopthread import LoopThread
+from gm_shell.mailbox import Mailbox
+from gm_shell.models import adapt
+from gm_shell.pacer import Pacer, StalledError
+from gm_shell.replica import Replica
+from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
+from gm_shell.runtime import Machine, Runtime, now
+from gm_shell.stores import MailboxOptions
+
+__all__ = ["DiLoCo", "Role", "Session", "SessionOptions", "StalledError"]
+
+
+class Role(enum.StrEnum):
+    BOTH = "both"
+    LEARNER = "learner"
+    CLOSER = "closer"
+
+
+@attrs.frozen(kw_only=True)
+class DiLoCo:
+    """The algorithm every node of a run agrees on (plus ``flush_on_close``, a node's own)."""
+
+    sync_every: int
+    fragments: int = 1
+    quorum: int = 1
+    in_flight: int = 2
+    overlap_steps: int | None = None
+    alignment: Alignment = attrs.field(default=Alignment.OVERWRITE, converter=Alignment)
+    mixing: float = 1.0
+    merge: MergeRule = attrs.field(default=MergeRule.MEAN, converter=MergeRule)
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    partition: Partition = attrs.field(default=Partition.BYTES, converter=Partition)
+    delta_format: WireFormat = attrs.field(default=WireFormat.F32, converter=WireFormat)
+    commit_format: WireFormat = attrs.field(default=WireFormat.F32, converter=WireFormat)
+    compression: Compression = attrs.field(default=Compression.NONE, converter=Compression)
+    global_batch_size: int | None = None
+    flush_on_close: bool = True
+    embedding_pattern: str = "embed"
+    grace_gamma: float = 0.5
+    lease_timeout_s: float = 30.0
+    takeover_floor_s: float = 10.0
+
+    def config(self) -> AlgorithmConfig:
+        fields = attrs.asdict(self, recurse=False)
+        del fields["flush_on_close"]
+        return AlgorithmConfig(**fields)
+
+
+@attrs.frozen(kw_only=True)
+class SessionOptions:
+    """How this node behaves (not part of the run's agreed config)."""
+
+    poll_s: float = 1.0
+    renew_s: float = 5.0
+    close_timeout_s: float = 60.0
+    stall_timeout_s: float = 600.0
+    join_timeout_s: float = 300.0
+    compute: str = "auto"
+    """Merge backend: ``auto`` (torch if installed, else numpy), ``torch`` or ``numpy``."""
+    cache_bytes: int = 1 << 30
+    max_sweep_rounds: int = 4
+
+
+def default_node_id() -> str:
+    """``host-pid``, reduced to the id alphabet the bucket layout accepts."""
+    raw = f"{socket.gethostname()}-{os.getpid()}"
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", raw).strip(".-_")[: keys.ID_MAX_CHARS]
+    return cleaned if keys.valid_id(cleaned) else f"node-{uuid.uuid4().hex[:12]}"
+
+
+class Session:
+    """One node of a run: learner and/or closer, over one mailbox."""
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        algorithm: DiLoCo,
+        mailbox: str | Mailbox,
+        node: str | None = None,
+        role: Role | str = Role.BOTH,
+        options: SessionOptions | None = None,
+        mailbox_options: MailboxOptions | None = None,
+        callbacks: Sequence[events.Callback] = (),
+        run_id: str | None = None,
+    ) -> None:
+        self.role = Role(role)
+        if model is None and self.role is not Role.CLOSER:
+            raise ValueError(f"role {self.role} trains a model: pass one")
+        self.node = node or default_node_id()
+        if not keys.valid_id(self.node):
+            raise ValueError(f"node id {self.node!r}: 1-64 of [A-Za-z0-9._-], no '..'")
+        self.algorithm = algorithm
+        self.options = options or SessionOptions()
+        self._model = model
+        self._mailbox_arg = mailbox
+        self._mailbox_options = mailbox_options
+        self._run_id = run_id or uuid.uuid4().hex[:12]
+        self._hub = events.EventHub(callbacks)
+        self._pacer: Pacer | None = None
+        self._runtime: Runtime | None = None
+        self._loop: LoopThread | None = None
+        self._mailbox: Mailbox | None = None
+        self._replica: Replica | None = None
+        self.manifest: Manifest | None = None
+        self.checkpoint: Checkpoint | None = None
+        """The commit the model was left at by :meth:`close`."""
+
+    # -- entering ------------------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Open the mailbox, create or adopt the run, start the runtime, and join."""
+        self._loop = LoopThread(f"gm-loop-{self.node}")
+        try:
+            self._mailbox = self._open_mailbox()
+            adapter = adapt(self._model) if self._model is not None else None
+            self.manifest = self._open_run(adapter)
+            if adapter is not None and self.role is not Role.CLOSER:
+                self._replica = Replica(adapter, self.manifest.plan)
+            self._runtime = self._make_runtime(self.manifest)
+            self._pacer = self._runtime.pacer
+            self._runtime.start()
+            if self._pacer is not None:
+                self._pacer.serve(self._pacer.running, self.options.join_timeout_s, self._why)
+        except BaseException:
+            self._teardown()
+            raise
+
+    def _open_mailbox(self) -> Mailbox:
+        if isinstance(self._mailbox_arg, Mailbox):
+            return self._mailbox_arg
+        return Mailbox.open(self._mailbox_arg, options=self._mailbox_options)
+
+    def _open_run(self, adapter: Any) -> Manifest:
+        assert self._loop is not None
+        assert self._mailbox is not None
+        mailbox = self._mailbox
+        draft = None
+        if adapter is not None:
+            draft = draft_manifest(
+                run_id=self._run_id,
+                node=self.node,
+                config=self.algorithm.config(),
+                schema=adapter.schema(),
+            )
+        theirs = self._loop.run(read_manifest(mailbox))
+        if theirs is None and draft is not None:
+            initial = Replica(adapter, draft.plan)
+            values = [initial.read(f) for f in range(len(draft.plan.fragments))]
+            created = self._loop.run(create(mailbox, draft, values))
+            if created is not None:
+                self._emit(events.RunCreated(node=self.node, round=-1, detail=mailbox.url))
+                return created
+            theirs = self._loop.run(read_manifest(mailbox))
+        if theirs is None:
+            raise RunError(f"{mailbox.url}: no run here; start a node with a model to create it")
+        manifest = adopt(draft, theirs, mailbox.url)
+        if manifest.created_by != self.node:
+            self._emit(events.RunAdopted(node=self.node, round=-1, detail=mailbox.url))
+        return manifest
+
+    def _make_runtime(self, manifest: Manifest) -> Runtime:
+        assert self._loop is not None
+        assert self._mailbox is not None
+        opts = self.options
+        learner_options = core_learner.LearnerOptions(
+            poll_s=opts.poll_s,
+            renew_s=opts.renew_s,
+            close_timeout_s=opts.close_timeout_s,
+            flush_on_close=self.algorithm.flush_on_close,
+        )
+        closer_options = core_closer.CloserOptions(
+            poll_s=opts.poll_s,
+            renew_s=opts.renew_s,
+            write_lease=self.role is Role.CLOSER,  # a learner of the same node writes it
+            max_sweep_rounds=opts.max_sweep_rounds,
+        )
+        return Runtime(
+            node=self.node,
+            manifest=manifest,
+            mailbox=self._mailbox,
+            codec=FragmentCodec(manifest, compute_backend(opts.compute)),
+            hub=self._hub,
+            loop=self._loop,
+            replica=self._replica,
+            learner_options=learner_options if self.role is not Role.CLOSER else None,
+            closer_options=closer_options if self.role is not Role.LEARNER else None,
+            cache_bytes=opts.cache_bytes,
+        )
+
+    # -- training --------------------------------------------------------------------------------
+
+    def step(self, samples: int = 1) -> None:
+        """Count one optimizer step of ``samples`` samples; I/O-free, slow only when work is due."""
+        pacer = self._pacer
+        if pacer is None:
+            raise RuntimeError("step() needs a started session with a learner role")
+        pacer.step += 1
+        pacer.tokens += samples
+        if pacer.step >= pacer.barrier:
+            pacer.serve(pacer.running, self.options.stall_timeout_s, self._why)
+
+    def _why(self) -> str:
+        runtime = self._runtime
+        state = runtime.learner if runtime is not None else None
+        if state is None:
+            return f"{self.node}: the session never started its learner"
+        cfg = state.manifest.config
+        return (
+            f"{self.node}: training made no progress for its timeout at step {state.step} "
+            f"(phase {state.phase}, waiting for round {state.next_round}, newest aligned round "
+            f"{state.aligned_round}, in_flight={cfg.in_flight}, "
+            f"overlap_steps={cfg.overlap_steps}); is a closer running and is {self.url} reachable?"
+        )
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, wait for this node's rounds (bounded), release, and leave the newest commit."""
+        runtime, pacer = self._runtime, self._pacer
+        try:
+            if runtime is not None and runtime.failure is None:
+                if pacer is not None:
+                    pacer.serve(lambda: True, self.options.stall_timeout_s, self._why)
+                    runtime.request_close(Machine.LEARNER)
+                    timeout_s = self.options.close_timeout_s + 30.0
+                    pacer.serve(runtime.learner_closed.is_set, timeout_s, self._why)
+                    self.checkpoint = self._leave_at_newest(runtime)
+                if runtime.closer is not None:
+                    runtime.request_close(Machine.CLOSER)
+        finally:
+            self._teardown()
+
+    def _leave_at_newest(self, runtime: Runtime) -> Checkpoint:
+        assert self._loop is not None
+        assert self._mailbox is not None
+        assert self.manifest is not None
+        assert runtime.learner is not None
+        assert self._replica is not None
+        mailbox, manifest = self._mailbox, self.manifest
+        known = runtime.learner.aligned_round
+
+        async def read() -> tuple[Any, str, list[Any]]:
+            record, stopped = await newest_record(mailbox, known)
+            return record, stopped, await load_frontier(manifest, record, runtime.commit)
+
+        record, stopped, values = self._loop.run(read())
+        self._replica.overwrite_all(values)
+        frontier = record.frontier if record is not None else manifest.init
+        return Checkpoint(
+            round=-1 if record is None else record.round,
+            versions=tuple(fs.version for fs in frontier),
+            stopped_at=stopped,
+        )
+
+    def _teardown(self) -> None:
+        if self._runtime is not None:
+            self._runtime.shutdown()
+        elif self._loop is not None:
+            self._loop.stop()
+        if self._mailbox is not None and not isinstance(self._mailbox_arg, Mailbox):
+            self._mailbox.close()
+        self._hub.close()
+        self._pacer = None
+
+    def serve(self, duration_s: float | None = None) -> None:
+        """Block while the node works (a closer-only node's main loop), or for ``duration_s``."""
+        deadline = math.inf if duration_s is None else time.monotonic() + duration_s
+        while time.monotonic() < deadline:
+            runtime = self._runtime
+            if runtime is None:
+                raise RuntimeError("serve() needs a started session")
+            if runtime.failure is not None:
+                raise RuntimeError("the gm session failed") from runtime.failure
+            time.sleep(min(0.5, max(deadline - time.monotonic(), 0.0)))
+
+    # -- what a user may look at -----------------------------------------------------------------
+
+    def _emit(self, event: events.Event) -> None:
+        self._hub.emit(attrs.evolve(event, at_s=now()))
+
+    def on_event(self, callback: events.Callback) -> None:
+        """Call ``callback`` with every later event (on the session's event thread)."""
+        self._hub.subscribe(callback)
+
+    @property
+    def events(self) -> list[events.Event]:
+        """The most recent events, oldest first."""
+        return list(self._hub.recent)
+
+    @property
+    def url(self) -> str:
+        return self._mailbox.url if self._mailbox is not None else str(self._mailbox_arg)
+
+    @property
+    def step_count(self) -> int:
+        return self._pacer.step if self._pacer is not None else 0
+
+    @property
+    def round(self) -> int:
+        """The newest round whose commit this learner has folded into its model."""
+        runtime = self._runtime
+        state = runtime.learner if runtime is not None else None
+        return state.aligned_round if state is not None else -1
+
+    @property
+    def batch_size(self) -> int | None:
+        """This node's share of ``global_batch_size`` among the learners of the newest round."""
+        total = self.algorithm.global_batch_size
+        if total is None:
+            return None
+        runtime = self._runtime
+        learners = runtime.learners_seen if runtime is not None else 1
+        return max(1, math.ceil(total / max(learners, 1)))
+
+    @property
+    def stats(self) -> Stats:
+        """Requests and bytes this node has sent to the bucket."""
+        return self._mailbox.stats if self._mailbox is not None else Stats()
+
+    def cost_usd(self, prices: PriceTable = PRICES_S3) -> float:
+        return cost_usd(self.stats, prices)

@@ -1,0 +1,193 @@
+"""Real multi-process runs for the runtime tests: spawn, kill, hang and resume nodes.
+
+Each node is ``runtime_worker.py`` in its own Python process, pointed at one run URL
+(a local folder or a bucket on a SeaweedFS server the fixtures started). The
+harness only does what an operator could: start processes, send them signals,
+drop a stop file, read their results and the events they logged. Judging the
+run happens from the bucket (see :mod:`runtime_bucket`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from gm_shell.stores import MailboxOptions
+
+WORKER = Path(__file__).with_name("runtime_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+FAST = {
+    "poll_s": 0.1,
+    "renew_s": 0.4,
+    "close_timeout_s": 8.0,
+    "stall_timeout_s": 90.0,
+    "join_timeout_s": 60.0,
+    "compute": "numpy",
+}
+"""Node options sized for seconds-long test runs."""
+
+
+@attrs.define
+class Node:
+    name: str
+    spec: dict[str, Any]
+    process: subprocess.Popen[bytes]
+    out: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+@attrs.define
+class Harness:
+    url: str
+    workdir: Path
+    algorithm: dict[str, Any]
+    mailbox: MailboxOptions = attrs.field(factory=MailboxOptions)
+    options: dict[str, Any] = attrs.field(factory=lambda: dict(FAST))
+    nodes: dict[str, Node] = attrs.field(factory=dict)
+    incarnations: dict[str, int] = attrs.field(factory=dict)
+
+    def spawn(
+        self, name: str, *, role: str = "both", seed: int | None = None, **extra: Any
+    ) -> Node:
+        """Start (or restart) node ``name``; its outputs go to a fresh folder per incarnation."""
+        n = self.incarnations.get(name, 0) + 1
+        self.incarnations[name] = n
+        out = self.workdir / f"{name}.{n}"
+        spec = {
+            "url": self.url,
+            "node": name,
+            "role": role,
+            "seed": seed if seed is not None else 100 + len(self.incarnations),
+            "algorithm": self.algorithm,
+            "options": self.options,
+            "mailbox": attrs.asdict(self.mailbox),
+            "out": str(out),
+            "stop_file": str(self.workdir / f"{name}.stop"),
+            "step_sleep_s": 0.02,
+            **extra,
+        }
+        (self.workdir / f"{name}.stop").unlink(missing_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+        log = (out / "stderr.log").open("wb")
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+        process = subprocess.Popen(
+            [sys.executable, str(WORKER), json.dumps(spec)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        node = Node(name=name, spec=spec, process=process, out=out)
+        self.nodes[name] = node
+        return node
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        node = self.nodes[name]
+        if node.alive:
+            os.kill(node.process.pid, sig)
+
+    def kill(self, name: str) -> None:
+        """kill -9: the process vanishes mid-whatever; nothing is cleaned up."""
+        self.signal(name, signal.SIGKILL)
+        self.nodes[name].process.wait(timeout=10)
+
+    def stop(self, *names: str, timeout_s: float = 60.0) -> dict[str, int]:
+        """Ask nodes to finish (stop file), and wait for them to close and exit."""
+        for name in names:
+            (self.workdir / f"{name}.stop").write_text("stop")
+        codes = {}
+        deadline = time.monotonic() + timeout_s
+        for name in names:
+            process = self.nodes[name].process
+            try:
+                codes[name] = process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                codes[name] = process.wait()
+        return codes
+
+    def close(self) -> None:
+        """Whatever is still running dies (resumed first, so SIGKILL is not queued behind STOP)."""
+        for node in self.nodes.values():
+            if node.alive:
+                os.kill(node.process.pid, signal.SIGCONT)
+                node.process.kill()
+                node.process.wait(timeout=10)
+
+    def events(self, name: str) -> list[dict[str, str]]:
+        path = self.nodes[name].out / "events.jsonl"
+        if not path.exists():
+            return []
+        lines = path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def all_events(self) -> list[dict[str, str]]:
+        found = []
+        for path in sorted(self.workdir.glob("*/events.jsonl")):
+            lines = path.read_text().splitlines()
+            found.extend(json.loads(line) for line in lines if line.endswith("}"))
+        return found
+
+    def result(self, name: str) -> dict[str, Any]:
+        node = self.nodes[name]
+        path = node.out / "result.json"
+        if not path.exists():
+            log = (node.out / "stderr.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{name} left no result (exit {node.process.poll()}):\n{log}")
+        result: dict[str, Any] = json.loads(path.read_text())
+        with np.load(node.out / "params.npz") as params:
+            result["params"] = [params[f"f{i}"] for i in range(len(params.files))]
+        return result
+
+    def log(self, name: str) -> str:
+        return (self.nodes[name].out / "stderr.log").read_text(errors="replace")
+
+
+def wait_until(
+    what: str, check: Callable[[], bool], timeout_s: float, every_s: float = 0.1
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(every_s)
+
+
+TEST_MAILBOX = MailboxOptions(backoff_base_s=0.02, backoff_cap_s=0.5, seed=0)
+
+
+def file_run(tmp_path: Path) -> tuple[str, MailboxOptions]:
+    return f"file://{tmp_path / 'bucket'}", TEST_MAILBOX
+
+
+def s3_run(server: Any) -> tuple[str, MailboxOptions]:
+    """A fresh run prefix in the test bucket of a running S3 server."""
+    return f"{server.url}/run-{uuid.uuid4().hex[:10]}", server.options
+
+
+def make_harness(url: str, options: MailboxOptions, workdir: Path, **algorithm: Any) -> Harness:
+    """A run with seconds-long rounds: 16 steps per cycle, 2 fragments, 2 s lease timeout."""
+    defaults: dict[str, Any] = {
+        "sync_every": 16,
+        "fragments": 2,
+        "quorum": 1,
+        "in_flight": 2,
+        "lease_timeout_s": 2.0,
+        "takeover_floor_s": 3.0,
+    }
+    return Harness(url=url, workdir=workdir, algorithm={**defaults, **algorithm}, mailbox=options)

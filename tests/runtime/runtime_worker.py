@@ -1,0 +1,171 @@
+"""One node of a test run, in a process of its own: ``python runtime_worker.py SPEC_JSON``.
+
+The node trains a small regression model (torch or MLX, same parameter names
+and shapes) with a ``Session`` until a stop file appears or it has made its
+steps, then closes and writes what the test needs to judge it: its final
+parameters, fragment by fragment, and the commit its session left them at.
+Every event goes to ``events.jsonl`` as it happens, so a test can wait for one.
+
+Faults the test can ask for: ``nan_at_step`` turns a parameter into NaN once
+(the delta of that fragment is then rejected as nonfinite, and the next commit
+overwrites it); the test itself kills (SIGKILL), hangs (SIGSTOP) and resumes
+(SIGCONT) the process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from gm_shell import DiLoCo, Session, SessionOptions
+from gm_shell.events import Event
+from gm_shell.replica import Replica
+from gm_shell.stores import MailboxOptions
+
+IN, HIDDEN = 8, 16
+TEACHER = np.random.default_rng(1234).normal(size=(IN, 1)).astype(np.float32)
+
+
+def torch_model(seed: int) -> tuple[Any, Any]:
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = torch.nn.Linear(IN, HIDDEN)
+            self.fc2 = torch.nn.Linear(HIDDEN, 1)
+
+        def forward(self, x: Any) -> Any:
+            return self.fc2(torch.tanh(self.fc1(x)))
+
+    model = Net()
+
+    def train(x: np.ndarray, y: np.ndarray) -> float:
+        # Plain SGD by hand: constructing a torch.optim optimizer imports torch._dynamo,
+        # seconds per process here.
+        loss = ((model(torch.from_numpy(x)) - torch.from_numpy(y)) ** 2).mean()
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.05 * p.grad
+        return float(loss.item())
+
+    return model, train
+
+
+def mlx_model(seed: int) -> tuple[Any, Any]:
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    mx.random.seed(seed)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(IN, HIDDEN)
+            self.fc2 = nn.Linear(HIDDEN, 1)
+
+        def __call__(self, x: Any) -> Any:
+            return self.fc2(mx.tanh(self.fc1(x)))
+
+    model = Net()
+    opt = optim.SGD(learning_rate=0.05)
+
+    def loss_fn(m: Any, x: Any, y: Any) -> Any:
+        return mx.mean((m(x) - y) ** 2)
+
+    grad = nn.value_and_grad(model, loss_fn)
+
+    def train(x: np.ndarray, y: np.ndarray) -> float:
+        loss, grads = grad(model, mx.array(x), mx.array(y))
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state)
+        return float(loss.item())
+
+    return model, train
+
+
+def poison(model: Any, framework: str) -> None:
+    if framework == "torch":
+        import torch
+
+        with torch.no_grad():
+            model.fc2.bias.fill_(float("nan"))
+    else:
+        import mlx.core as mx
+
+        model.fc2.bias = mx.full(model.fc2.bias.shape, float("nan"))
+
+
+def main(spec: dict[str, Any]) -> int:
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    framework = spec.get("framework", "torch")
+    seed = int(spec["seed"])
+    model, train = (torch_model if framework == "torch" else mlx_model)(seed)
+    log = (out / "events.jsonl").open("a", buffering=1)
+
+    def record(event: Event) -> None:
+        fields = {k: str(v) for k, v in attrs.asdict(event).items()}
+        log.write(json.dumps({"event": event.kind, "wall": time.time(), **fields}) + "\n")
+
+    session = Session(
+        model,
+        algorithm=DiLoCo(**spec["algorithm"]),
+        mailbox=spec["url"],
+        node=spec["node"],
+        role=spec.get("role", "both"),
+        options=SessionOptions(**spec.get("options", {})),
+        mailbox_options=MailboxOptions(**spec.get("mailbox", {})),
+        callbacks=[record],
+    )
+    rng = np.random.default_rng(seed)
+    stop = Path(spec["stop_file"])
+    losses: list[float] = []
+    with session:
+        (out / "started").write_text(str(time.time()))
+        for step in range(int(spec.get("steps", 10**9))):
+            if stop.exists():
+                break
+            if step == spec.get("nan_at_step"):
+                poison(model, framework)
+            x = rng.normal(size=(32, IN)).astype(np.float32)
+            losses.append(train(x, x @ TEACHER))
+            session.step(samples=32)
+            time.sleep(float(spec.get("step_sleep_s", 0.0)))
+    write_result(out, session, model, losses)
+    return 0
+
+
+def write_result(out: Path, session: Session, model: Any, losses: list[float]) -> None:
+    from gm_shell.models import adapt
+
+    assert session.manifest is not None
+    assert session.checkpoint is not None
+    replica = Replica(adapt(model), session.manifest.plan)
+    fragments = {f"f{f}": replica.read(f) for f in range(len(session.manifest.plan.fragments))}
+    np.savez(out / "params.npz", **fragments)
+    result = {
+        "round": session.checkpoint.round,
+        "versions": list(session.checkpoint.versions),
+        "losses": losses[-20:],
+        "first_losses": losses[:20],
+        "steps": len(losses),
+        "stats": session.stats.as_metrics(),
+    }
+    (out / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[1])))
