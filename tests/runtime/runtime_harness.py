@@ -117,6 +117,8 @@ class Harness:
             try:
                 codes[name] = process.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
+                os.kill(process.pid, signal.SIGUSR1)  # the worker dumps its machines' states
+                time.sleep(1.0)
                 process.kill()
                 codes[name] = process.wait()
         return codes

@@ -15,6 +15,7 @@ overwrites it); the test itself kills (SIGKILL), hangs (SIGSTOP) and resumes
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -130,6 +131,7 @@ def main(spec: dict[str, Any]) -> int:
         mailbox_options=MailboxOptions(**spec.get("mailbox", {})),
         callbacks=[record],
     )
+    signal.signal(signal.SIGUSR1, lambda *_: dump_state(out, session))
     rng = np.random.default_rng(seed)
     stop = Path(spec["stop_file"])
     losses: list[float] = []
@@ -146,6 +148,14 @@ def main(spec: dict[str, Any]) -> int:
             time.sleep(float(spec.get("step_sleep_s", 0.0)))
     write_result(out, session, model, losses)
     return 0
+
+
+def dump_state(out: Path, session: Session) -> None:
+    """On SIGUSR1: the machines' states, for a human debugging a failed run."""
+    runtime = session._runtime
+    if runtime is not None:
+        text = f"{time.time()}\nlearner={runtime.learner!r}\ncloser={runtime.closer!r}\n"
+        (out / "state.txt").write_text(text)
 
 
 def write_result(out: Path, session: Session, model: Any, losses: list[float]) -> None:

@@ -33,9 +33,10 @@ from gm_shell.stores import MailboxOptions
 def committed(witness: Witness) -> list[int]:
     """Rounds whose record the witness has seen, in order."""
     rounds = []
-    for key in witness.seen:
-        parsed = keys.parse(key)
-        if isinstance(parsed, keys.RoundKey):
+    for key in list(witness.seen):
+        if key.startswith(keys.ROUNDS_PREFIX):
+            parsed = keys.parse(key)
+            assert isinstance(parsed, keys.RoundKey), key
             rounds.append(parsed.round)
     return sorted(rounds)
 
