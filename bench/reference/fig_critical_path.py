@@ -11,6 +11,9 @@ counted two ways:
   every earlier request of the round has ended (requests that overlap run in parallel);
 - ``slope``: (round time at L − round time at 0) / L.
 
+``commit_waves`` counts the waves from the end of the merge to the record write alone (the
+requests between the round's quorum and its commit, as its grace window is zero here).
+
 Prints JSON.
 """
 
@@ -23,7 +26,7 @@ import statistics
 import time
 
 from gradientmail import DiLoCo, MemoryMailbox
-from gradientmail.events import RoundCommitted
+from gradientmail.events import RoundClosed, RoundCommitted
 from gradientmail.syncer import Syncer
 from numpy_adapter import NumpyBackend
 from refkit import (
@@ -58,9 +61,14 @@ def measure(args: argparse.Namespace, latency_s: float) -> dict[str, object]:
     journal = Journal()
     commits: list[tuple[int, float]] = []
 
+    closes: dict[int, float] = {}
+
     def on_event(event: object) -> None:
         if isinstance(event, RoundCommitted):
             commits.append((event.record.round, time.perf_counter()))
+        elif isinstance(event, RoundClosed):
+            # Emitted once the merge is done, before the first write of the commit.
+            closes[event.draft.round] = time.perf_counter()
 
     syncer = Syncer(
         algorithm=algorithm,
@@ -81,7 +89,14 @@ def measure(args: argparse.Namespace, latency_s: float) -> dict[str, object]:
         round_waves.append(waves(inside))
         windows.append(inside)
     rounds = len(intervals)
+    # From the merge's end to the record write: the commit's requests alone.
+    commit_waves = [
+        waves([r for r in requests if closes[rnd] <= r.started and r.ended <= t])
+        for rnd, t in steady
+        if rnd in closes
+    ]
     return {
+        "commit_waves_median": statistics.median(commit_waves),
         "latency_ms": latency_s * 1e3,
         "rounds_timed": rounds,
         "round_s_median": statistics.median(intervals),
