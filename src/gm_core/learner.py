@@ -306,7 +306,8 @@ def _begin_loading(state: LearnerState, cmds: list[Command]) -> LearnerState:
     newest = state.fetched.get(state.seen_round)
     if newest is None and state.seen_round >= 0:
         # The head hint named a round we could not read: probe the tape from its start.
-        return attrs.evolve(state, seen_round=-1, fetched={})
+        # (Reached from a probe's outcome: the probe is over, so probing must be too.)
+        return attrs.evolve(state, seen_round=-1, fetched={}, probing=False)
     frontier = frontier_of(state.manifest, newest)
     cfg = state.manifest.config
     loading = set()

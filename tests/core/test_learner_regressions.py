@@ -1,0 +1,62 @@
+"""Regressions found by the real runtime (tests/runtime), replayed on the pure machines.
+
+A learner resumed after a long hang found the payload of the next commit already
+swept, so its alignment failed and it went back to booting — with a probe for the
+next record still in flight. That probe came back empty; booting then restarts
+the walk from the tape's start, but left ``probing`` set with no request behind
+it, so the learner never probed again and training stalled for good.
+"""
+
+from __future__ import annotations
+
+from gm_core import closer, learner
+from gm_core import cluster as cl
+from gm_core.commands import Align, Get
+from gm_core.events import GotObject, RequestFailed, TimerFired
+from gm_core.records import AlgorithmConfig
+
+L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
+FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
+FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
+
+
+def aligning_while_probing() -> tuple[learner.LearnerState, int, int, float]:
+    """A running learner with an alignment and a probe of the next record both in flight."""
+    roles = {"n0": frozenset({L, C}), "n1": frozenset({L})}
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=2)
+    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(roles):
+        c = cl.start(c, name)
+    for _ in range(400):
+        while c.inflight:
+            mine = [f.command for f in c.inflight if f.node == "n1"]
+            align = [x.req for x in mine if isinstance(x, Align)]
+            probe = [x.req for x in mine if isinstance(x, Get) and x.key.startswith("rounds/")]
+            state = c.nodes["n1"].learner
+            assert state is not None
+            if align and probe and state.phase is learner.Phase.RUNNING and state.seen_round > 0:
+                return state, align[0], probe[0], c.now_s
+            c = cl.deliver(c, 0)
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        for name in sorted(roles):
+            c = cl.train(c, name, 1)
+        c = cl.tick(c, 0.25)
+    raise AssertionError("never found an alignment and a probe in flight together")
+
+
+def test_a_failed_alignment_then_an_empty_probe_does_not_stop_probing() -> None:
+    state, align_req, probe_req, now_s = aligning_while_probing()
+    state, _ = learner.advance(
+        state, RequestFailed(now_s=now_s, req=align_req, error="payload swept")
+    )
+    assert state.phase is learner.Phase.BOOTING
+    state, cmds = learner.advance(
+        state, GotObject(now_s=now_s, req=probe_req, data=None, etag=None)
+    )
+    later = now_s + 10 * FAST_L.poll_s
+    state, more = learner.advance(state, TimerFired(now_s=later))
+    probes = [x for x in cmds + more if isinstance(x, Get) and x.key.startswith("rounds/")]
+    assert probes, f"stuck: probing={state.probing} pending={dict(state.pending)}"
+    if state.probing:
+        assert any(p.kind == "record" for p in state.pending.values()), dict(state.pending)
