@@ -1,19 +1,22 @@
 """Real multi-process runs for the runtime tests: spawn, kill, hang and resume nodes.
 
-Each node is ``runtime_worker.py`` in its own Python process, pointed at one run URL
-(a local folder or a bucket on a SeaweedFS server the fixtures started). The
-harness only does what an operator could: start processes, send them signals,
-drop a stop file, read their results and the events they logged. Judging the
-run happens from the bucket (see :mod:`runtime_bucket`).
+Each node runs :func:`runtime_worker.child` in its own OS process, pointed at one
+run URL (a local folder or a bucket on a SeaweedFS server the fixtures started).
+Processes are forked from a fork server that imported torch once: importing it
+costs seconds of CPU per process here, which dominated every scenario; a forked
+child is as real a process as any (its own pid, memory, threads and sockets, and
+kill -9 / SIGSTOP act on it alone). The harness only does what an operator
+could: start processes, send them signals, drop a stop file, read their results
+and the events they logged. Judging the run happens from the bucket (see
+:mod:`runtime_bucket`).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -22,11 +25,12 @@ from typing import Any
 
 import attrs
 import numpy as np
+import runtime_worker
 
 from gm_shell.stores import MailboxOptions
 
-WORKER = Path(__file__).with_name("runtime_worker.py")
-ROOT = Path(__file__).resolve().parents[2]
+FORKS = multiprocessing.get_context("forkserver")
+FORKS.set_forkserver_preload(["torch", "runtime_worker"])
 
 FAST = {
     "poll_s": 0.1,
@@ -43,12 +47,22 @@ FAST = {
 class Node:
     name: str
     spec: dict[str, Any]
-    process: subprocess.Popen[bytes]
+    process: multiprocessing.process.BaseProcess
     out: Path
 
     @property
     def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.process.is_alive()
+
+    @property
+    def pid(self) -> int:
+        assert self.process.pid is not None
+        return self.process.pid
+
+    def wait(self, timeout_s: float) -> int | None:
+        """The exit code (negative: killed by that signal), or None if still running."""
+        self.process.join(timeout_s)
+        return self.process.exitcode
 
 
 @attrs.define
@@ -83,15 +97,8 @@ class Harness:
         }
         (self.workdir / f"{name}.stop").unlink(missing_ok=True)
         out.mkdir(parents=True, exist_ok=True)
-        log = (out / "stderr.log").open("wb")
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-        process = subprocess.Popen(
-            [sys.executable, str(WORKER), json.dumps(spec)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
+        process = FORKS.Process(target=runtime_worker.child, args=(spec,), name=name)
+        process.start()
         node = Node(name=name, spec=spec, process=process, out=out)
         self.nodes[name] = node
         return node
@@ -99,12 +106,12 @@ class Harness:
     def signal(self, name: str, sig: signal.Signals) -> None:
         node = self.nodes[name]
         if node.alive:
-            os.kill(node.process.pid, sig)
+            os.kill(node.pid, sig)
 
     def kill(self, name: str) -> None:
         """kill -9: the process vanishes mid-whatever; nothing is cleaned up."""
         self.signal(name, signal.SIGKILL)
-        self.nodes[name].process.wait(timeout=10)
+        self.nodes[name].wait(10)
 
     def stop(self, *names: str, timeout_s: float = 60.0) -> dict[str, int]:
         """Ask nodes to finish (stop file), and wait for them to close and exit."""
@@ -113,23 +120,24 @@ class Harness:
         codes = {}
         deadline = time.monotonic() + timeout_s
         for name in names:
-            process = self.nodes[name].process
-            try:
-                codes[name] = process.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                os.kill(process.pid, signal.SIGUSR1)  # the worker dumps its machines' states
+            node = self.nodes[name]
+            code = node.wait(max(deadline - time.monotonic(), 0.1))
+            if code is None:
+                os.kill(node.pid, signal.SIGUSR1)  # the worker dumps its machines' states
                 time.sleep(1.0)
-                process.kill()
-                codes[name] = process.wait()
+                os.kill(node.pid, signal.SIGKILL)
+                code = node.wait(10)
+            assert code is not None
+            codes[name] = code
         return codes
 
     def close(self) -> None:
         """Whatever is still running dies (resumed first, so SIGKILL is not queued behind STOP)."""
         for node in self.nodes.values():
             if node.alive:
-                os.kill(node.process.pid, signal.SIGCONT)
-                node.process.kill()
-                node.process.wait(timeout=10)
+                os.kill(node.pid, signal.SIGCONT)
+                os.kill(node.pid, signal.SIGKILL)
+                node.wait(10)
 
     def events(self, name: str) -> list[dict[str, str]]:
         path = self.nodes[name].out / "events.jsonl"
@@ -150,7 +158,7 @@ class Harness:
         path = node.out / "result.json"
         if not path.exists():
             log = (node.out / "stderr.log").read_text(errors="replace")[-3000:]
-            raise AssertionError(f"{name} left no result (exit {node.process.poll()}):\n{log}")
+            raise AssertionError(f"{name} left no result (exit {node.process.exitcode}):\n{log}")
         result: dict[str, Any] = json.loads(path.read_text())
         with np.load(node.out / "params.npz") as params:
             result["params"] = [params[f"f{i}"] for i in range(len(params.files))]

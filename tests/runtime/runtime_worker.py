@@ -15,6 +15,7 @@ overwrites it); the test itself kills (SIGKILL), hangs (SIGSTOP) and resumes
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -175,6 +176,20 @@ def write_result(out: Path, session: Session, model: Any, losses: list[float]) -
         "stats": session.stats.as_metrics(),
     }
     (out / "result.json").write_text(json.dumps(result))
+
+
+def child(spec: dict[str, Any]) -> None:
+    """Entry point in a forked process: the node's output goes to its own log file."""
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    log = os.open(out / "stderr.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    code = main(spec)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -112,6 +112,11 @@ def test_kill9_closer_and_learners_then_judge_the_bucket(
         wait_until("n3 to join", lambda: started(h, "n3"), 60)
         for _ in range(3):
             leader = newest_leader(witness) or "n0"
+            spare = "n1" if leader == "n0" else "n0"
+            if not h.nodes[spare].alive:  # someone must be able to take the round over
+                h.spawn(spare, role="both")
+                note(f"restart {spare}")
+                wait_until("the spare closer to join", lambda s=spare: started(h, s), 60)
             h.kill(leader)
             note(f"kill -9 {leader} (leader)")
             time.sleep(rng.uniform(0.2, 1.5))
@@ -136,6 +141,8 @@ def test_kill9_closer_and_learners_then_judge_the_bucket(
         codes |= h.stop("n1")
         codes |= h.stop("n0")
         note("stopped")
+    except AssertionError as error:
+        raise AssertionError(f"{error}; seed={seed} events={events}") from error
     finally:
         h.close()
         witness.stop()

@@ -16,7 +16,8 @@ from runtime_bucket import Witness, judge
 from runtime_harness import file_run, make_harness, wait_until
 from test_chaos import committed, newest_leader, started
 
-from gm_core import keys
+from gm_core import codec, keys
+from gm_core.records import RoundRecord
 
 LEASE_TIMEOUT_S = 2.0
 SLACK_S = 2.5
@@ -26,6 +27,16 @@ SLACK_S = 2.5
 def commit_times(witness: Witness, since: float) -> list[float]:
     times = sorted(witness.first_seen(keys.round_record(r)) for r in committed(witness))
     return [t for t in times if t >= since]
+
+
+def first_commit_by(witness: Witness, closer: str, since: float) -> float:
+    """When the witness first saw a record committed by ``closer`` after ``since``."""
+    times = []
+    for r in committed(witness):
+        data, seen = witness.seen[keys.round_record(r)]
+        if seen >= since and codec.decode(RoundRecord, data).closer == closer:
+            times.append(seen)
+    return min(times)
 
 
 def test_hung_learner_is_waited_for_at_most_the_lease_timeout_and_hung_closer_is_taken_over(
@@ -61,7 +72,7 @@ def test_hung_learner_is_waited_for_at_most_the_lease_timeout_and_hung_closer_is
         stopped_at = time.time()
         h.signal(leader, signal.SIGSTOP)
         wait_until("a takeover", lambda: newest_leader(witness) == follower, 30)
-        took_s = commit_times(witness, stopped_at)[0] - stopped_at
+        took_s = first_commit_by(witness, follower, stopped_at) - stopped_at
         count = len(committed(witness))
         wait_until("rounds under the new leader", lambda: len(committed(witness)) >= count + 3, 30)
         h.signal(leader, signal.SIGCONT)
@@ -72,6 +83,8 @@ def test_hung_learner_is_waited_for_at_most_the_lease_timeout_and_hung_closer_is
         h.close()
         witness.stop()
     assert all(code == 0 for code in codes.values()), codes
+    print(f"hung learner: commit gaps {[round(g, 2) for g in gaps]} s")
+    print(f"hung closer: taken over {took_s:.2f} s after SIGSTOP")
     assert took_s <= LEASE_TIMEOUT_S + 2 * SLACK_S, took_s
     judgement = judge(url, options, witness)
     assert not judgement.violations, judgement.violations

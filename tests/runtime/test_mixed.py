@@ -43,7 +43,7 @@ def test_torch_and_mlx_learners_share_a_run_and_converge(tmp_path: Path) -> None
         h.spawn("mlx-node", seed=1, framework="mlx", steps=600)
         wait_until("the MLX learner to finish", lambda: not h.nodes["mlx-node"].alive, 120)
         codes = h.stop("torch-node")
-        assert h.nodes["mlx-node"].process.returncode == 0, h.log("mlx-node")
+        assert h.nodes["mlx-node"].process.exitcode == 0, h.log("mlx-node")
     finally:
         h.close()
     assert codes == {"torch-node": 0}, h.log("torch-node")
