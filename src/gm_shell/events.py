@@ -35,6 +35,7 @@ from gm_core.commands import Notify
 from gm_core.records import Reason
 
 LOG = logging.getLogger("gm")
+LOG.addHandler(logging.NullHandler())  # a library logs only where the application says
 E = TypeVar("E", bound="Event")
 
 

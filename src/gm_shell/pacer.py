@@ -12,8 +12,9 @@ something to do — a fragment to capture (at exactly this step), a fetched
 commit to fold into the model — or must stop (a stall). Then the next
 ``step()`` takes the slow path, :meth:`Pacer.serve`:
 
-1. report the step and tokens to the core and wait for it to digest them
-   (a round trip to the loop), so any capture it asks for is of this step;
+1. if the step reached the barrier, report the step and tokens to the core and
+   wait for it to digest them (a round trip to the loop), so any capture it asks
+   for is of this step;
 2. take the queued work and do it here, captures before commits: every
    capture in the queue was asked for against the anchors the model holds now,
    since a commit counts as applied only once the core hears of it;
@@ -128,11 +129,25 @@ class Pacer:
 
     # -- the training thread's side -----------------------------------------------------------
 
-    def serve(self, done: Callable[[], bool], timeout_s: float, why: Callable[[], str]) -> None:
-        """Report, do queued work, and wait until ``done()`` (or raise StalledError)."""
+    def serve(
+        self,
+        done: Callable[[], bool],
+        timeout_s: float,
+        why: Callable[[], str],
+        *,
+        report: bool = False,
+    ) -> None:
+        """Report, do queued work, and wait until ``done()`` (or raise StalledError).
+
+        The step is reported when it reached the core's barrier (or ``report`` asks for
+        it, as closing does); a slow path taken only to fold in a commit skips the round
+        trip, and the commit is reported applied at this step, which the core accepts
+        ahead of the steps it has heard of.
+        """
         deadline = time.monotonic() + timeout_s
         while True:
-            if (self.step, self.tokens) != self._reported:
+            due = report or self.step >= self._next_step
+            if due and (self.step, self.tokens) != self._reported:
                 self._link.report(self.step, self.tokens)
                 self._reported = (self.step, self.tokens)
             with self._cond:

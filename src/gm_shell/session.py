@@ -293,7 +293,7 @@ class Session:
         try:
             if runtime is not None and runtime.failure is None:
                 if pacer is not None:
-                    pacer.serve(lambda: True, self.options.stall_timeout_s, self._why)
+                    pacer.serve(lambda: True, self.options.stall_timeout_s, self._why, report=True)
                     runtime.request_close(Machine.LEARNER)
                     timeout_s = self.options.close_timeout_s + 30.0
                     pacer.serve(runtime.learner_closed.is_set, timeout_s, self._why)

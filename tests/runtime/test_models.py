@@ -10,6 +10,7 @@ import torch
 from runtime_worker import mlx_model, torch_model
 
 from gm_core.records import TensorSpec
+from gm_shell import models
 from gm_shell.models import ModelError, adapt
 
 
@@ -33,8 +34,13 @@ def test_torch_and_mlx_twins_have_one_schema() -> None:
     assert torch_schema[0] == TensorSpec(name="fc1.weight", shape=(16, 8), dtype="F32")
 
 
+@pytest.mark.parametrize("staging", [True, False], ids=["staged", "in-place"])
 @pytest.mark.parametrize("make", [torch_model, mlx_model], ids=["torch", "mlx"])
-def test_gather_scatter_round_trip_in_any_order(make: Any) -> None:
+def test_gather_scatter_round_trip_in_any_order(
+    make: Any, staging: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not staging:  # fragments above the staging size are viewed in place
+        monkeypatch.setattr(models, "STAGING_BYTES", 0)
     model = make(0)[0]
     roundtrip(model, ["fc2.bias", "fc1.weight"])
     roundtrip(model, [t.name for t in adapt(model).schema()])
