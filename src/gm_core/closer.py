@@ -275,7 +275,13 @@ def _tape_outcome(
 ) -> CloserState:
     """Booting: read the head hint, then probe forward to the newest record."""
     if not isinstance(event, GotObject):
-        return attrs.evolve(state, poll_at_s=event.now_s + state.options.poll_s)
+        # Retry after a poll. A failed read of the head hint must not wedge booting: the
+        # hint is only a shortcut, so probe the tape from its start instead.
+        return attrs.evolve(
+            state,
+            probe_round=max(state.probe_round, 0),
+            poll_at_s=event.now_s + state.options.poll_s,
+        )
     if purpose.name == "head":
         return attrs.evolve(state, probe_round=max(parse_head(event.data), 0))
     if event.data is None:
