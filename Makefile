@@ -64,8 +64,8 @@ format: install
 	$(BIN)/ruff format $(LINT_PATHS)
 	$(BIN)/ruff check --fix $(LINT_PATHS)
 
-demo:
-	@echo "make demo: not implemented yet (issue #7) — the demo trains 4 learners through a file:// mailbox once Session lands"
+demo: install
+	$(BIN)/gm demo
 
 bench: install
 	@if [ -f bench/__main__.py ]; then $(BIN)/python -m bench; else \

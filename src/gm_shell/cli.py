@@ -56,10 +56,27 @@ def _register_version(sub: Subparsers) -> None:
 
 
 def _register_demo(sub: Subparsers) -> None:
+    """``gm demo``: the defaults are the tuned demo; flags exist to explore around it."""
     p = sub.add_parser("demo", help="train 4 learners through a file:// mailbox")
-    p.set_defaults(
-        handler=_not_implemented("demo", 7, "4 learners training through a file:// mailbox")
-    )
+    p.add_argument("--name", help="run folder name under --runs (default demo, or tiny)")
+    p.add_argument("--runs", default="runs", help="folder holding run folders (default runs)")
+    p.add_argument("--learners", type=int, help="learner processes (default 4)")
+    p.add_argument("--steps", type=int, help="optimizer steps per learner")
+    p.add_argument("--sync-every", type=int, help="H: local steps between syncs of a fragment")
+    p.add_argument("--fragments", type=int, help="P: fragments (streaming DiLoCo)")
+    p.add_argument("--outer-lr", type=float, help="Nesterov outer learning rate")
+    p.add_argument("--outer-momentum", type=float, help="Nesterov outer momentum")
+    p.add_argument("--alignment", help="overwrite, blend or carry")
+    p.add_argument("--quorum", type=int, help="snapshots a round needs before it may close")
+    p.add_argument("--delta-format", help="F32, F16, BF16, F8_E4M3 or F4_E2M1")
+    p.add_argument("--tiny", action="store_true", help="a seconds-long smoke run")
+
+    def handler(args: argparse.Namespace) -> int:
+        from gm_shell.demo.launch import main  # torch loads only when the demo runs
+
+        return main(args)
+
+    p.set_defaults(handler=handler)
 
 
 def _register_simulate(sub: Subparsers) -> None:

@@ -25,6 +25,7 @@ from gm_shell.demo import charlm, layout
 from gm_shell.demo.progress import Finished, ProgressWriter
 from gm_shell.demo.spec import DemoSpec
 from gm_shell.demo.stream import TokenStream
+from gm_shell.demo.training import make_optimizer
 from gm_shell.demo.worker import Hooks, single_thread, train
 
 
@@ -35,8 +36,9 @@ def run_baseline(spec: DemoSpec, stream: TokenStream, out: ProgressWriter) -> No
         batch_of=lambda step: stream.data_parallel_batch(step, spec.learners),
         eval_windows=stream.eval_windows(),
     )
+    optimizer = make_optimizer(model, spec.inner)
     start = time.perf_counter()
-    totals = train(spec, model, hooks, out)
+    totals = train(spec, model, optimizer, hooks, out)
     out.write(
         Finished(
             steps=totals.steps,

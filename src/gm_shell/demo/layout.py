@@ -5,7 +5,8 @@ Theory of operation
 ``runs/<name>/`` holds ``spec.json`` (what to train), ``mailbox/`` (the gm
 bucket, through ``file://``), ``progress/<worker>.jsonl`` (one per process),
 ``logs/<worker>.log`` (each process's stderr), and the results:
-``loss.png`` and ``summary.json``. Every process derives its paths from the
+``loss.png`` and ``summary.json``; ``ready/<worker>`` marks a learner that is
+ready to join. Every process derives its paths from the
 run folder alone.
 """
 
@@ -49,6 +50,10 @@ class RunDir:
 
     def progress(self, worker: str) -> Path:
         return self.root / "progress" / f"{worker}.jsonl"
+
+    def ready(self, worker: str) -> Path:
+        """Touched by a learner once it is built and about to join (the start barrier)."""
+        return self.root / "ready" / worker
 
     def log(self, worker: str) -> Path:
         return self.root / "logs" / f"{worker}.log"

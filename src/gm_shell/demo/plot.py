@@ -3,9 +3,8 @@
 Theory of operation
 -------------------
 Both curves share one x axis, tokens trained by all workers together, so equal
-x means equal data. The gm curve is learner 0's own parameters, evaluated as it
-trains (between commits they are the committed model plus its local steps); the
-gm point at the end is the committed model every learner was left at. matplotlib
+x means equal data. The gm curve is the committed model as the launcher found
+it in the bucket while the run trained, ending with the final commit. matplotlib
 runs headless (Agg), imported only here so the rest of the demo never needs it.
 """
 
@@ -20,12 +19,11 @@ from gm_shell.demo.progress import Evaluated
 def plot_losses(
     gm: Sequence[Evaluated],
     baseline: Sequence[Evaluated],
-    final: tuple[int, float],
     unigram: float,
     path: Path,
     title: str,
 ) -> None:
-    """Write a PNG of both curves, the committed model's final point, and the unigram floor."""
+    """Write a PNG of both curves and the unigram entropy for scale."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,8 +33,7 @@ def plot_losses(
     ax.plot(
         [e.tokens for e in baseline], [e.loss for e in baseline], label="data-parallel baseline"
     )
-    ax.plot([e.tokens for e in gm], [e.loss for e in gm], label="gm, learner 0 (local)")
-    ax.plot([final[0]], [final[1]], "o", color="C1", label="gm, committed model")
+    ax.plot([e.tokens for e in gm], [e.loss for e in gm], ".-", label="gm, committed model")
     ax.axhline(unigram, color="grey", linestyle="--", linewidth=1, label="unigram entropy")
     ax.set_yscale("log")
     ax.set_xlabel("tokens trained (all workers)")

@@ -54,8 +54,8 @@ def _rows(s: Summary) -> list[tuple[str, str]]:
     return [
         ("learners × steps", f"{s.spec.learners} × {s.spec.steps}  ({s.trained_tokens:,} tokens)"),
         (
-            "H, P, outer lr, momentum",
-            f"{gm.sync_every}, {gm.fragments}, {gm.outer_lr}, "
+            "H, P, quorum, outer lr, mom.",
+            f"{gm.sync_every}, {gm.fragments}, {s.spec.quorum}, {gm.outer_lr}, "
             f"{gm.outer_momentum}  ({gm.alignment}, deltas {gm.delta_format})",
         ),
         ("rounds", f"{t.rounds}  (takeovers {t.takeovers}, rejections {t.rejections})"),

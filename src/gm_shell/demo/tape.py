@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from gm_core import keys
-from gm_core.records import RoundRecord
+from gm_core import codec, keys
+from gm_core.records import RoundRecord, Snapshot
 from gm_core.tape import BadRecord, parse_record
 from gm_shell.mailbox import Mailbox
 
@@ -35,6 +35,28 @@ async def _walk(box: Mailbox) -> tuple[list[RoundRecord], str]:
         if isinstance(parsed, BadRecord):
             return records, f"round {parsed.round}: {parsed.reason}"
         records.append(parsed)
+
+
+async def _snapshot_sizes(box: Mailbox, records: Sequence[RoundRecord]) -> list[int]:
+    sizes: list[int] = []
+    for record in records:
+        for who in (p.learner for p in record.participants):
+            got = await box.get(keys.snapshot(record.round, who))
+            if got is not None:
+                sizes.append(codec.decode(Snapshot, got.data).payload.size)
+    return sizes
+
+
+def delta_bytes(url: str, records: Sequence[RoundRecord], fragments: int) -> float | None:
+    """Mean size of a delta payload over the last full cycle whose snapshots are still there.
+
+    Snapshots are swept behind the commit, so only the newest rounds keep theirs;
+    the last ``2·fragments`` rounds are searched (a cycle covers every fragment, whose
+    payloads differ in size). None when every snapshot has been swept.
+    """
+    with Mailbox.open(url) as box:
+        sizes = asyncio.run(_snapshot_sizes(box, records[-2 * fragments :]))
+    return sum(sizes) / len(sizes) if sizes else None
 
 
 def read_rounds(url: str) -> tuple[list[RoundRecord], str]:

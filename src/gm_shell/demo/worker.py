@@ -22,7 +22,7 @@ from torch import Tensor
 from gm_shell.demo.charlm import CharLM, eval_loss
 from gm_shell.demo.progress import Evaluated, ProgressWriter, Trained
 from gm_shell.demo.spec import DemoSpec
-from gm_shell.demo.training import make_optimizer, train_step
+from gm_shell.demo.training import train_step
 
 REPORT_EVERY = 10
 """Steps between progress lines: often enough for a live display, rare enough to be free."""
@@ -53,9 +53,19 @@ def evaluate(
     out.write(Evaluated(step=step, tokens=spec.tokens_at(step), loss=eval_loss(model, windows)))
 
 
-def train(spec: DemoSpec, model: CharLM, hooks: Hooks, out: ProgressWriter) -> Totals:
-    """Run ``spec.steps`` optimizer steps with the shared schedule; report as it goes."""
-    optimizer = make_optimizer(model, spec.inner)
+def train(
+    spec: DemoSpec,
+    model: CharLM,
+    optimizer: torch.optim.Optimizer,
+    hooks: Hooks,
+    out: ProgressWriter,
+) -> Totals:
+    """Run ``spec.steps`` optimizer steps with the shared schedule; report as it goes.
+
+    The optimizer comes ready-made: building the first one imports torch's
+    compiler stack, seconds of work that must not happen while a gm session is
+    open and its peers wait for this learner's first snapshot.
+    """
     start = time.perf_counter()
     compute_s = 0.0
     if hooks.eval_windows is not None:
