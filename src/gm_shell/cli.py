@@ -67,7 +67,9 @@ def _register_demo(sub: Subparsers) -> None:
     p.add_argument("--outer-lr", type=float, help="Nesterov outer learning rate")
     p.add_argument("--outer-momentum", type=float, help="Nesterov outer momentum")
     p.add_argument("--alignment", help="overwrite, blend or carry")
-    p.add_argument("--quorum", type=int, help="snapshots a round needs before it may close")
+    p.add_argument("--quorum", type=int, help="snapshots a round waits for (default: all)")
+    p.add_argument("--in-flight", type=int, help="rounds a learner may run ahead of commits")
+    p.add_argument("--overlap-steps", type=int, help="steps past an open round before waiting")
     p.add_argument("--delta-format", help="F32, F16, BF16, F8_E4M3 or F4_E2M1")
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke run")
 
@@ -80,15 +82,20 @@ def _register_demo(sub: Subparsers) -> None:
 
 
 def _register_simulate(sub: Subparsers) -> None:
-    p = sub.add_parser("simulate", help="deterministic multi-node simulation")
-    p.set_defaults(
-        handler=_not_implemented("simulate", 5, "the deterministic multi-node simulator")
+    from gm_shell import simulate_cli
+
+    p = sub.add_parser(
+        "simulate",
+        help="deterministic multi-node simulation (chaos, heterogeneity, goodput table, plots)",
     )
+    simulate_cli.register(p)
 
 
 def _register_check(sub: Subparsers) -> None:
+    from gm_shell import check_cli
+
     p = sub.add_parser("check", help="exhaustive model checking of the protocol")
-    p.set_defaults(handler=_not_implemented("check", 5, "the model checker"))
+    check_cli.register(p)
 
 
 def _register_status(sub: Subparsers) -> None:

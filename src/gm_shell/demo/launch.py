@@ -35,7 +35,7 @@ from gm_shell.demo.display import LiveDisplay, render
 from gm_shell.demo.plot import plot_losses
 from gm_shell.demo.spec import DemoSpec
 from gm_shell.demo.stream import TokenStream
-from gm_shell.demo.summary import Summary, save, table
+from gm_shell.demo.summary import LearnerTotals, Summary, save, table
 from gm_shell.demo.tape import figures, read_rounds
 
 POLL_S = 0.5
@@ -152,15 +152,20 @@ def watch(
         _stop(procs)
 
 
-def learner_totals(run: layout.RunDir, learners: int) -> tuple[Stats, int]:
-    """The learners' mailbox requests summed, and the tokens they trained."""
-    total, tokens = Stats(), 0
+def learner_totals(run: layout.RunDir, learners: int) -> LearnerTotals:
+    """The learners' own totals, summed: tokens, time, and mailbox requests."""
+    total = LearnerTotals()
     for k in range(learners):
         finished = progress.view(progress.read_lines(run.progress(layout.learner_name(k)))).finished
         if finished is None:
             raise DemoError(f"{layout.learner_name(k)} wrote no totals: did it finish?")
-        total, tokens = total + Stats(**finished.requests), tokens + finished.tokens
-    return total, tokens
+        total = LearnerTotals(
+            tokens=total.tokens + finished.tokens,
+            compute_s=total.compute_s + finished.compute_s,
+            wall_s=total.wall_s + finished.wall_s,
+            requests=total.requests + Stats(**finished.requests),
+        )
+    return total
 
 
 def summarize(
@@ -171,14 +176,12 @@ def summarize(
     gm_loss = evaluator.final()
     baseline = progress.view(progress.read_lines(run.progress(layout.BASELINE)))
     records, _ = read_rounds(run.mailbox_url)
-    requests, tokens = learner_totals(run, spec.learners)
     unigram = stream.unigram_nats()
     summary = Summary(
         spec=spec,
         wall_s=wall_s,
         tape=figures(records, spec.gm.fragments),
-        trained_tokens=tokens,
-        requests=requests,
+        learners=learner_totals(run, spec.learners),
         gm_loss=gm_loss,
         baseline_loss=baseline.evals[-1].loss,
         unigram_loss=unigram,
@@ -221,6 +224,8 @@ def spec_from_args(args: argparse.Namespace) -> DemoSpec:
         "delta_format": args.delta_format,
         "alignment": args.alignment,
         "quorum": args.quorum,
+        "in_flight": args.in_flight,
+        "overlap_steps": args.overlap_steps,
     }
     gm = attrs.evolve(base.gm, **{k: v for k, v in knobs.items() if v is not None})
     inner = base.inner if args.steps is None else attrs.evolve(base.inner, steps=args.steps)

@@ -54,6 +54,8 @@ def algorithm(spec: DemoSpec) -> DiLoCo:
         outer_lr=knobs.outer_lr,
         outer_momentum=knobs.outer_momentum,
         alignment=knobs.alignment,
+        in_flight=knobs.in_flight,
+        overlap_steps=knobs.overlap_steps,
         delta_format=knobs.delta_format,
         partition="strided",
     )

@@ -24,20 +24,45 @@ from gm_shell.demo.tape import TapeFigures
 
 
 @attrs.frozen(kw_only=True)
+class LearnerTotals:
+    """What the learners report of themselves, summed over them."""
+
+    tokens: int = 0
+    compute_s: float = 0.0
+    """Inside optimizer steps."""
+    wall_s: float = 0.0
+    """From joining to the end of closing."""
+    requests: Stats = attrs.field(factory=Stats)
+
+
+@attrs.frozen(kw_only=True)
 class Summary:
     spec: DemoSpec
     wall_s: float
     tape: TapeFigures
-    trained_tokens: int
-    requests: Stats
+    learners: LearnerTotals
     gm_loss: float
     """Held-out loss of the newest committed model after every learner closed."""
     baseline_loss: float
     unigram_loss: float
 
     @property
+    def trained_tokens(self) -> int:
+        return self.learners.tokens
+
+    @property
+    def requests(self) -> Stats:
+        return self.learners.requests
+
+    @property
     def goodput(self) -> float:
         return self.tape.merged_tokens / self.trained_tokens if self.trained_tokens else 0.0
+
+    @property
+    def training_share(self) -> float:
+        """Share of the learners' session time spent in optimizer steps (the rest: waiting
+        on the protocol, joining, flushing, and the Session's own work)."""
+        return self.learners.compute_s / self.learners.wall_s if self.learners.wall_s else 0.0
 
     @property
     def cost_usd(self) -> float:
@@ -65,6 +90,7 @@ def _rows(s: Summary) -> list[tuple[str, str]]:
             f"  ({len(t.learners)} learners)",
         ),
         ("goodput", f"{s.goodput:.1%} of trained tokens reached a commit"),
+        ("learner time training", f"{s.training_share:.1%} (the rest: waits, join, flush)"),
         (
             "store requests",
             f"{r.total_requests:,}  (LIST {r.list_requests:,}, GET "
@@ -95,5 +121,10 @@ def table(summary: Summary) -> str:
 def save(summary: Summary, path: Path) -> None:
     """The summary's fields and derived figures as JSON (for the README and the bench)."""
     body = cattrs.Converter().unstructure(summary)
-    body.update(goodput=summary.goodput, cost_usd=summary.cost_usd, loss_ratio=summary.loss_ratio)
+    body.update(
+        goodput=summary.goodput,
+        training_share=summary.training_share,
+        cost_usd=summary.cost_usd,
+        loss_ratio=summary.loss_ratio,
+    )
     path.write_text(json.dumps(body, indent=2) + "\n")
