@@ -93,6 +93,7 @@ class Phase(enum.StrEnum):
     COLLECTING = "collecting"
     MERGING = "merging"
     COMMITTING = "committing"
+    BLOCKED = "blocked"
     STOPPED = "stopped"
 
 
@@ -145,6 +146,7 @@ class CloserState:
     closer_lease: liveness.LeaseView | None = None
     waiting_since_s: float = 0.0
     opened_at_s: float = 0.0
+    first_seen_s: float | None = None
     quorum_at_s: float | None = None
     close_at_s: float = NEVER
     grace_s: float = 0.0
@@ -185,6 +187,8 @@ def advance(state: CloserState, event: Event) -> Result:
     """The closer's transition function: one event in, the new state and commands out."""
     cmds: list[Command] = []
     now_s = event.now_s
+    if state.phase is Phase.STOPPED:
+        return state, cmds  # a stopped closer stays stopped, whatever arrives late
     if isinstance(event, Started):
         state = _start(state, now_s, cmds)
     elif isinstance(event, CloseRequested):
@@ -219,7 +223,7 @@ def _busy(state: CloserState, purpose: Purpose) -> tuple[CloserState, int]:
 def _start(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     if state.phase is not Phase.IDLE:
         return state
-    state, req = _busy(state, Purpose(kind="tape"))
+    state, req = _busy(state, Purpose(kind="tape", name="head"))
     cmds.append(Get(req=req, key=keys.head()))
     return attrs.evolve(state, phase=Phase.BOOTING, probe_round=-2, lease_at_s=now_s)
 
@@ -254,6 +258,7 @@ def _outcome(
         "claim": _claim_outcome,
         "claim_read": _claim_read,
         "lease": _lease_outcome,
+        "closer_lease": _lease_outcome,
         "list": _list_outcome,
         "snapshot": _snapshot_outcome,
         "verify": _verify_outcome,
@@ -298,8 +303,10 @@ def _tape_outcome(
 def _enter(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     """Begin the round after ``last``: lead it if ``last`` names us, else follow."""
     round_ = state.last.round + 1 if state.last is not None else 0
+    swept_below = state.swept_below if state.last is None else state.last.swept_below
     state = attrs.evolve(
         state,
+        swept_below=max(state.swept_below, swept_below),
         phase=Phase.FOLLOWING,
         round=round_,
         claims={},
@@ -309,6 +316,7 @@ def _enter(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
         entries={},
         bad_keys=frozenset(),
         quorum_at_s=None,
+        first_seen_s=None,
         close_at_s=NEVER,
         grace_s=0.0,
         draft=None,
@@ -340,13 +348,28 @@ def _adopt(
 def _watch_outcome(
     state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
 ) -> CloserState:
-    if not isinstance(event, GotObject) or event.data is None or purpose.round != state.round:
+    if not isinstance(event, GotObject) or purpose.round != state.round:
         return state
+    if event.data is None:
+        # Someone cleared the object that blocked the tape: take part in the round again.
+        return _enter(state, event.now_s, cmds) if state.phase is Phase.BLOCKED else state
     parsed = parse_record(event.data, purpose.round)
     if isinstance(parsed, BadRecord):
-        cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
-        return state
+        return _blocked(state, parsed, event.now_s, cmds)
     return _adopt(state, parsed, event.now_s, cmds)
+
+
+def _blocked(state: CloserState, bad: BadRecord, now_s: float, cmds: list[Command]) -> CloserState:
+    """An unreadable object holds our round's record key: nobody can commit this round.
+
+    The tape cannot skip a round, so the closer stops competing for it and only
+    re-reads the key every poll (an operator may remove the object, or a newer
+    writer's record may be readable by a newer gm) instead of claiming and merging
+    in a loop.
+    """
+    if state.phase is not Phase.BLOCKED:
+        cmds.append(Notify(kind="record_rejected", round=bad.round, detail=bad.reason))
+    return attrs.evolve(state, phase=Phase.BLOCKED, poll_at_s=max(state.poll_at_s, now_s))
 
 
 def _claim_outcome(
@@ -356,31 +379,41 @@ def _claim_outcome(
         return state
     if isinstance(event, PutDone) and event.created:
         return _open(state, event.now_s, int(purpose.name), cmds)
-    # Taken by another follower, or unknown after a lost response: read who holds it.
+    # Taken by another follower, or unknown after a lost response: read who holds it,
+    # and stay CLAIMING until we know (bidding again before would race ourselves).
     state, req = _issue(state, Purpose(kind="claim_read", round=purpose.round, name=purpose.name))
     cmds.append(Get(req=req, key=keys.claim(purpose.round, int(purpose.name))))
-    return attrs.evolve(state, phase=Phase.FOLLOWING)
+    return state
 
 
 def _claim_read(
     state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
 ) -> CloserState:
-    if purpose.round != state.round or state.phase is not Phase.FOLLOWING:
+    if purpose.round != state.round or state.phase is not Phase.CLAIMING:
         return state
-    if not isinstance(event, GotObject) or event.data is None:
-        return state  # not there after all: the timeout will let us bid again
-    try:
-        claim = codec.decode(Claim, event.data)
-    except codec.CodecError as error:
-        cmds.append(Notify(kind="claim_rejected", round=purpose.round, detail=str(error)))
-        claims = dict(state.claims)
-        claims[int(purpose.name)] = ""  # a hostile claim occupies its number but names nobody
-        return attrs.evolve(state, claims=claims, waiting_since_s=event.now_s)
-    if claim.node == state.node:
-        return _open(state, event.now_s, claim.attempt, cmds)
+    following = attrs.evolve(state, phase=Phase.FOLLOWING)
+    if not isinstance(event, GotObject):
+        return attrs.evolve(following, waiting_since_s=event.now_s)  # unknown: wait a timeout
+    if event.data is None:
+        return following  # our write never landed and nobody else's did: bid again
+    attempt = int(purpose.name)
+    holder = _claim_holder(event.data, state.round, attempt)
+    if holder == state.node:
+        return _open(state, event.now_s, attempt, cmds)
+    if not holder:
+        cmds.append(Notify(kind="claim_rejected", round=state.round, detail=f"claim {attempt}"))
     claims = dict(state.claims)
-    claims[claim.attempt] = claim.node
-    return attrs.evolve(state, claims=claims, closer_lease=None, waiting_since_s=event.now_s)
+    claims[attempt] = holder  # a hostile claim occupies its number but names nobody
+    return attrs.evolve(following, claims=claims, closer_lease=None, waiting_since_s=event.now_s)
+
+
+def _claim_holder(data: bytes, round_: int, attempt: int) -> str:
+    """Who a claim object names, or "" when it is not a well-formed claim for its key."""
+    try:
+        claim = codec.decode(Claim, data)
+    except codec.CodecError:
+        return ""
+    return claim.node if (claim.round, claim.attempt) == (round_, attempt) else ""
 
 
 def _lease_outcome(
@@ -388,8 +421,9 @@ def _lease_outcome(
 ) -> CloserState:
     if not isinstance(event, Probed):
         return state
-    if state.phase is Phase.FOLLOWING and purpose.round == state.round:
-        if purpose.name == _watched(state):
+    if purpose.kind == "closer_lease":
+        current = state.phase is Phase.FOLLOWING and purpose.round == state.round
+        if current and purpose.name == _watched(state):
             view = liveness.observe(state.closer_lease, event.etag, event.now_s)
             return attrs.evolve(state, closer_lease=view)
         return state
@@ -432,7 +466,12 @@ def _list_outcome(
         if learner not in state.leases:
             state, req = _issue(state, Purpose(kind="lease", round=state.round, name=learner))
             cmds.append(Probe(req=req, key=keys.lease(learner)))
-    return attrs.evolve(state, entries=entries, bad_keys=frozenset(bad_keys))
+    first_seen_s = state.first_seen_s
+    if first_seen_s is None and entries:
+        first_seen_s = event.now_s  # the fastest learner reached the round's step about now
+    return attrs.evolve(
+        state, entries=entries, bad_keys=frozenset(bad_keys), first_seen_s=first_seen_s
+    )
 
 
 def _snapshot_learner(key: str, round_: int) -> str | None:
@@ -451,7 +490,9 @@ def _snapshot_outcome(
     if purpose.round != state.round or state.phase is not Phase.COLLECTING:
         return state
     learner = purpose.name
-    if not isinstance(event, GotObject) or event.data is None:
+    if not isinstance(event, GotObject):
+        return _forget(state, learner)  # a store failure is not the learner's fault
+    if event.data is None:
         return _reject(state, learner, Reason.MISSING, cmds)
     try:
         snapshot = codec.decode(Snapshot, event.data)
@@ -501,11 +542,18 @@ def _verify_outcome(
     entry = state.entries.get(purpose.name)
     if entry is None or entry.stage is not Stage.VERIFYING:
         return state
-    if isinstance(event, Verified) and event.reason is None:
+    if not isinstance(event, Verified):
+        return _forget(state, purpose.name)  # a store failure is not the learner's fault
+    if event.reason is None:
         return _set_entry(state, attrs.evolve(entry, stage=Stage.ACCEPTED))
-    reason = event.reason if isinstance(event, Verified) else Reason.MISSING
-    assert reason is not None
-    return _reject(state, purpose.name, reason, cmds)
+    return _reject(state, purpose.name, event.reason, cmds)
+
+
+def _forget(state: CloserState, learner: str) -> CloserState:
+    """Drop a snapshot we failed to read: the next list finds it again and retries."""
+    entries = dict(state.entries)
+    entries.pop(learner, None)
+    return attrs.evolve(state, entries=entries)
 
 
 def _reject(state: CloserState, learner: str, reason: Reason, cmds: list[Command]) -> CloserState:
@@ -574,15 +622,14 @@ def _merge(
     state = attrs.evolve(state, merge_at_s=now_s)
     if not accepted:
         return _commit(state, now_s, None, cmds)
+    snapshots = [e.snapshot for e in accepted if e.snapshot is not None]
+    # Normalized here so that all-zero weights (no tokens reported) merge as equals.
+    weights = verdicts.normalized_weights(
+        [verdicts.merge_weight(x.tokens, x.steps) for x in snapshots]
+    )
     contributions = tuple(
-        Contribution(
-            learner=e.learner,
-            payload=e.snapshot.payload,
-            weight=verdicts.merge_weight(e.snapshot.tokens, e.snapshot.steps),
-            final=e.snapshot.final,
-        )
-        for e in accepted
-        if e.snapshot is not None
+        Contribution(learner=x.learner, payload=x.payload, weight=w, final=x.final)
+        for x, w in zip(snapshots, weights, strict=True)
     )
     state, req = _issue(state, Purpose(kind="merge", round=state.round))
     cmds.append(
@@ -647,7 +694,9 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
         if e.stage is Stage.REJECTED and e.reason is not None
     )
     step_samples = [e.snapshot.step_s for e in accepted if e.snapshot and e.snapshot.step_s > 0]
-    quorum_s = (state.quorum_at_s or now_s) - state.opened_at_s
+    first_s = state.first_seen_s if state.first_seen_s is not None else state.opened_at_s
+    quorum_at_s = state.quorum_at_s if state.quorum_at_s is not None else now_s
+    quorum_s = quorum_at_s - first_s
     previous = state.last.timing if state.last is not None else _NO_TIMING
     estimates = timing.update_timing(
         previous,
@@ -674,6 +723,7 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
         claim=state.claim,
         next_closer=state.node,
         frontier=tuple(frontier),
+        swept_below=state.swept_below,
     )
 
 
@@ -721,8 +771,7 @@ def _check_outcome(
         return state
     parsed = parse_record(event.data, state.round)
     if isinstance(parsed, BadRecord):
-        cmds.append(Notify(kind="record_rejected", round=state.round, detail=parsed.reason))
-        return attrs.evolve(state, phase=Phase.FOLLOWING, poll_at_s=event.now_s)
+        return _blocked(state, parsed, event.now_s, cmds)
     if parsed == draft:
         return _committed(state, parsed, event.now_s, cmds)
     return _adopt(state, parsed, event.now_s, cmds)
@@ -782,6 +831,8 @@ def _pump(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
         state = _boot_probe(state, now_s, cmds)
     elif state.phase is Phase.FOLLOWING:
         state = _follow(state, now_s, cmds)
+    elif state.phase is Phase.BLOCKED:
+        state = _watch(state, now_s, cmds)
     elif state.phase is Phase.COLLECTING:
         state = _collect(state, now_s, cmds)
     state = _renew(state, now_s, cmds)
@@ -797,17 +848,23 @@ def _boot_probe(state: CloserState, now_s: float, cmds: list[Command]) -> Closer
     return state
 
 
-def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
-    """Watch the next record and the rightful closer's lease; bid for the round when due."""
+def _watch(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """GET our round's record key once per poll (a miss is the cheapest request there is)."""
     if "watch" not in state.busy and now_s >= state.poll_at_s:
         state, req = _busy(state, Purpose(kind="watch", round=state.round))
         cmds.append(Get(req=req, key=keys.round_record(state.round)))
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
+    return state
+
+
+def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """Watch the next record and the rightful closer's lease; bid for the round when due."""
+    state = _watch(state, now_s, cmds)
     closer = _watched(state)
     if closer == state.node:
         return state
     if now_s >= state.leases_at_s and closer:
-        state, req = _issue(state, Purpose(kind="lease", round=state.round, name=closer))
+        state, req = _issue(state, Purpose(kind="closer_lease", round=state.round, name=closer))
         cmds.append(Probe(req=req, key=keys.lease(closer)))
         state = attrs.evolve(state, leases_at_s=now_s + state.options.renew_s)
     if state.closer_lease is None and closer:
@@ -865,7 +922,12 @@ def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
     )
 
 
-_POLLED_BY = {Phase.BOOTING: "tape", Phase.FOLLOWING: "watch", Phase.COLLECTING: "list"}
+_POLLED_BY = {
+    Phase.BOOTING: "tape",
+    Phase.FOLLOWING: "watch",
+    Phase.BLOCKED: "watch",
+    Phase.COLLECTING: "list",
+}
 """The request kind each phase's polling issues (at most one in flight)."""
 
 

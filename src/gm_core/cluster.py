@@ -475,6 +475,13 @@ def inject(c: Cluster, key: str, data: bytes) -> Cluster:
     return attrs.evolve(c, store=store, hostile=c.hostile | {key})
 
 
+def clean(c: Cluster) -> Cluster:
+    """Remove every object outsiders wrote (what an operator does after an incident)."""
+    store = c.store.delete(tuple(c.hostile))
+    created = tuple((k, d) for k, d in store.created if k not in c.hostile)
+    return attrs.evolve(c, store=attrs.evolve(store, created=created), hostile=frozenset())
+
+
 def records(c: Cluster) -> list[RoundRecord]:
     """The tape as the store holds it now, in round order."""
     tape = invariants.read_tape(view(c))

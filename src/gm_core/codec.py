@@ -635,6 +635,7 @@ def _check_round_record(path: Path, r: RoundRecord) -> None:
     _id((*path, "closer"), r.closer)
     _below((*path, "claim"), r.claim, keys.ATTEMPT_LIMIT)
     _id((*path, "next_closer"), r.next_closer)
+    _round((*path, "swept_below"), r.swept_below)
     for index, state in enumerate(r.frontier):
         _check_fragment_state((*path, "frontier", index), state)
     # The record cannot know P, but its own fragment must be in its own frontier,

@@ -68,6 +68,10 @@ from gm_core.records import Alignment, Lease, Manifest, RoundRecord, Snapshot
 from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
 
 NEVER = float("inf")
+MAX_PUBLISH_ATTEMPTS = 3
+"""Snapshot writes per round before giving the round up (the shell retries each too)."""
+MAX_FETCHED = 64
+"""Records fetched ahead of alignment; probing pauses beyond this (bounded memory)."""
 
 
 class Phase(enum.StrEnum):
@@ -111,6 +115,8 @@ class Outgoing:
     token_count: int
     final: bool
     published: bool = False
+    data: bytes | None = None
+    attempts: int = 1
 
 
 @attrs.frozen(kw_only=True)
@@ -233,6 +239,8 @@ def _stepped(state: LearnerState, event: Stepped) -> LearnerState:
 def _close(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
     if state.phase is Phase.IDLE:
         return attrs.evolve(state, phase=Phase.CLOSED)
+    if state.phase in (Phase.CLOSING, Phase.CLOSED):
+        return state
     if state.phase is not Phase.RUNNING:
         return attrs.evolve(state, phase=Phase.CLOSING, close_by_s=now_s)
     state = attrs.evolve(
@@ -241,7 +249,10 @@ def _close(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerSta
     if state.options.flush_on_close:
         cfg = state.manifest.config
         for round_ in range(state.next_round, state.next_round + cfg.fragments):
-            state = _publish(state, round_, final=True, cmds=cmds)
+            # A fragment whose previous round is still uncommitted would be judged
+            # stale once that round commits: its progress cannot be flushed.
+            if round_ - cfg.fragments <= state.aligned_round:
+                state = _publish(state, round_, final=True, cmds=cmds)
         state = attrs.evolve(state, next_round=state.next_round + cfg.fragments)
     return state
 
@@ -255,6 +266,8 @@ def _outcome(
         return _captured(state, purpose.round, event, cmds)
     if purpose.kind == "snapshot":
         return _snapshot_written(state, purpose.round, event, cmds)
+    if purpose.kind == "snapshot_check":
+        return _snapshot_checked(state, purpose.round, event, cmds)
     if purpose.kind in ("align", "load"):
         return _aligned(state, purpose, event, cmds)
     if purpose.kind == "lease" and isinstance(event, RequestFailed):
@@ -283,7 +296,8 @@ def _record_outcome(
     if isinstance(parsed, BadRecord):
         cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
         return poll_later
-    fetched = dict(state.fetched)
+    # Booting only needs the newest record: keep memory bounded while probing forward.
+    fetched = {} if state.phase is Phase.BOOTING else dict(state.fetched)
     fetched[parsed.round] = parsed
     state = attrs.evolve(
         state, fetched=fetched, seen_round=parsed.round, probing=False, probe_at_s=event.now_s
@@ -390,10 +404,16 @@ def _captured(state: LearnerState, round_: int, event: Event, cmds: list[Command
         payload=event.payload,
         final=out.final,
     )
-    state, req = _issue(state, Purpose(kind="snapshot", round=round_))
-    cmds.append(
-        PutOnce(req=req, key=keys.snapshot(round_, state.node), data=codec.encode(snapshot))
-    )
+    return _write_snapshot(state, attrs.evolve(out, data=codec.encode(snapshot)), cmds)
+
+
+def _write_snapshot(state: LearnerState, out: Outgoing, cmds: list[Command]) -> LearnerState:
+    assert out.data is not None
+    outgoing = dict(state.outgoing)
+    outgoing[out.round] = out
+    state = attrs.evolve(state, outgoing=outgoing)
+    state, req = _issue(state, Purpose(kind="snapshot", round=out.round))
+    cmds.append(PutOnce(req=req, key=keys.snapshot(out.round, state.node), data=out.data))
     return state
 
 
@@ -404,13 +424,35 @@ def _snapshot_written(
     if out is None:
         return state
     if isinstance(event, PutDone) and event.created:
-        cmds.append(Notify(kind="published", round=round_, detail=f"steps={out.steps}"))
-        outgoing = dict(state.outgoing)
-        outgoing[round_] = attrs.evolve(out, published=True)
-        return attrs.evolve(state, outgoing=outgoing)
-    detail = (
-        "a snapshot by this node already exists" if isinstance(event, PutDone) else _error(event)
-    )
+        return _published(state, out, cmds)
+    # Taken, or unknown after a lost response: our own earlier attempt may have landed.
+    state, req = _issue(state, Purpose(kind="snapshot_check", round=round_))
+    cmds.append(Get(req=req, key=keys.snapshot(round_, state.node)))
+    return state
+
+
+def _published(state: LearnerState, out: Outgoing, cmds: list[Command]) -> LearnerState:
+    cmds.append(Notify(kind="published", round=out.round, detail=f"steps={out.steps}"))
+    outgoing = dict(state.outgoing)
+    outgoing[out.round] = attrs.evolve(out, published=True)
+    return attrs.evolve(state, outgoing=outgoing)
+
+
+def _snapshot_checked(
+    state: LearnerState, round_: int, event: Event, cmds: list[Command]
+) -> LearnerState:
+    """Learn whether the snapshot at our key is ours; write it again while attempts last."""
+    out = state.outgoing.get(round_)
+    if out is None or out.data is None:
+        return state
+    if isinstance(event, GotObject) and event.data == out.data:
+        return _published(state, out, cmds)
+    if isinstance(event, GotObject) and event.data is not None:
+        detail = "another incarnation of this node wrote a different snapshot"
+    elif out.attempts >= MAX_PUBLISH_ATTEMPTS:
+        detail = _error(event) if not isinstance(event, GotObject) else "write never landed"
+    else:
+        return _write_snapshot(state, attrs.evolve(out, attempts=out.attempts + 1), cmds)
     cmds.append(Notify(kind="publish_failed", round=round_, detail=detail))
     return _drop_outgoing(state, round_)
 
@@ -455,20 +497,19 @@ def _apply_alignment(
 ) -> LearnerState:
     """Commit ``round_`` is now in the model: move the fragment's anchor."""
     record = state.fetched[round_]
-    anchor = _new_anchor(state, record, event.step, event.tokens)
     anchors = list(state.anchors)
-    anchors[record.fragment] = anchor
+    anchors[record.fragment] = _new_anchor(state, record, event.step, event.tokens)
+    return _aligned_through(attrs.evolve(state, anchors=tuple(anchors)), round_, cmds)
+
+
+def _aligned_through(state: LearnerState, round_: int, cmds: list[Command]) -> LearnerState:
+    """Every record up to ``round_`` is now reflected in the model."""
     fetched = dict(state.fetched)
-    del fetched[round_]
+    record = fetched.pop(round_)
     outgoing = {r: o for r, o in state.outgoing.items() if r > round_}
     cmds.append(Notify(kind="aligned", round=round_, detail=f"version={record.version}"))
     return attrs.evolve(
-        state,
-        anchors=tuple(anchors),
-        fetched=fetched,
-        outgoing=outgoing,
-        aligned_round=round_,
-        aligning=None,
+        state, fetched=fetched, outgoing=outgoing, aligned_round=round_, aligning=None
     )
 
 
@@ -518,8 +559,9 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
         if record is None:
             return state
         if record.version == state.anchors[record.fragment].version:
-            aligned = Aligned(now_s=0.0, req=0, step=state.step, tokens=state.tokens)
-            state = _apply_alignment(state, round_, aligned, cmds)
+            # Nothing was committed: the parameters and the anchor's counters stay, so
+            # the steps still in the fragment's delta keep counting toward its weight.
+            state = _aligned_through(state, round_, cmds)
             continue
         cfg = state.manifest.config
         state, req = _issue(state, Purpose(kind="align", round=round_))
@@ -538,8 +580,13 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
     return state
 
 
+def _can_poll(state: LearnerState) -> bool:
+    """Poll unless a probe is out, we are loading, or too many records await alignment."""
+    return not (state.probing or state.phase is Phase.LOADING or len(state.fetched) >= MAX_FETCHED)
+
+
 def _poll(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
-    if state.probing or now_s < state.probe_at_s or state.phase is Phase.LOADING:
+    if not _can_poll(state) or now_s < state.probe_at_s:
         return state
     round_ = max(state.seen_round + 1, 0)  # -1 while the head hint is unknown: tape start
     state, req = _issue(state, Purpose(kind="record", round=round_))
@@ -591,7 +638,7 @@ def _pace(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
         cmds.append(pace)
         state = attrs.evolve(state, pace=pace)
     wake = min(
-        state.probe_at_s if not state.probing else NEVER,
+        state.probe_at_s if _can_poll(state) else NEVER,
         state.lease_at_s,
         state.close_by_s if state.phase is Phase.CLOSING else NEVER,
     )

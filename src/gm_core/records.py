@@ -199,6 +199,8 @@ class RoundRecord:
     participants commits nothing new and keeps the previous version and payloads.
     ``claim`` is 0 when ``closer`` was named by the previous record, otherwise the
     number of the create-once claim through which ``closer`` took the round over.
+    ``swept_below`` is the closer's garbage-collection low-water mark (every round
+    below it has been swept), so a successor does not sweep the tape again.
     """
 
     format: int = FORMAT_VERSION
@@ -219,6 +221,7 @@ class RoundRecord:
     claim: int
     next_closer: str
     frontier: tuple[FragmentState, ...]
+    swept_below: int = 0
 
 
 @attrs.frozen(kw_only=True)

@@ -116,17 +116,47 @@ class ClusterMachine(RuleBasedStateMachine):
         assert not broken, broken
 
     def teardown(self) -> None:
+        """Progress: once faults stop, the bucket is cleaned and every node runs, rounds commit."""
         event(f"records committed: {min(len(cl.records(self.c)) // 5 * 5, 20)}+")
+        c = cl.clean(self.c)  # an operator removes what outsiders dropped into the bucket
+        for name in NAMES:
+            c = cl.set_poison(c, name, False)
+            if not c.nodes[name].alive:
+                c = cl.start(c, name)
+        before = len(cl.records(c))
+        c = run_fair(c, 200, check=False)
+        assert not cl.check(c)
+        assert len(cl.records(c)) >= before + 3, f"stuck at {len(cl.records(c))} records"
 
 
 ClusterMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=50, deadline=None)
 TestClusterStateful = ClusterMachine.TestCase
 
 
+MAX_DELIVERIES_PER_TICK = 500
+"""Far more than a tick needs: a machine answering every outcome with a request livelocks."""
+
+
+def _describe(c: cl.Cluster) -> str:
+    """The commands going round in circles, with what each machine wanted them for."""
+    out = []
+    for item in c.inflight[:4]:
+        node = c.nodes[item.node]
+        state = node.closer if item.machine is cl.Machine.CLOSER else node.learner
+        req = getattr(item.command, "req", None)
+        purpose = state.pending.get(req) if state is not None and req is not None else None
+        phase = state.phase if state is not None else None
+        out.append(f"{item.node}/{item.machine} {phase} {item.command!r} for {purpose!r}")
+    return "; ".join(out)
+
+
 def run_fair(c: cl.Cluster, ticks: int, *, dt: float = 0.25, check: bool = True) -> cl.Cluster:
     """A fair schedule: everything in flight lands, timers fire, everyone trains a step."""
     for _ in range(ticks):
-        while c.inflight:
+        for delivered in range(MAX_DELIVERIES_PER_TICK + 1):
+            if not c.inflight:
+                break
+            assert delivered < MAX_DELIVERIES_PER_TICK, f"livelock: {_describe(c)}"
             c = cl.deliver(c, 0)
         for name, machine in cl.due_timers(c):
             c = cl.fire(c, name, machine)
