@@ -30,3 +30,5 @@ def test_tiny_demo_completes_and_writes_plot_and_summary(tmp_path: Path) -> None
     committed = progress.view(progress.read_lines(run / "progress" / f"{COMMITTED}.jsonl"))
     assert committed.evals[-1].loss == summary.gm_loss
     assert committed.evals[-1].tokens == spec.tokens_at(spec.steps)
+    xs = [e.tokens for e in committed.evals]
+    assert xs == sorted(xs)

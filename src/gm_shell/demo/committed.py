@@ -55,13 +55,14 @@ class CommittedEvaluator:
             return
         if checkpoint.round > self._round:
             self._round = checkpoint.round
-            gm = self._spec.gm
-            step = (
-                0
-                if checkpoint.round < 0
-                else step_of(checkpoint.round, gm.sync_every, gm.fragments)
-            )
-            self._record(step)
+            self._record(self._step_of(checkpoint.round))
+
+    def _step_of(self, round_: int) -> int:
+        """The learners' local step when ``round_`` was due: 0 for the initial parameters,
+        at most the last step (later rounds hold only the learners' final flushes)."""
+        gm = self._spec.gm
+        due = 0 if round_ < 0 else step_of(round_, gm.sync_every, gm.fragments)
+        return min(due, self._spec.steps)
 
     def final(self) -> float:
         """The newest commit's loss once every learner has closed (recorded at the last step)."""

@@ -28,6 +28,7 @@ def plot_losses(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     ax.plot(
@@ -36,6 +37,8 @@ def plot_losses(
     ax.plot([e.tokens for e in gm], [e.loss for e in gm], ".-", label="gm, committed model")
     ax.axhline(unigram, color="grey", linestyle="--", linewidth=1, label="unigram entropy")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%.1f"))
+    ax.yaxis.set_minor_formatter(ticker.FormatStrFormatter("%.1f"))
     ax.set_xlabel("tokens trained (all workers)")
     ax.set_ylabel("held-out loss (nats/char)")
     ax.set_title(title)
