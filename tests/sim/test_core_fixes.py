@@ -1,4 +1,4 @@
-"""Regression tests for protocol defects the simulator found (each fixed by a "core fix:" commit)."""
+"""Regression tests for protocol defects the simulator found (each has a "core fix:" commit)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def test_collecting_closer_without_known_leases_does_not_busy_wake() -> None:
         if node.closer.phase is closer.Phase.COLLECTING:
             break
     state = c.nodes["n0"].closer
-    assert state is not None and state.phase is closer.Phase.COLLECTING
+    assert state is not None
+    assert state.phase is closer.Phase.COLLECTING
     for now in (0.01, 0.02):
         state, cmds = closer.advance(state, TimerFired(now_s=now))
         assert all(at > now for at in _wakes(cmds)), (now, _wakes(cmds))
