@@ -78,6 +78,8 @@ def test_hung_learner_is_waited_for_at_most_the_lease_timeout_and_hung_closer_is
         h.signal(leader, signal.SIGCONT)
         count = len(committed(witness))
         wait_until("rounds after both resumed", lambda: len(committed(witness)) >= count + 6, 60)
+        # Rounds closed while nodes stop one by one have fewer participants by design.
+        before_stop = len(committed(witness))
         codes = h.stop("n2", follower, leader)
     finally:
         h.close()
@@ -88,7 +90,7 @@ def test_hung_learner_is_waited_for_at_most_the_lease_timeout_and_hung_closer_is
     assert took_s <= LEASE_TIMEOUT_S + 2 * SLACK_S, took_s
     judgement = judge(url, options, witness)
     assert not judgement.violations, judgement.violations
-    later = judgement.records[-3:]
+    later = [r for r in judgement.records if r.round < before_stop][-3:]
     assert all(len(r.participants) >= 2 for r in later), later
     resumed = {e["node"] for e in h.all_events() if e["event"] == "superseded"}
     events = {(e["node"], e["event"]) for e in h.all_events()}
