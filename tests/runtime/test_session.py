@@ -125,10 +125,11 @@ def test_two_nodes_converge_and_end_on_the_same_commit_that_align_loads() -> Non
         {"alignment": "carry"},
         {"delta_format": "BF16", "commit_format": "BF16", "compression": "zstd"},
         {"delta_format": "F4_E2M1", "merge": "rda", "in_flight": 2},
+        {"overlap_steps": 2, "in_flight": 2},
     ],
-    ids=["blend", "carry", "bf16-zstd", "f4-rda"],
+    ids=["blend", "carry", "bf16-zstd", "f4-rda", "overlap"],
 )
-def test_alignment_modes_and_wire_formats_train(over: dict[str, Any]) -> None:
+def test_alignment_modes_wire_formats_and_overlap_train(over: dict[str, Any]) -> None:
     results = run_nodes(fresh_url(), algorithm(**over), steps=120)
     for r in results:
         assert np.all(np.isfinite(flat(r["model"])))
