@@ -82,15 +82,20 @@ def _register_demo(sub: Subparsers) -> None:
 
 
 def _register_simulate(sub: Subparsers) -> None:
-    p = sub.add_parser("simulate", help="deterministic multi-node simulation")
-    p.set_defaults(
-        handler=_not_implemented("simulate", 5, "the deterministic multi-node simulator")
+    from gm_shell import simulate_cli
+
+    p = sub.add_parser(
+        "simulate",
+        help="deterministic multi-node simulation (chaos, heterogeneity, goodput table, plots)",
     )
+    simulate_cli.register(p)
 
 
 def _register_check(sub: Subparsers) -> None:
+    from gm_shell import check_cli
+
     p = sub.add_parser("check", help="exhaustive model checking of the protocol")
-    p.set_defaults(handler=_not_implemented("check", 5, "the model checker"))
+    check_cli.register(p)
 
 
 def _register_status(sub: Subparsers) -> None:

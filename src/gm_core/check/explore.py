@@ -1,0 +1,346 @@
+"""Exhaustive breadth-first exploration of a small cluster, checking every invariant.
+
+Theory of operation
+-------------------
+The state space is that of :mod:`gm_core.cluster` — the real learner and closer
+machines and the model store — under every action of
+:mod:`gm_core.check.actions`: any command in flight may land next (so every
+interleaving of store operations is tried), fail, or land with its response
+lost; any due timer may fire; any learner may train; any node may crash and
+restart; the clock may jump to the next timer. :class:`Bounds` keeps it finite:
+exploration stops at a state once ``rounds`` records exist, the clock never
+passes ``max_time_s``, and at most ``faults`` request faults and ``crashes``
+crashes happen on any path.
+
+Search is breadth-first, so the first violation found has a shortest trace. A
+state is identified by its fingerprint plus the fault budget it has spent; a
+state reached again with at least as much budget left is not explored twice
+(more budget can only allow more behaviour, so the pruning is sound). Every state
+is judged by every named invariant: those over the store alone are looked up by
+the store's fingerprint, since many states share one store.
+
+Bounded progress is judged from every state where exploration stopped before the
+round bound — the clock bound reached and nothing left in flight — and from every
+``progress_every``-th other state (by fingerprint, so the sample is
+deterministic): while a quorum of learners and a closer live, a fair run without
+faults must commit a new record within ``progress_within_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import attrs
+
+from gm_core import closer, cluster, invariants, learner
+from gm_core.check import progress
+from gm_core.check.actions import Action, Kind, apply, describe, enabled, settle_payloads
+from gm_core.check.fingerprint import Fingerprinter
+from gm_core.records import AlgorithmConfig, Alignment
+from gm_core.sim import checks
+
+ROLE_CODES = {"l": cluster.Machine.LEARNER, "c": cluster.Machine.CLOSER}
+
+
+@attrs.frozen(kw_only=True)
+class Bounds:
+    """What to explore: the cluster, its config, and how far."""
+
+    roles: tuple[str, ...] = ("lc", "lc", "l")
+    sync_every: int = 2
+    fragments: int = 1
+    quorum: int = 1
+    in_flight: int = 1
+    alignment: Alignment = Alignment.OVERWRITE
+    lease_timeout_s: float = 3.0
+    takeover_floor_s: float = 4.0
+    poll_s: float = 1.0
+    renew_s: float = 2.0
+    rounds: int = 2
+    crashes: int = 0
+    faults: int = 0
+    store_faults_only: bool = True
+    fifo: bool = True
+    atomic_payloads: bool = True
+    max_time_s: float = 4.0
+    max_states: int = 2_000_000
+    progress_every: int = 0
+    progress_within_s: float = 30.0
+
+    def config(self) -> AlgorithmConfig:
+        return AlgorithmConfig(
+            sync_every=self.sync_every,
+            fragments=self.fragments,
+            quorum=self.quorum,
+            in_flight=self.in_flight,
+            alignment=self.alignment,
+            lease_timeout_s=self.lease_timeout_s,
+            takeover_floor_s=self.takeover_floor_s,
+        )
+
+    def node_roles(self) -> dict[str, frozenset[cluster.Machine]]:
+        return {
+            f"n{i}": frozenset(ROLE_CODES[ch] for ch in code) for i, code in enumerate(self.roles)
+        }
+
+
+def initial_state(bounds: Bounds) -> cluster.Cluster:
+    """The run created and every node started at time 0, in name order."""
+    c = cluster.create(
+        bounds.config(),
+        bounds.node_roles(),
+        learner_options=learner.LearnerOptions(
+            poll_s=bounds.poll_s, renew_s=bounds.renew_s, close_timeout_s=4 * bounds.renew_s
+        ),
+        closer_options=closer.CloserOptions(poll_s=bounds.poll_s, renew_s=bounds.renew_s),
+    )
+    for name in sorted(c.nodes):
+        c = cluster.start(c, name)
+    return settle_payloads(c) if bounds.atomic_payloads else c
+
+
+@attrs.frozen(kw_only=True)
+class Counterexample:
+    """A shortest path to a bad state: the actions, readable lines, and what broke."""
+
+    kind: str
+    tokens: tuple[str, ...]
+    lines: tuple[str, ...]
+    violations: tuple[invariants.Violation, ...]
+
+    def replay_arg(self) -> str:
+        return ",".join(self.tokens)
+
+
+@attrs.frozen(kw_only=True)
+class Outcome:
+    verdict: str  # "pass", "violation", "no progress" or "incomplete"
+    states: int
+    transitions: int
+    depth: int
+    progress_checks: int
+    max_records: int
+    counterexample: Counterexample | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ExploreProgress:
+    depth: int
+    states: int
+    frontier: int
+
+
+Key = tuple[bytes, int, int]
+
+
+def explore(
+    bounds: Bounds, on_progress: Callable[[ExploreProgress], None] | None = None
+) -> Outcome:
+    """Explore every state within ``bounds``; stop at the first (shortest) counterexample."""
+    return _Search(bounds, on_progress).run()
+
+
+class _Search:
+    """One breadth-first search; its tables are mutable and live only inside :func:`explore`."""
+
+    def __init__(self, bounds: Bounds, on_progress: Callable[[ExploreProgress], None] | None):
+        self.b = bounds
+        self.on_progress = on_progress
+        self.parents: dict[Key, tuple[Key | None, Action | None]] = {}
+        self.budgets: dict[bytes, list[tuple[int, int]]] = {}
+        self.store_verdicts: dict[bytes, list[invariants.Violation]] = {}
+        self.transitions = 0
+        self.progress_checks = 0
+        self.max_records = 0
+        self.depth = 0
+        self.prints = Fingerprinter()
+
+    def run(self) -> Outcome:
+        c0 = initial_state(self.b)
+        k0: Key = (self.prints.state(c0), 0, 0)
+        self._admit(k0, None, None)
+        if bad := self._judge(c0):
+            return self._fail("violation", k0, bad)
+        frontier = [(k0, c0)]
+        while frontier:
+            if self.on_progress is not None:
+                self.on_progress(
+                    ExploreProgress(
+                        depth=self.depth, states=len(self.parents), frontier=len(frontier)
+                    )
+                )
+            layer: list[tuple[Key, cluster.Cluster]] = []
+            for key, c in frontier:
+                found = self._expand(key, c, layer)
+                if found is not None:
+                    return found
+                if len(self.parents) >= self.b.max_states:
+                    return self._outcome("incomplete")
+            frontier = layer
+            self.depth += 1
+        return self._outcome("pass")
+
+    def _expand(
+        self, key: Key, c: cluster.Cluster, layer: list[tuple[Key, cluster.Cluster]]
+    ) -> Outcome | None:
+        records = len(cluster.records(c))
+        self.max_records = max(self.max_records, records)
+        actions: list[Action] = []
+        if records < self.b.rounds:
+            actions = enabled(
+                c,
+                faults_left=self.b.faults - key[1],
+                crashes_left=self.b.crashes - key[2],
+                store_faults_only=self.b.store_faults_only,
+                max_time_s=self.b.max_time_s,
+                fifo=self.b.fifo,
+            )
+        stuck = not actions and records < self.b.rounds
+        if (stuck or self._sampled(key)) and not self._progresses(c):
+            return self._fail("no progress", key, [])
+        for action in actions:
+            self.transitions += 1
+            try:
+                after = step(c, action, self.b.atomic_payloads)
+            except Exception as error:  # the core is total: a transition that raises is a bug
+                return self._fail("exception", key, [], then=action, error=error)
+            spent = (key[1] + (action.fault is not cluster.Fault.NONE), key[2])
+            spent = (spent[0], spent[1] + (action.kind is Kind.CRASH))
+            k2: Key = (self.prints.state(after), *spent)
+            if self._dominated(k2):
+                continue
+            self._admit(k2, key, action)
+            if bad := self._judge(after):
+                return self._fail("violation", k2, bad)
+            layer.append((k2, after))
+        return None
+
+    def _sampled(self, key: Key) -> bool:
+        every = self.b.progress_every
+        return every > 0 and int.from_bytes(key[0][:4], "big") % every == 0
+
+    def _progresses(self, c: cluster.Cluster) -> bool:
+        if not progress.expects_progress(c):
+            return True
+        self.progress_checks += 1
+        try:
+            committed, _ = progress.fair_commits(c, self.b.progress_within_s)
+        except Exception:  # reported with its trace by counterexample()
+            return False
+        return committed
+
+    def _dominated(self, key: Key) -> bool:
+        """Seen with at most this much budget spent: nothing new can happen from here."""
+        seen = self.budgets.setdefault(key[0], [])
+        if any(f <= key[1] and k <= key[2] for f, k in seen):
+            return True
+        seen.append((key[1], key[2]))
+        return False
+
+    def _admit(self, key: Key, parent: Key | None, action: Action | None) -> None:
+        self.parents[key] = (parent, action)
+        self.budgets.setdefault(key[0], [])
+        if (key[1], key[2]) not in self.budgets[key[0]]:
+            self.budgets[key[0]].append((key[1], key[2]))
+
+    def _judge(self, c: cluster.Cluster) -> list[invariants.Violation]:
+        """Every invariant; those over the store alone are remembered per store fingerprint."""
+        view = cluster.view(c)
+        store_key = self.prints.store(c.store)
+        over_store = self.store_verdicts.get(store_key)
+        if over_store is None:
+            over_store = checks.judge(view, checks.store_part())
+            self.store_verdicts[store_key] = over_store
+        return checks.recorded(c) + over_store + checks.judge(view, checks.node_part())
+
+    def _outcome(self, verdict: str, example: Counterexample | None = None) -> Outcome:
+        return Outcome(
+            verdict=verdict,
+            states=len(self.parents),
+            transitions=self.transitions,
+            depth=self.depth,
+            progress_checks=self.progress_checks,
+            max_records=self.max_records,
+            counterexample=example,
+        )
+
+    def _fail(
+        self,
+        kind: str,
+        key: Key,
+        bad: list[invariants.Violation],
+        then: Action | None = None,
+        error: Exception | None = None,
+    ) -> Outcome:
+        path: list[Action] = [] if then is None else [then]
+        cursor: Key | None = key
+        while cursor is not None:
+            parent, action = self.parents[cursor]
+            if action is not None:
+                path.append(action)
+            cursor = parent
+        path.reverse()
+        example = counterexample(self.b, kind, tuple(path), tuple(bad))
+        return self._outcome(kind, example)
+
+
+def step(c: cluster.Cluster, action: Action, atomic_payloads: bool) -> cluster.Cluster:
+    """Apply one action, then (with ``atomic_payloads``) the payload work it started."""
+    after = apply(c, action)
+    return settle_payloads(after) if atomic_payloads else after
+
+
+def counterexample(
+    bounds: Bounds,
+    kind: str,
+    path: tuple[Action, ...],
+    bad: tuple[invariants.Violation, ...],
+) -> Counterexample:
+    """Replay ``path`` from the initial state and narrate it, one line per action."""
+    lines, c = narrate(bounds, path)
+    if kind == "no progress" and c is not None:
+        lines.extend(_stall(bounds, c))
+    lines.extend(f"VIOLATED {v.invariant}: {v.message}" for v in bad)
+    return Counterexample(
+        kind=kind, tokens=tuple(a.token() for a in path), lines=tuple(lines), violations=bad
+    )
+
+
+def _stall(bounds: Bounds, c: cluster.Cluster) -> list[str]:
+    """What the fair run from the last state did: nothing committed, or it raised."""
+    try:
+        _, end = progress.fair_commits(c, bounds.progress_within_s)
+    except Exception as error:  # the core is total: report, never propagate
+        return [f"then a fair run without faults raised {type(error).__name__}: {error}"]
+    lines = [
+        f"then a fair run without faults for {bounds.progress_within_s:g}s commits nothing:"
+        f" still {len(cluster.records(end))} records at t={end.now_s:g}s"
+    ]
+    return lines + [f"    {line}" for line in machine_summary(end)]
+
+
+def narrate(bounds: Bounds, path: tuple[Action, ...]) -> tuple[list[str], cluster.Cluster | None]:
+    """One line per action from the initial state; None as the state if an action raised."""
+    c = initial_state(bounds)
+    lines = [f"start {', '.join(sorted(c.nodes))} at t=0s"]
+    for i, action in enumerate(path, 1):
+        lines.append(f"{i:3d}. t={c.now_s:<6g} {describe(c, action)}")
+        try:
+            c = step(c, action, bounds.atomic_payloads)
+        except Exception as error:  # the core is total: a transition that raises is the bug
+            lines.append(f"RAISED {type(error).__name__}: {error}")
+            return lines, None
+    return lines, c
+
+
+def machine_summary(c: cluster.Cluster) -> list[str]:
+    out = []
+    for name, node in sorted(c.nodes.items()):
+        parts: Mapping[str, object] = {
+            "alive": node.alive,
+            "learner": node.learner.phase.value if node.learner else "-",
+            "closer": node.closer.phase.value if node.closer else "-",
+            "round": node.closer.round if node.closer else "-",
+        }
+        out.append(f"{name}: " + " ".join(f"{k}={v}" for k, v in parts.items()))
+    return out

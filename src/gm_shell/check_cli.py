@@ -1,0 +1,188 @@
+"""``gm check``: model-check the protocol at small bounds, or replay a counterexample.
+
+Theory of operation
+-------------------
+The checker is pure (:mod:`gm_core.check`); this is its shell: bounds from flags,
+a progress line on stderr (depth, states, states per second — the only place a
+clock is read), and a verdict. A counterexample is printed as a numbered trace
+with the command that replays it (``--replay`` with the same bounds re-runs the
+actions one by one, narrating each, and judges every invariant at the end).
+``--ci`` runs the bound sets that ``make test`` pins (:data:`CI_BOUNDS`).
+
+Exit status: 0 when every explored state is sound, 1 on a counterexample, 3 when
+``--max-states`` stopped the search first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+
+from gm_core import cluster
+from gm_core.check import actions
+from gm_core.check.explore import Bounds, ExploreProgress, Outcome, explore, narrate
+from gm_core.records import Alignment
+from gm_core.sim import checks
+
+CI_BOUNDS: dict[str, Bounds] = {
+    "one node, one fault": Bounds(roles=("lc",), rounds=1, max_time_s=1.0, faults=1),
+    "one node, one crash": Bounds(roles=("lc",), rounds=1, max_time_s=1.0, crashes=1),
+    "learner and closer apart": Bounds(roles=("l", "c"), rounds=1, max_time_s=1.0),
+    "two learners, one closes": Bounds(roles=("lc", "l"), rounds=1, max_time_s=0.5),
+    "two closers race for round 0": Bounds(roles=("lc", "c"), rounds=1, max_time_s=0.5),
+    "two closers race, one fault": Bounds(roles=("lc", "c"), rounds=1, max_time_s=0.5, faults=1),
+}
+"""The bounds ``make test`` checks (and pins the state counts of): about 15,000 states."""
+
+LONG_BOUNDS: dict[str, Bounds] = {
+    "two closers race through a poll": Bounds(roles=("lc", "c"), rounds=1, max_time_s=1.0),
+    "two learners, one closes, through a poll": Bounds(roles=("lc", "l"), rounds=1, max_time_s=1.0),
+    "one node, two rounds": Bounds(roles=("lc",), rounds=2, max_time_s=2.0),
+}
+"""Larger bounds for ``make test-long`` and ``gm check --long`` (about 140,000 states)."""
+
+_D = Bounds()
+FLAGS: tuple[tuple[str, str, type, object, str], ...] = (
+    ("--roles", "roles", str, ",".join(_D.roles), "nodes: l=learner c=closer, e.g. lc,lc,l"),
+    ("--rounds", "rounds", int, _D.rounds, "stop exploring once this many records exist"),
+    ("--max-time", "max_time_s", float, _D.max_time_s, "virtual seconds the clock may reach"),
+    ("--crashes", "crashes", int, _D.crashes, "crashes on any path"),
+    ("--faults", "faults", int, _D.faults, "failed requests and lost responses on any path"),
+    ("--sync-every", "sync_every", int, _D.sync_every, "H"),
+    ("--fragments", "fragments", int, _D.fragments, "P"),
+    ("--quorum", "quorum", int, _D.quorum, "minimum quorum"),
+    ("--in-flight", "in_flight", int, _D.in_flight, "rounds a learner may run ahead"),
+    ("--lease-timeout", "lease_timeout_s", float, _D.lease_timeout_s, "seconds"),
+    ("--takeover-floor", "takeover_floor_s", float, _D.takeover_floor_s, "seconds"),
+    ("--poll", "poll_s", float, _D.poll_s, "node poll interval, seconds"),
+    ("--renew", "renew_s", float, _D.renew_s, "lease renewal interval, seconds"),
+    (
+        "--progress-every",
+        "progress_every",
+        int,
+        _D.progress_every,
+        "also judge progress from every N-th state (0: only where exploration stops)",
+    ),
+    ("--max-states", "max_states", int, _D.max_states, "give up after this many states"),
+)
+"""The bound flags: flag, Bounds field, type, default, help."""
+
+EXIT = {"pass": 0, "violation": 1, "no progress": 1, "exception": 1, "incomplete": 3}
+
+
+def register(p: argparse.ArgumentParser) -> None:
+    """Add ``gm check``'s flags to its subparser."""
+    for flag, dest, kind, default, text in FLAGS:
+        p.add_argument(flag, dest=dest, type=kind, default=default, help=text)
+    p.add_argument("--alignment", choices=[a.value for a in Alignment], default=_D.alignment.value)
+    p.add_argument(
+        "--reorder",
+        action="store_true",
+        help="let one machine's requests complete in any order (default: in order)",
+    )
+    p.add_argument(
+        "--no-atomic-payloads",
+        action="store_true",
+        help="interleave payload work (capture, verify, merge, align) too",
+    )
+    p.add_argument("--replay", metavar="ACTIONS", help="replay a counterexample's actions")
+    p.add_argument("--ci", action="store_true", help="check the bound sets make test pins")
+    p.add_argument("--long", action="store_true", help="check the larger bound sets too")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(handler=main)
+
+
+def bounds_of(args: argparse.Namespace) -> Bounds:
+    values = {dest: getattr(args, dest) for _, dest, *_ in FLAGS}
+    values["roles"] = tuple(r.strip() for r in str(values["roles"]).split(",") if r.strip())
+    return Bounds(
+        **values,
+        alignment=Alignment(args.alignment),
+        fifo=not args.reorder,
+        atomic_payloads=not args.no_atomic_payloads,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.ci or args.long:
+        sets = {**CI_BOUNDS, **(LONG_BOUNDS if args.long else {})}
+        results = [run(name, b, quiet=args.quiet) for name, b in sets.items()]
+        return max(EXIT[o.verdict] for o in results)
+    bounds = bounds_of(args)
+    if args.replay is not None:
+        return replay(bounds, args.replay)
+    return EXIT[run("check", bounds, quiet=args.quiet).verdict]
+
+
+def run(name: str, bounds: Bounds, *, quiet: bool = False) -> Outcome:
+    """Explore ``bounds``, print the verdict (and any counterexample), return the outcome."""
+    started = time.perf_counter()
+
+    def progress(p: ExploreProgress) -> None:
+        rate = p.states / max(time.perf_counter() - started, 1e-9)
+        line = f"\r{name}: depth {p.depth}  states {p.states:,}  frontier {p.frontier:,}"
+        print(f"{line}  {rate:,.0f} states/s", end="", file=sys.stderr, flush=True)
+
+    outcome = explore(bounds, None if quiet else progress)
+    elapsed = time.perf_counter() - started
+    if not quiet:
+        print(file=sys.stderr)
+    print(format_outcome(name, bounds, outcome, elapsed))
+    return outcome
+
+
+def format_outcome(name: str, bounds: Bounds, o: Outcome, elapsed_s: float) -> str:
+    rate = o.states / elapsed_s if elapsed_s > 0 else 0.0
+    lines = [
+        f"{name}: {o.verdict.upper()}  {o.states:,} states, {o.transitions:,} transitions,"
+        f" depth {o.depth}, {o.progress_checks:,} progress checks,"
+        f" up to {o.max_records} records; {elapsed_s:.1f} s ({rate:,.0f} states/s)",
+        f"  bounds: {describe_bounds(bounds)}",
+    ]
+    if o.counterexample is not None:
+        lines.append(f"  shortest counterexample ({o.counterexample.kind}):")
+        lines += [f"    {line}" for line in o.counterexample.lines]
+        lines.append(f"  replay: {replay_command(bounds, o.counterexample.replay_arg())}")
+    return "\n".join(lines)
+
+
+def describe_bounds(b: Bounds) -> str:
+    order = "any order" if not b.fifo else "in order per machine"
+    return (
+        f"roles={','.join(b.roles)} rounds={b.rounds} max_time={b.max_time_s:g}s"
+        f" crashes={b.crashes} faults={b.faults} H={b.sync_every} P={b.fragments}"
+        f" quorum={b.quorum} in_flight={b.in_flight} {b.alignment}; requests complete {order}"
+    )
+
+
+def replay_command(b: Bounds, tokens: str) -> str:
+    words = ["gm", "check"]
+    defaults = Bounds()
+    for flag, dest, *_ in FLAGS:
+        value = getattr(b, dest)
+        if value != getattr(defaults, dest):
+            words += [flag, ",".join(value) if dest == "roles" else str(value)]
+    if b.alignment is not defaults.alignment:
+        words += ["--alignment", b.alignment.value]
+    if not b.fifo:
+        words.append("--reorder")
+    if not b.atomic_payloads:
+        words.append("--no-atomic-payloads")
+    return shlex.join([*words, "--replay", tokens])
+
+
+def replay(bounds: Bounds, tokens: str) -> int:
+    """Re-run the actions, narrating each, and judge every invariant at the end."""
+    path = tuple(actions.parse(t) for t in tokens.split(",") if t.strip())
+    lines, end = narrate(bounds, path)
+    print("\n".join(lines))
+    if end is None:
+        return 1
+    broken = checks.recorded(end) + checks.judge(cluster.view(end), checks.store_part())
+    broken += checks.judge(cluster.view(end), checks.node_part())
+    for v in broken:
+        print(f"VIOLATED {v.invariant}: {v.message}")
+    print(f"{len(cluster.records(end))} records; " + ("invariants hold" if not broken else ""))
+    return 1 if broken else 0
