@@ -26,7 +26,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 help:
 	@echo "make install    create .venv (torch CPU, the project with dev/torch/mlx extras) and Azurite"
-	@echo "make test       the test suite without slow tests (pytest -n $(PYTEST_WORKERS))"
+	@echo "make test       lint, then the test suite without slow tests (pytest -n $(PYTEST_WORKERS))"
 	@echo "make test-long  the whole suite, slow tests included, hypothesis profile 'long'"
 	@echo "make lint       ruff check, ruff format --check, mypy --strict"
 	@echo "make format     ruff format and ruff check --fix"
@@ -47,12 +47,11 @@ $(AZURITE):
 	npm install --no-audit --no-fund --no-update-notifier --prefix .servers/node azurite@$(AZURITE_VERSION)
 
 # pytest exits 5 when it collects no test: treated as a pass, with a plain warning.
-# Lint is a separate target for now (in-progress files are not lint-clean yet);
-# once they are, make `test` and `test-long` depend on `lint` instead of `install`.
-test: install
+# Lint first (ruff, format, mypy --strict: about a minute), then the suite.
+test: lint
 	$(PYTEST) -m "not slow" $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && echo "make test: WARNING: no tests collected" || exit $$rc; }
 
-test-long: install
+test-long: lint
 	GM_HYPOTHESIS_PROFILE=$${GM_HYPOTHESIS_PROFILE:-long} $(PYTEST) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && echo "make test-long: WARNING: no tests collected" || exit $$rc; }
 
 lint: install
