@@ -60,7 +60,6 @@ from gm_core.events import (
     Merged,
     Probed,
     PutDone,
-    RequestFailed,
     Started,
     TimerFired,
     Verified,
@@ -78,6 +77,7 @@ from gm_core.records import (
     Snapshot,
     Timing,
 )
+from gm_core.requests import Purpose, failure, issue, settle
 from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
 
 NEVER = float("inf")
@@ -122,13 +122,6 @@ class Entry:
     stage: Stage
     snapshot: Snapshot | None = None
     reason: Reason | None = None
-
-
-@attrs.frozen(kw_only=True)
-class Purpose:
-    kind: str
-    round: int = -1
-    name: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -196,27 +189,18 @@ def advance(state: CloserState, event: Event) -> Result:
     elif isinstance(event, TimerFired):
         state = attrs.evolve(state, wake_s=NEVER)
     else:
-        purpose = state.pending.get(getattr(event, "req", -1))
+        state, purpose = settle(state, getattr(event, "req", -1))  # Stepped has no req
         if purpose is None:
             return state, cmds
-        pending = dict(state.pending)
-        del pending[getattr(event, "req", -1)]
-        state = attrs.evolve(state, pending=pending, busy=state.busy - {purpose.kind})
+        state = attrs.evolve(state, busy=state.busy - {purpose.kind})
         state = _outcome(state, purpose, event, cmds)
     state = _pump(state, now_s, cmds)
     return state, cmds
 
 
-def _issue(state: CloserState, purpose: Purpose) -> tuple[CloserState, int]:
-    req = state.next_req
-    pending = dict(state.pending)
-    pending[req] = purpose
-    return attrs.evolve(state, pending=pending, next_req=req + 1), req
-
-
 def _busy(state: CloserState, purpose: Purpose) -> tuple[CloserState, int]:
     """Issue a request of a kind of which at most one is outstanding."""
-    state, req = _issue(state, purpose)
+    state, req = issue(state, purpose)
     return attrs.evolve(state, busy=state.busy | {purpose.kind}), req
 
 
@@ -230,7 +214,7 @@ def _start(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
 
 def _stop(state: CloserState, cmds: list[Command]) -> CloserState:
     if state.options.write_lease and state.phase is not Phase.IDLE:
-        state, req = _issue(state, Purpose(kind="release"))
+        state, req = issue(state, Purpose(kind="release"))
         cmds.append(Delete(req=req, keys=(keys.lease(state.node),)))
     cmds.append(Notify(kind="closer_stopped", round=state.round))
     return attrs.evolve(state, phase=Phase.STOPPED)
@@ -381,7 +365,7 @@ def _claim_outcome(
         return _open(state, event.now_s, int(purpose.name), cmds)
     # Taken by another follower, or unknown after a lost response: read who holds it,
     # and stay CLAIMING until we know (bidding again before would race ourselves).
-    state, req = _issue(state, Purpose(kind="claim_read", round=purpose.round, name=purpose.name))
+    state, req = issue(state, Purpose(kind="claim_read", round=purpose.round, name=purpose.name))
     cmds.append(Get(req=req, key=keys.claim(purpose.round, int(purpose.name))))
     return state
 
@@ -461,10 +445,10 @@ def _list_outcome(
         if learner in entries:
             continue
         entries[learner] = Entry(learner=learner, stage=Stage.FETCHING)
-        state, req = _issue(state, Purpose(kind="snapshot", round=state.round, name=learner))
+        state, req = issue(state, Purpose(kind="snapshot", round=state.round, name=learner))
         cmds.append(Get(req=req, key=key))
         if learner not in state.leases:
-            state, req = _issue(state, Purpose(kind="lease", round=state.round, name=learner))
+            state, req = issue(state, Purpose(kind="lease", round=state.round, name=learner))
             cmds.append(Probe(req=req, key=keys.lease(learner)))
     first_seen_s = state.first_seen_s
     if first_seen_s is None and entries:
@@ -502,7 +486,7 @@ def _snapshot_outcome(
     reason = _judge(state, learner, snapshot)
     if reason is not None:
         return _reject(state, learner, reason, cmds)
-    state, req = _issue(state, Purpose(kind="verify", round=state.round, name=learner))
+    state, req = issue(state, Purpose(kind="verify", round=state.round, name=learner))
     cmds.append(Verify(req=req, round=state.round, learner=learner, payload=snapshot.payload))
     return _set_entry(state, Entry(learner=learner, stage=Stage.VERIFYING, snapshot=snapshot))
 
@@ -631,7 +615,7 @@ def _merge(
         Contribution(learner=x.learner, payload=x.payload, weight=w, final=x.final)
         for x, w in zip(snapshots, weights, strict=True)
     )
-    state, req = _issue(state, Purpose(kind="merge", round=state.round))
+    state, req = issue(state, Purpose(kind="merge", round=state.round))
     cmds.append(
         Merge(
             req=req,
@@ -653,14 +637,10 @@ def _merge_outcome(
     if isinstance(event, Merged):
         return _commit(state, event.now_s, event, cmds)
     # Try the merge again after a poll interval; a follower takes over if it never succeeds.
-    cmds.append(Notify(kind="merge_failed", round=state.round, detail=_error(event)))
+    cmds.append(Notify(kind="merge_failed", round=state.round, detail=failure(event)))
     return attrs.evolve(
         state, phase=Phase.COLLECTING, close_at_s=event.now_s + state.options.poll_s
     )
-
-
-def _error(event: Event) -> str:
-    return event.error if isinstance(event, RequestFailed) else type(event).__name__
 
 
 _NO_TIMING = Timing()
@@ -671,7 +651,7 @@ def _commit(
 ) -> CloserState:
     """Draft the round record and write it create-once: the commit point."""
     record = _draft(state, now_s, merged)
-    state, req = _issue(state, Purpose(kind="commit", round=state.round))
+    state, req = issue(state, Purpose(kind="commit", round=state.round))
     cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=codec.encode(record)))
     return attrs.evolve(state, phase=Phase.COMMITTING, draft=record)
 
@@ -748,7 +728,7 @@ def _commit_outcome(
     if isinstance(event, PutDone) and event.created and state.draft is not None:
         return _committed(state, state.draft, event.now_s, cmds)
     # Taken, or unknown after a lost response: read the record to learn which.
-    state, req = _issue(state, Purpose(kind="check", round=state.round))
+    state, req = issue(state, Purpose(kind="check", round=state.round))
     cmds.append(Get(req=req, key=keys.round_record(state.round)))
     return state
 
@@ -760,12 +740,12 @@ def _check_outcome(
     if purpose.round != state.round or state.phase is not Phase.COMMITTING or draft is None:
         return state
     if not isinstance(event, GotObject):
-        state, req = _issue(state, Purpose(kind="check", round=state.round))
+        state, req = issue(state, Purpose(kind="check", round=state.round))
         cmds.append(Get(req=req, key=keys.round_record(state.round)))
         return state
     if event.data is None:
         # Our write never landed: write the same bytes again.
-        state, req = _issue(state, Purpose(kind="commit", round=state.round))
+        state, req = issue(state, Purpose(kind="commit", round=state.round))
         data = codec.encode(draft)
         cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=data))
         return state
@@ -783,7 +763,7 @@ def _committed(
     """The record is in the bucket: publish the hint, sweep old rounds, open the next round."""
     detail = f"version={record.version} participants={len(record.participants)}"
     cmds.append(Notify(kind="committed", round=record.round, detail=detail))
-    state, req = _issue(state, Purpose(kind="head"))
+    state, req = issue(state, Purpose(kind="head"))
     cmds.append(PutOver(req=req, key=keys.head(), data=codec.encode(Head(round=record.round))))
     state = _sweep(state, record, cmds)
     return _enter(attrs.evolve(state, last=record), now_s, cmds)
@@ -807,9 +787,9 @@ def _sweep(state: CloserState, record: RoundRecord, cmds: list[Command]) -> Clos
     )
     for round_ in rounds:
         for prefix in (keys.snapshot_prefix(round_), keys.claim_prefix(round_)):
-            state, req = _issue(state, Purpose(kind="sweep", round=round_))
+            state, req = issue(state, Purpose(kind="sweep", round=round_))
             cmds.append(DeletePrefix(req=req, prefix=prefix))
-        state, req = _issue(state, Purpose(kind="sweep", round=round_))
+        state, req = issue(state, Purpose(kind="sweep", round=round_))
         cmds.append(DeletePrefix(req=req, prefix=keys.payload_prefix(round_)))
     swept_below = retention.new_swept_below(
         committed_round=record.round,
@@ -864,7 +844,7 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
     if closer == state.node:
         return state
     if now_s >= state.leases_at_s and closer:
-        state, req = _issue(state, Purpose(kind="closer_lease", round=state.round, name=closer))
+        state, req = issue(state, Purpose(kind="closer_lease", round=state.round, name=closer))
         cmds.append(Probe(req=req, key=keys.lease(closer)))
         state = attrs.evolve(state, leases_at_s=now_s + state.options.renew_s)
     if state.closer_lease is None and closer:
@@ -887,7 +867,7 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
         return state
     attempt = election.next_attempt(state.claims)
     claim = Claim(round=state.round, attempt=attempt, node=state.node)
-    state, req = _issue(state, Purpose(kind="claim", round=state.round, name=str(attempt)))
+    state, req = issue(state, Purpose(kind="claim", round=state.round, name=str(attempt)))
     cmds.append(PutOnce(req=req, key=keys.claim(state.round, attempt), data=codec.encode(claim)))
     return attrs.evolve(state, phase=Phase.CLAIMING)
 
@@ -903,7 +883,7 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
     if now_s >= state.leases_at_s and state.leases:
         for learner in sorted(state.leases):
-            state, req = _issue(state, Purpose(kind="lease", round=state.round, name=learner))
+            state, req = issue(state, Purpose(kind="lease", round=state.round, name=learner))
             cmds.append(Probe(req=req, key=keys.lease(learner)))
         state = attrs.evolve(state, leases_at_s=now_s + state.options.renew_s)
     return _maybe_close(state, now_s, cmds)
@@ -915,7 +895,7 @@ def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
     lease = Lease(
         node=state.node, roles=("closer",), seq=state.lease_seq, renew_s=state.options.renew_s
     )
-    state, req = _issue(state, Purpose(kind="own_lease"))
+    state, req = issue(state, Purpose(kind="own_lease"))
     cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
     return attrs.evolve(
         state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + state.options.renew_s

@@ -65,6 +65,7 @@ from gm_core.events import (
     TimerFired,
 )
 from gm_core.records import Alignment, Lease, Manifest, RoundRecord, Snapshot
+from gm_core.requests import Purpose, failure, issue, settle
 from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
 
 NEVER = float("inf")
@@ -117,14 +118,6 @@ class Outgoing:
     published: bool = False
     data: bytes | None = None
     attempts: int = 1
-
-
-@attrs.frozen(kw_only=True)
-class Purpose:
-    """What an outstanding request was for, so its outcome can be routed."""
-
-    kind: str
-    round: int = -1
 
 
 @attrs.frozen(kw_only=True)
@@ -193,28 +186,18 @@ def advance(state: LearnerState, event: Event) -> Result:
     elif isinstance(event, TimerFired):
         state = attrs.evolve(state, wake_s=NEVER)
     else:
-        purpose = state.pending.get(event.req)
+        state, purpose = settle(state, event.req)
         if purpose is None:
             return state, cmds  # an outcome we no longer wait for (e.g. after a restart)
-        pending = dict(state.pending)
-        del pending[event.req]
-        state = attrs.evolve(state, pending=pending)
         state = _outcome(state, purpose, event, cmds)
     state = _pump(state, event.now_s, cmds)
     return state, cmds
 
 
-def _issue(state: LearnerState, purpose: Purpose) -> tuple[LearnerState, int]:
-    req = state.next_req
-    pending = dict(state.pending)
-    pending[req] = purpose
-    return attrs.evolve(state, pending=pending, next_req=req + 1), req
-
-
 def _start(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
     if state.phase is not Phase.IDLE:
         return state
-    state, req = _issue(state, Purpose(kind="head"))
+    state, req = issue(state, Purpose(kind="head"))
     cmds.append(Get(req=req, key=keys.head()))
     return attrs.evolve(state, phase=Phase.BOOTING, probing=True, lease_at_s=now_s)
 
@@ -326,7 +309,7 @@ def _begin_loading(state: LearnerState, cmds: list[Command]) -> LearnerState:
     cfg = state.manifest.config
     loading = set()
     for fragment, fs in enumerate(frontier):
-        state, req = _issue(state, Purpose(kind="load", round=fragment))
+        state, req = issue(state, Purpose(kind="load", round=fragment))
         cmds.append(
             Align(
                 req=req,
@@ -369,7 +352,7 @@ def _publish(state: LearnerState, round_: int, *, final: bool, cmds: list[Comman
     steps = state.step - anchor.step
     if (final and steps <= 0) or round_ <= state.seen_round:
         return state
-    state, req = _issue(state, Purpose(kind="capture", round=round_))
+    state, req = issue(state, Purpose(kind="capture", round=round_))
     cmds.append(Capture(req=req, round=round_, fragment=fragment))
     outgoing = dict(state.outgoing)
     outgoing[round_] = Outgoing(
@@ -390,7 +373,7 @@ def _captured(state: LearnerState, round_: int, event: Event, cmds: list[Command
     if out is None:
         return state
     if not isinstance(event, Captured):
-        cmds.append(Notify(kind="publish_failed", round=round_, detail=_error(event)))
+        cmds.append(Notify(kind="publish_failed", round=round_, detail=failure(event)))
         return _drop_outgoing(state, round_)
     snapshot = Snapshot(
         learner=state.node,
@@ -412,7 +395,7 @@ def _write_snapshot(state: LearnerState, out: Outgoing, cmds: list[Command]) -> 
     outgoing = dict(state.outgoing)
     outgoing[out.round] = out
     state = attrs.evolve(state, outgoing=outgoing)
-    state, req = _issue(state, Purpose(kind="snapshot", round=out.round))
+    state, req = issue(state, Purpose(kind="snapshot", round=out.round))
     cmds.append(PutOnce(req=req, key=keys.snapshot(out.round, state.node), data=out.data))
     return state
 
@@ -426,7 +409,7 @@ def _snapshot_written(
     if isinstance(event, PutDone) and event.created:
         return _published(state, out, cmds)
     # Taken, or unknown after a lost response: our own earlier attempt may have landed.
-    state, req = _issue(state, Purpose(kind="snapshot_check", round=round_))
+    state, req = issue(state, Purpose(kind="snapshot_check", round=round_))
     cmds.append(Get(req=req, key=keys.snapshot(round_, state.node)))
     return state
 
@@ -450,7 +433,7 @@ def _snapshot_checked(
     if isinstance(event, GotObject) and event.data is not None:
         detail = "another incarnation of this node wrote a different snapshot"
     elif out.attempts >= MAX_PUBLISH_ATTEMPTS:
-        detail = _error(event) if not isinstance(event, GotObject) else "write never landed"
+        detail = failure(event) if not isinstance(event, GotObject) else "write never landed"
     else:
         return _write_snapshot(state, attrs.evolve(out, attempts=out.attempts + 1), cmds)
     cmds.append(Notify(kind="publish_failed", round=round_, detail=detail))
@@ -463,17 +446,13 @@ def _drop_outgoing(state: LearnerState, round_: int) -> LearnerState:
     return attrs.evolve(state, outgoing=outgoing)
 
 
-def _error(event: Event) -> str:
-    return event.error if isinstance(event, RequestFailed) else type(event).__name__
-
-
 def _aligned(
     state: LearnerState, purpose: Purpose, event: Event, cmds: list[Command]
 ) -> LearnerState:
     if not isinstance(event, Aligned):
         # The payload could not be fetched (swept while we lagged, or a store failure):
         # join again from the newest record, which re-reads its frontier.
-        cmds.append(Notify(kind="align_failed", round=purpose.round, detail=_error(event)))
+        cmds.append(Notify(kind="align_failed", round=purpose.round, detail=failure(event)))
         return attrs.evolve(
             state,
             phase=Phase.BOOTING,
@@ -564,7 +543,7 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
             state = _aligned_through(state, round_, cmds)
             continue
         cfg = state.manifest.config
-        state, req = _issue(state, Purpose(kind="align", round=round_))
+        state, req = issue(state, Purpose(kind="align", round=round_))
         cmds.append(
             Align(
                 req=req,
@@ -589,7 +568,7 @@ def _poll(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
     if not _can_poll(state) or now_s < state.probe_at_s:
         return state
     round_ = max(state.seen_round + 1, 0)  # -1 while the head hint is unknown: tape start
-    state, req = _issue(state, Purpose(kind="record", round=round_))
+    state, req = issue(state, Purpose(kind="record", round=round_))
     cmds.append(Get(req=req, key=keys.round_record(round_)))
     return attrs.evolve(state, probing=True, seen_round=max(state.seen_round, round_ - 1))
 
@@ -600,7 +579,7 @@ def _renew(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerSta
     lease = Lease(
         node=state.node, roles=("learner",), seq=state.lease_seq, renew_s=state.options.renew_s
     )
-    state, req = _issue(state, Purpose(kind="lease"))
+    state, req = issue(state, Purpose(kind="lease"))
     cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
     return attrs.evolve(
         state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + state.options.renew_s
@@ -613,7 +592,7 @@ def _maybe_release(state: LearnerState, now_s: float, cmds: list[Command]) -> Le
         p.kind == "release" for p in state.pending.values()
     ):
         return state
-    state, req = _issue(state, Purpose(kind="release"))
+    state, req = issue(state, Purpose(kind="release"))
     cmds.append(Delete(req=req, keys=(keys.lease(state.node),)))
     return attrs.evolve(state, lease_at_s=NEVER)
 
