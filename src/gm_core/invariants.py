@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import attrs
 
 from gm_core import closer, codec, keys, learner, schedule, verdicts
 from gm_core.records import Claim, FragmentState, Manifest, RoundRecord, Snapshot, Timing
 from gm_core.store_model import ModelStore
+
+V = TypeVar("V", bound=codec.Value)
 
 
 @attrs.frozen(kw_only=True)
@@ -39,13 +42,22 @@ class Violation:
     message: str
 
 
-@functools.lru_cache(maxsize=8192)
-def _decode_record(data: bytes) -> RoundRecord | None:
-    """Records are immutable bytes, checked after every step: decode each one once."""
+_KINDS: Mapping[str, type[codec.Value]] = {k.__name__: k for k in (RoundRecord, Snapshot, Claim)}
+
+
+@functools.lru_cache(maxsize=65536)
+def _decoded(kind: str, data: bytes) -> codec.Value | None:
+    """Created objects are immutable bytes, checked after every step: decode each once."""
     try:
-        return codec.decode(RoundRecord, data)
+        return codec.decode(_KINDS[kind], data)
     except codec.CodecError:
         return None
+
+
+def _as(kind: type[V], data: bytes) -> V | None:
+    """``data`` decoded as ``kind``, or None when it is not a valid one (hostile writes)."""
+    value = _decoded(kind.__name__, data)
+    return value if isinstance(value, kind) else None
 
 
 def read_tape(view: ClusterView) -> dict[int, RoundRecord]:
@@ -56,7 +68,7 @@ def read_tape(view: ClusterView) -> dict[int, RoundRecord]:
         parsed = _parse_or_none(key)
         if stored is None or not isinstance(parsed, keys.RoundKey):
             continue
-        record = _decode_record(stored.data)
+        record = _as(RoundRecord, stored.data)
         if record is not None:
             out[parsed.round] = record
     return out
@@ -68,6 +80,7 @@ def _created(
     return {k: d for k, d in view.store.created if isinstance(_parse_or_none(k), kind)}
 
 
+@functools.lru_cache(maxsize=65536)
 def _parse_or_none(key: str) -> keys.ParsedKey | None:
     try:
         return keys.parse(key)
@@ -158,9 +171,8 @@ def one_snapshot_per_learner_per_round(view: ClusterView) -> tuple[str, ...]:
     for key, data in _created(view, keys.SnapshotKey).items():
         parsed = keys.parse(key)
         assert isinstance(parsed, keys.SnapshotKey)
-        try:
-            snap = codec.decode(Snapshot, data)
-        except codec.CodecError:
+        snap = _as(Snapshot, data)
+        if snap is None:
             continue  # a malformed snapshot is the closer's to reject, not a protocol breach
         if (snap.learner, snap.round) != (parsed.learner, parsed.round):
             out.append(f"{key} holds a snapshot of {snap.learner} for round {snap.round}")
@@ -182,10 +194,10 @@ def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
             out.append(f"round {r}: a learner both accepted and rejected")
         for p in rec.participants:
             data = snapshots.get(keys.snapshot(r, p.learner))
-            if data is None:
-                out.append(f"round {r}: {p.learner} never wrote a snapshot")
+            snap = _as(Snapshot, data) if data is not None else None
+            if snap is None:
+                out.append(f"round {r}: {p.learner} never wrote a valid snapshot")
                 continue
-            snap = codec.decode(Snapshot, data)
             verdict = verdicts.judge_snapshot(
                 snap,
                 round=r,
@@ -218,7 +230,8 @@ def single_committer(view: ClusterView) -> tuple[str, ...]:
                 out.append(f"round {r}: {rec.closer} committed without a claim ({named} was named)")
             continue
         data = claims.get(keys.claim(r, rec.claim))
-        holder = codec.decode(Claim, data).node if data is not None else None
+        claim = _as(Claim, data) if data is not None else None
+        holder = claim.node if claim is not None else None
         if holder != rec.closer:
             out.append(f"round {r}: {rec.closer} cites claim {rec.claim} held by {holder}")
     return tuple(out)
