@@ -71,6 +71,7 @@ from gm_core.records import (
     PayloadRef,
     Record,
     Rejection,
+    Requests,
     RoundRecord,
     Snapshot,
     TensorSpec,
@@ -94,6 +95,7 @@ Value = (
     | Participant
     | Rejection
     | Timing
+    | Requests
 )
 """Everything the codec reads and writes: the records and the values nested in them."""
 
@@ -114,6 +116,7 @@ KINDS: Final[tuple[type[Value], ...]] = (
     Participant,
     Rejection,
     Timing,
+    Requests,
 )
 
 
@@ -595,6 +598,7 @@ def _check_snapshot(path: Path, s: Snapshot) -> None:
     _non_negative((*path, "tokens"), s.tokens)
     _non_negative((*path, "step_s"), s.step_s)
     _check_payload_ref((*path, "payload"), s.payload)
+    _check_requests((*path, "requests"), s.requests)
 
 
 def _check_participant(path: Path, p: Participant) -> None:
@@ -613,6 +617,11 @@ def _check_timing(path: Path, t: Timing) -> None:
     for name, value in (("step_s", t.step_s), ("quorum_s", t.quorum_s), ("sync_s", t.sync_s)):
         if value is not None:
             _non_negative((*path, name), value)
+
+
+def _check_requests(path: Path, r: Requests) -> None:
+    for name in ("lists", "gets", "puts", "deletes"):
+        _non_negative((*path, name), getattr(r, name))
 
 
 def _check_round_record(path: Path, r: RoundRecord) -> None:
@@ -636,6 +645,7 @@ def _check_round_record(path: Path, r: RoundRecord) -> None:
     _below((*path, "claim"), r.claim, keys.ATTEMPT_LIMIT)
     _id((*path, "next_closer"), r.next_closer)
     _round((*path, "swept_below"), r.swept_below)
+    _check_requests((*path, "requests"), r.requests)
     for index, state in enumerate(r.frontier):
         _check_fragment_state((*path, "frontier", index), state)
     # The record cannot know P, but its own fragment must be in its own frontier,
@@ -701,6 +711,8 @@ def _validate(value: Value) -> None:
             _check_rejection((), value)
         case Timing():
             _check_timing((), value)
+        case Requests():
+            _check_requests((), value)
         case _:
             typing.assert_never(value)
 

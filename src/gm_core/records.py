@@ -147,6 +147,38 @@ class Manifest:
 
 
 @attrs.frozen(kw_only=True)
+class Requests:
+    """Store requests by billing class (HEAD counts as GET), as the nodes' mailboxes metered them.
+
+    Snapshots carry the requests their learner's node made since its last
+    accepted snapshot, and every round record the run's total through that
+    round, so ``gm status`` can price a run from its newest record alone.
+    """
+
+    lists: int = 0
+    gets: int = 0
+    puts: int = 0
+    deletes: int = 0
+
+    def __add__(self, other: Requests) -> Requests:
+        return Requests(
+            lists=self.lists + other.lists,
+            gets=self.gets + other.gets,
+            puts=self.puts + other.puts,
+            deletes=self.deletes + other.deletes,
+        )
+
+    def __sub__(self, other: Requests) -> Requests:
+        """What was made since ``other`` (an earlier reading of the same counters)."""
+        return Requests(
+            lists=self.lists - other.lists,
+            gets=self.gets - other.gets,
+            puts=self.puts - other.puts,
+            deletes=self.deletes - other.deletes,
+        )
+
+
+@attrs.frozen(kw_only=True)
 class Snapshot:
     """A learner's contribution to one round: the delta of one fragment and its weight."""
 
@@ -162,6 +194,7 @@ class Snapshot:
     payload: PayloadRef
     final: bool = False
     signature: str = ""
+    requests: Requests = Requests()
 
 
 @attrs.frozen(kw_only=True)
@@ -201,6 +234,8 @@ class RoundRecord:
     number of the create-once claim through which ``closer`` took the round over.
     ``swept_below`` is the closer's garbage-collection low-water mark (every round
     below it has been swept), so a successor does not sweep the tape again.
+    ``requests`` is the run's store requests accounted through this round: the
+    previous record's total, its participants' and its closer's node's own.
     """
 
     format: int = FORMAT_VERSION
@@ -222,6 +257,7 @@ class RoundRecord:
     next_closer: str
     frontier: tuple[FragmentState, ...]
     swept_below: int = 0
+    requests: Requests = Requests()
 
 
 @attrs.frozen(kw_only=True)

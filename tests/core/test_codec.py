@@ -34,6 +34,7 @@ from gm_core.records import (
     PayloadRef,
     Reason,
     Rejection,
+    Requests,
     RoundRecord,
     Snapshot,
     TensorSpec,
@@ -129,6 +130,7 @@ def manifests(draw: st.DrawFn) -> Manifest:
     )
 
 
+requests = st.builds(Requests, lists=counts, gets=counts, puts=counts, deletes=counts)
 snapshots = st.builds(
     Snapshot,
     learner=ids,
@@ -142,6 +144,7 @@ snapshots = st.builds(
     payload=payload_refs,
     final=st.booleans(),
     signature=texts,
+    requests=requests,
 )
 participants = st.builds(
     Participant,
@@ -183,6 +186,8 @@ def round_records(draw: st.DrawFn) -> RoundRecord:
         claim=draw(attempts),
         next_closer=draw(ids),
         frontier=frontier,
+        swept_below=draw(rounds),
+        requests=draw(requests),
     )
 
 
@@ -202,6 +207,7 @@ nested_values = st.one_of(
     participants,
     rejections,
     timings,
+    requests,
 )
 values = st.one_of(records, nested_values)
 
