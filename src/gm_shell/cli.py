@@ -99,9 +99,56 @@ def _register_check(sub: Subparsers) -> None:
 
 
 def _register_status(sub: Subparsers) -> None:
+    """``gm status URL``: reads the manifest, the newest record and a window before it.
+
+    Exit status 0 with a summary (unreadable records are named in it), 1 when there
+    is no run at the URL, its manifest is unreadable or the store cannot be read.
+    """
     p = sub.add_parser("status", help="summarize a run's tape from its mailbox URL")
     p.add_argument("url", help="mailbox URL of the run, e.g. s3://bucket/run or file:///path")
-    p.set_defaults(handler=_not_implemented("status", 7, "reading a run's tape"))
+    reach = p.add_mutually_exclusive_group()
+    reach.add_argument(
+        "--last", type=int, default=20, metavar="N", help="records to summarize (default 20)"
+    )
+    reach.add_argument("--all", action="store_true", help="summarize the whole tape")
+    p.add_argument("--json", action="store_true", help="print the status as JSON")
+    p.add_argument(
+        "--prices", choices=("s3", "r2"), default="s3", help="request prices (default s3)"
+    )
+    p.add_argument("--endpoint", help="S3-compatible or Azure endpoint (else from the environment)")
+
+    def handler(args: argparse.Namespace) -> int:
+        from gm_shell import status  # the mailbox and codec load only when status runs
+        from gm_shell.mailbox import MailboxError
+        from gm_shell.oneshot import run_oneshot
+        from gm_shell.run import RunError
+        from gm_shell.stores import MailboxOptions
+
+        if args.last < 1:
+            print("gm status: --last must be at least 1", file=sys.stderr)
+            return 2
+
+        async def read() -> status.RunStatus:
+            box = status.open_mailbox(args.url, MailboxOptions(endpoint=args.endpoint))
+            try:
+                return await status.gather_status(
+                    box, last=args.last, everything=args.all, prices=status.PRICES[args.prices]
+                )
+            finally:
+                await box.aclose()
+
+        try:
+            result = run_oneshot(read())
+        except RunError as error:
+            print(f"gm status: {error}", file=sys.stderr)
+            return 1
+        except MailboxError as error:
+            print(f"gm status: cannot read {args.url}: {error}", file=sys.stderr)
+            return 1
+        print(status.to_json(result) if args.json else status.format_status(result))
+        return 0
+
+    p.set_defaults(handler=handler)
 
 
 _REGISTRARS: tuple[Callable[[Subparsers], None], ...] = (
