@@ -530,7 +530,6 @@ def gm_requests_real(args: argparse.Namespace) -> dict[str, Any]:
     )
     options = SessionOptions(
         poll_s=args.poll * scale,
-        renew_s=5.0 * scale,
         stall_timeout_s=120.0,
         join_timeout_s=120.0,
         close_timeout_s=30.0,

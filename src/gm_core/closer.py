@@ -36,7 +36,17 @@ from collections.abc import Mapping
 
 import attrs
 
-from gm_core import codec, election, keys, liveness, retention, schedule, timing, verdicts
+from gm_core import (
+    cadence,
+    codec,
+    election,
+    keys,
+    liveness,
+    retention,
+    schedule,
+    timing,
+    verdicts,
+)
 from gm_core.commands import (
     Command,
     Contribution,
@@ -73,6 +83,7 @@ from gm_core.records import (
     Participant,
     Reason,
     Rejection,
+    Requests,
     RoundRecord,
     Snapshot,
     Timing,
@@ -109,8 +120,11 @@ class CloserOptions:
     """Node-local settings (not part of the run's agreed config)."""
 
     poll_s: float = 1.0
-    renew_s: float = 5.0
+    renew_s: float | None = None
+    """Lease renewal and probe interval; None: half the run's lease timeout."""
     write_lease: bool = True
+    account_own: bool = False
+    """Count this node's own store requests in the records it writes (no learner of it does)."""
     max_sweep_rounds: int = 4
 
 
@@ -138,6 +152,10 @@ class CloserState:
     claim: int = 0
     closer_lease: liveness.LeaseView | None = None
     waiting_since_s: float = 0.0
+    looked_at_s: float = 0.0
+    missed_at_s: float | None = None
+    records: cadence.Cadence = attrs.field(factory=cadence.Cadence)
+    snapshots: cadence.Cadence = attrs.field(factory=cadence.Cadence)
     opened_at_s: float = 0.0
     first_seen_s: float | None = None
     quorum_at_s: float | None = None
@@ -151,9 +169,12 @@ class CloserState:
     busy: frozenset[str] = frozenset()
     poll_at_s: float = 0.0
     leases_at_s: float = 0.0
+    discover_at_s: float = 0.0
     lease_seq: int = 0
     lease_at_s: float = 0.0
     swept_below: int = 0
+    own_base: Requests = attrs.field(factory=Requests)
+    own_draft: Requests | None = None
     wake_s: float = NEVER
     pending: Mapping[int, Purpose] = attrs.field(factory=dict)
     next_req: int = 1
@@ -244,6 +265,8 @@ def _outcome(
         "lease": _lease_outcome,
         "closer_lease": _lease_outcome,
         "list": _list_outcome,
+        "discover": _discover_outcome,
+        "newcomer": _newcomer_outcome,
         "snapshot": _snapshot_outcome,
         "verify": _verify_outcome,
         "merge": _merge_outcome,
@@ -297,6 +320,8 @@ def _enter(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
         claim=0,
         closer_lease=None,
         waiting_since_s=now_s,
+        missed_at_s=None,
+        records=cadence.restart(state.records, now_s),
         entries={},
         bad_keys=frozenset(),
         quorum_at_s=None,
@@ -316,7 +341,12 @@ def _open(state: CloserState, now_s: float, claim: int, cmds: list[Command]) -> 
     if claim > 0:
         cmds.append(Notify(kind="took_over", round=state.round, detail=f"claim={claim}"))
     return attrs.evolve(
-        state, phase=Phase.COLLECTING, claim=claim, opened_at_s=now_s, poll_at_s=now_s
+        state,
+        phase=Phase.COLLECTING,
+        claim=claim,
+        opened_at_s=now_s,
+        poll_at_s=now_s,
+        snapshots=cadence.restart(state.snapshots, now_s),
     )
 
 
@@ -334,13 +364,24 @@ def _watch_outcome(
 ) -> CloserState:
     if not isinstance(event, GotObject) or purpose.round != state.round:
         return state
+    now_s = event.now_s
     if event.data is None:
-        # Someone cleared the object that blocked the tape: take part in the round again.
-        return _enter(state, event.now_s, cmds) if state.phase is Phase.BLOCKED else state
+        if state.phase is Phase.BLOCKED:
+            # Someone cleared the object that blocked the tape: take part in the round again.
+            return _enter(state, now_s, cmds)
+        if state.phase is not Phase.FOLLOWING:
+            return state  # a leader's look for a usurper: its listing sets the pace
+        # Sparse looks, but one at the takeover deadline: a bid needs a miss after it.
+        records = cadence.missed(state.records)
+        look_s = cadence.next_look_s(records, now_s, state.options.poll_s)
+        poll_at_s = max(state.poll_at_s, min(look_s, _takeover_due(state)))
+        missed_at_s = state.looked_at_s  # the record was absent when this look was sent
+        return attrs.evolve(state, records=records, missed_at_s=missed_at_s, poll_at_s=poll_at_s)
     parsed = parse_record(event.data, purpose.round)
     if isinstance(parsed, BadRecord):
-        return _blocked(state, parsed, event.now_s, cmds)
-    return _adopt(state, parsed, event.now_s, cmds)
+        return _blocked(state, parsed, now_s, cmds)
+    state = attrs.evolve(state, records=cadence.seen(state.records, now_s))
+    return _adopt(state, parsed, now_s, cmds)
 
 
 def _blocked(state: CloserState, bad: BadRecord, now_s: float, cmds: list[Command]) -> CloserState:
@@ -450,12 +491,36 @@ def _list_outcome(
         if learner not in state.leases:
             state, req = issue(state, Purpose(kind="lease", round=state.round, name=learner))
             cmds.append(Probe(req=req, key=keys.lease(learner)))
-    first_seen_s = state.first_seen_s
-    if first_seen_s is None and entries:
-        first_seen_s = event.now_s  # the fastest learner reached the round's step about now
-    return attrs.evolve(
-        state, entries=entries, bad_keys=frozenset(bad_keys), first_seen_s=first_seen_s
-    )
+        else:
+            state = _touch(state, learner, event.now_s)
+    state = attrs.evolve(state, entries=entries, bad_keys=frozenset(bad_keys))
+    return _paced(state, event.now_s)
+
+
+def _touch(state: CloserState, learner: str, now_s: float) -> CloserState:
+    """A new snapshot proves its learner alive, as a renewed lease would."""
+    view = liveness.touch(state.leases.get(learner), now_s)
+    if view is None:
+        return state
+    return attrs.evolve(state, leases={**state.leases, learner: view})
+
+
+def _paced(state: CloserState, now_s: float) -> CloserState:
+    """After a listing: note the round's first snapshot, or space the next listing out.
+
+    Until the first snapshot of the round is in, listings follow the run's pace
+    (:mod:`gm_core.cadence`); from then on, every poll: the rest arrive close behind.
+    """
+    if state.first_seen_s is not None:
+        return state
+    if state.entries:
+        # The fastest learner reached the round's step about now.
+        return attrs.evolve(
+            state, first_seen_s=now_s, snapshots=cadence.seen(state.snapshots, now_s)
+        )
+    snapshots = cadence.missed(state.snapshots)
+    poll_at_s = max(state.poll_at_s, cadence.next_look_s(snapshots, now_s, state.options.poll_s))
+    return attrs.evolve(state, snapshots=snapshots, poll_at_s=poll_at_s)
 
 
 def _snapshot_learner(key: str, round_: int) -> str | None:
@@ -578,7 +643,8 @@ def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> Close
     judged = frozenset(
         e.learner for e in state.entries.values() if e.stage in (Stage.ACCEPTED, Stage.REJECTED)
     )
-    live = _live(state, now_s)
+    # A snapshot this round proves its learner alive: its lease is no longer looked at.
+    live = _live(state, now_s) | judged
     accepted = _accepted(state)
     if state.quorum_at_s is None:
         if not verdicts.ready_to_close(
@@ -651,6 +717,8 @@ def _commit(
 ) -> CloserState:
     """Draft the round record and write it create-once: the commit point."""
     record = _draft(state, now_s, merged)
+    own = merged.requests if merged is not None and state.options.account_own else None
+    state = attrs.evolve(state, own_draft=own)
     state, req = issue(state, Purpose(kind="commit", round=state.round))
     cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=codec.encode(record)))
     return attrs.evolve(state, phase=Phase.COMMITTING, draft=record)
@@ -704,7 +772,21 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
         next_closer=state.node,
         frontier=tuple(frontier),
         swept_below=state.swept_below,
+        requests=_requests(state, merged),
     )
+
+
+def _requests(state: CloserState, merged: Merged | None) -> Requests:
+    """The run's requests through this round: the previous record's total, the snapshots
+    this record names (each reports its node's requests since its last one), and this
+    node's own when no learner of it reports them."""
+    total = state.last.requests if state.last is not None else Requests()
+    for entry in state.entries.values():
+        if entry.snapshot is not None and entry.stage in (Stage.ACCEPTED, Stage.REJECTED):
+            total = total + entry.snapshot.requests
+    if state.options.account_own and merged is not None:
+        total = total + (merged.requests - state.own_base)
+    return total
 
 
 def _participant(entry: Entry) -> Participant:
@@ -763,8 +845,13 @@ def _committed(
     """The record is in the bucket: publish the hint, sweep old rounds, open the next round."""
     detail = f"version={record.version} participants={len(record.participants)}"
     cmds.append(Notify(kind="committed", round=record.round, detail=detail))
+    if state.own_draft is not None:  # our record counted our requests up to its merge
+        state = attrs.evolve(state, own_base=state.own_draft, own_draft=None)
     state, req = issue(state, Purpose(kind="head"))
     cmds.append(PutOver(req=req, key=keys.head(), data=codec.encode(Head(round=record.round))))
+    if state.options.write_lease:
+        # A committed record proves this node alive to everyone who follows the tape.
+        state = attrs.evolve(state, lease_at_s=max(state.lease_at_s, now_s + _renew_s(state)))
     state = _sweep(state, record, cmds)
     return _enter(attrs.evolve(state, last=record), now_s, cmds)
 
@@ -829,11 +916,11 @@ def _boot_probe(state: CloserState, now_s: float, cmds: list[Command]) -> Closer
 
 
 def _watch(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
-    """GET our round's record key once per poll (a miss is the cheapest request there is)."""
+    """GET our round's record key when due (a miss is the cheapest request there is)."""
     if "watch" not in state.busy and now_s >= state.poll_at_s:
         state, req = _busy(state, Purpose(kind="watch", round=state.round))
         cmds.append(Get(req=req, key=keys.round_record(state.round)))
-        state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
+        state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s, looked_at_s=now_s)
     return state
 
 
@@ -846,7 +933,7 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
     if now_s >= state.leases_at_s and closer:
         state, req = issue(state, Purpose(kind="closer_lease", round=state.round, name=closer))
         cmds.append(Probe(req=req, key=keys.lease(closer)))
-        state = attrs.evolve(state, leases_at_s=now_s + state.options.renew_s)
+        state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
     if state.closer_lease is None and closer:
         return state  # judge a closer only after seeing its lease at least once
     cfg = state.manifest.config
@@ -865,6 +952,10 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
         timeout_s=timeout_s,
     ):
         return state
+    if state.missed_at_s is None or state.missed_at_s < _takeover_due(state):
+        # Looks are sparse: bid only once a look sent since the deadline has missed.
+        poll_at_s = min(state.poll_at_s, state.looked_at_s + state.options.poll_s)
+        return _watch(attrs.evolve(state, poll_at_s=poll_at_s), now_s, cmds)
     attempt = election.next_attempt(state.claims)
     claim = Claim(round=state.round, attempt=attempt, node=state.node)
     state, req = issue(state, Purpose(kind="claim", round=state.round, name=str(attempt)))
@@ -881,25 +972,83 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
             state, req = _busy(state, Purpose(kind="watch", round=state.round))
             cmds.append(Get(req=req, key=keys.round_record(state.round)))
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
-    if now_s >= state.leases_at_s and state.leases:
-        for learner in sorted(state.leases):
+    state = _discover(state, now_s, cmds)
+    unreported = _unreported(state)
+    if now_s >= state.leases_at_s and unreported:
+        for learner in unreported:
             state, req = issue(state, Purpose(kind="lease", round=state.round, name=learner))
             cmds.append(Probe(req=req, key=keys.lease(learner)))
-        state = attrs.evolve(state, leases_at_s=now_s + state.options.renew_s)
+        state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
     return _maybe_close(state, now_s, cmds)
+
+
+def _discover(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """List the leases once per lease timeout, to learn of learners that joined.
+
+    Snapshots introduce learners too, but only those that land while their round
+    is open: a learner that joined out of phase with the run would never be waited
+    for, and so never get in.
+    """
+    if now_s < state.discover_at_s or "discover" in state.busy:
+        return state
+    state, req = _busy(state, Purpose(kind="discover", round=state.round))
+    cmds.append(List(req=req, prefix=keys.LEASES_PREFIX))
+    return attrs.evolve(state, discover_at_s=now_s + state.manifest.config.lease_timeout_s)
+
+
+def _discover_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if not isinstance(event, Listed):
+        return state
+    for key in event.keys:
+        try:
+            parsed = keys.parse(key)
+        except keys.BadKey:
+            continue  # reported by whoever reads it; a lease folder entry is not ours to judge
+        if isinstance(parsed, keys.LeaseKey) and parsed.node not in (state.node, *state.leases):
+            state, req = issue(state, Purpose(kind="newcomer", round=state.round, name=parsed.node))
+            cmds.append(Get(req=req, key=key))
+    return state
+
+
+def _newcomer_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    """A lease found by listing: a learner's counts from now on (a closer's never does)."""
+    if not isinstance(event, GotObject) or event.data is None or purpose.name in state.leases:
+        return state
+    try:
+        lease = codec.decode(Lease, event.data)
+    except codec.CodecError:
+        return state
+    if "learner" not in lease.roles or lease.node != purpose.name:
+        return state
+    view = liveness.observe(None, event.etag, event.now_s)
+    return attrs.evolve(state, leases={**state.leases, purpose.name: view})
+
+
+def _unreported(state: CloserState) -> list[str]:
+    """Learners known to the closer without a snapshot in this round: only their leases matter."""
+    return sorted(n for n in state.leases if n not in state.entries)
 
 
 def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     if not state.options.write_lease or now_s < state.lease_at_s:
         return state
-    lease = Lease(
-        node=state.node, roles=("closer",), seq=state.lease_seq, renew_s=state.options.renew_s
-    )
+    renew_s = _renew_s(state)
+    lease = Lease(node=state.node, roles=("closer",), seq=state.lease_seq, renew_s=renew_s)
     state, req = issue(state, Purpose(kind="own_lease"))
     cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
-    return attrs.evolve(
-        state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + state.options.renew_s
-    )
+    return attrs.evolve(state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + renew_s)
+
+
+def _renew_s(state: CloserState) -> float:
+    return liveness.renew_interval_s(state.options.renew_s, state.manifest.config.lease_timeout_s)
+
+
+def _probe_s(state: CloserState) -> float:
+    return liveness.probe_interval_s(_renew_s(state))
 
 
 _POLLED_BY = {
@@ -926,10 +1075,13 @@ def _wake(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     if state.phase is Phase.FOLLOWING:
         if _watched(state) not in ("", state.node):
             times.append(state.leases_at_s)
-        times.append(_takeover_at(state))
+        takeover_at = _takeover_at(state)
+        if takeover_at > now_s:  # once due, the look before the bid is in flight
+            times.append(takeover_at)
     if state.phase is Phase.COLLECTING:
-        probes_at = state.leases_at_s if state.leases else NEVER
-        times.extend((probes_at, state.close_at_s, _lease_expiry(state, now_s)))
+        probes_at = state.leases_at_s if _unreported(state) else NEVER
+        discover_at = state.discover_at_s if "discover" not in state.busy else NEVER
+        times.extend((probes_at, discover_at, state.close_at_s, _lease_expiry(state, now_s)))
     wake = max(min(times), now_s)
     if wake != state.wake_s:
         if wake < NEVER:
@@ -938,17 +1090,35 @@ def _wake(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     return state
 
 
-def _takeover_at(state: CloserState) -> float:
+def _takeover_deadlines(state: CloserState) -> tuple[float, float]:
+    """When no record for too long, and when the closer's lease expires (NEVER: unseen)."""
     cfg = state.manifest.config
     timeout_s = timing.takeover_timeout_s(
         state.last.timing if state.last is not None else _NO_TIMING,
         gap_steps=_gap(state),
         floor_s=cfg.takeover_floor_s,
     )
-    expiry = NEVER
-    if state.closer_lease is not None:
-        expiry = state.closer_lease.changed_at_s + cfg.lease_timeout_s + TICK_S
-    return min(state.waiting_since_s + timeout_s, expiry)
+    lease = state.closer_lease
+    if not _watched(state):
+        expiry = state.waiting_since_s  # nobody to wait for
+    elif lease is None:
+        expiry = NEVER  # not judged before its lease has been looked at
+    elif lease.etag is None:
+        expiry = lease.changed_at_s  # absent: stale from when it was seen absent
+    else:
+        expiry = lease.changed_at_s + cfg.lease_timeout_s
+    return state.waiting_since_s + timeout_s, expiry
+
+
+def _takeover_due(state: CloserState) -> float:
+    """From when a bid is due (the lease is stale only strictly after its expiry)."""
+    return min(_takeover_deadlines(state))
+
+
+def _takeover_at(state: CloserState) -> float:
+    """When to wake for a bid: a tick past the lease's expiry, so that it is stale then."""
+    no_record_s, expiry_s = _takeover_deadlines(state)
+    return min(no_record_s, expiry_s + TICK_S)
 
 
 def _lease_expiry(state: CloserState, now_s: float) -> float:

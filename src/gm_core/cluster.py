@@ -283,10 +283,16 @@ def crash(c: Cluster, name: str) -> Cluster:
 
 
 def close(c: Cluster, name: str) -> Cluster:
+    """Close a node's machines; a learner first reports its step, as ``Session.close`` does."""
     node = c.nodes[name]
+    if not node.alive:
+        return c
+    if Machine.LEARNER in c.roles[name] and node.learner is not None:
+        c = _feed(
+            c, name, Machine.LEARNER, Stepped(now_s=c.now_s, step=node.step, tokens=node.tokens)
+        )
     for machine in sorted(c.roles[name]):
-        if node.alive:
-            c = _feed(c, name, machine, CloseRequested(now_s=c.now_s))
+        c = _feed(c, name, machine, CloseRequested(now_s=c.now_s))
     return c
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from gm_core.records import PayloadRef, Reason
+from gm_core.records import PayloadRef, Reason, Requests
 
 
 @attrs.frozen(kw_only=True)
@@ -80,9 +80,12 @@ class Deleted:
 
 @attrs.frozen(kw_only=True)
 class Captured:
+    """Outcome of Capture; ``requests`` is the node's store requests so far (its meter)."""
+
     now_s: float
     req: int
     payload: PayloadRef
+    requests: Requests = attrs.field(factory=Requests)
 
 
 @attrs.frozen(kw_only=True)
@@ -96,12 +99,15 @@ class Verified:
 
 @attrs.frozen(kw_only=True)
 class Merged:
+    """Outcome of Merge; ``requests`` is the node's store requests so far (its meter)."""
+
     now_s: float
     req: int
     theta: PayloadRef
     outer: PayloadRef | None
     update: PayloadRef | None
     cosine: float | None
+    requests: Requests = attrs.field(factory=Requests)
 
 
 @attrs.frozen(kw_only=True)

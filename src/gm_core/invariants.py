@@ -297,11 +297,18 @@ def check(view: ClusterView) -> list[Violation]:
 
 
 def pointer_targets_exist(store: ModelStore, key: str, data: bytes) -> tuple[str, ...]:
-    """Payload before pointer: judged just before a snapshot or record is created."""
+    """Payload before pointer: judged just before a snapshot or record is created.
+
+    A snapshot for a round that is already committed is exempt: nobody will ever
+    read it, and its payload may rightly have been swept between the learner's
+    two writes (a slow learner publishing into a round closed long ago).
+    """
     parsed = _parse_or_none(key)
     refs = []
     try:
         if isinstance(parsed, keys.SnapshotKey):
+            if store.get(keys.round_record(parsed.round)) is not None:
+                return ()
             refs = [codec.decode(Snapshot, data).payload]
         elif isinstance(parsed, keys.RoundKey):
             rec = codec.decode(RoundRecord, data)

@@ -23,7 +23,15 @@ either bound it stalls.
 Following. The learner polls exactly one key, the next round record, with a GET
 (a miss is cheap); records are aligned strictly in order, one at a time. A
 record that does not decode is reported and probed again later: it may come
-from a newer writer, and the tape cannot be skipped.
+from a newer writer, and the tape cannot be skipped. Probes follow the run's
+pace (:mod:`gm_core.cadence`): sparse while the next record cannot be due yet,
+every ``poll_s`` once it is, and every ``poll_s`` whenever the learner is stalled
+or closing and waits on nothing else.
+
+Liveness. The learner overwrites its lease every ``renew_s``; a snapshot it
+writes is proof of life too (the closer counts a new snapshot as a renewal), so
+each one postpones the next lease write, and a renewal that falls due just
+before a snapshot is expected waits a little for it (:mod:`gm_core.liveness`).
 
 Joining reads the head hint, probes forward to the newest record and overwrites
 every fragment from its frontier before the first step. Closing optionally
@@ -38,7 +46,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from gm_core import codec, keys, schedule, timing
+from gm_core import cadence, codec, keys, liveness, schedule, timing
 from gm_core.commands import (
     Align,
     Capture,
@@ -64,7 +72,7 @@ from gm_core.events import (
     Stepped,
     TimerFired,
 )
-from gm_core.records import Alignment, Lease, Manifest, RoundRecord, Snapshot
+from gm_core.records import Alignment, Lease, Manifest, Requests, RoundRecord, Snapshot
 from gm_core.requests import Purpose, failure, issue, settle
 from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
 
@@ -89,7 +97,8 @@ class LearnerOptions:
     """Node-local settings (not part of the run's agreed config)."""
 
     poll_s: float = 1.0
-    renew_s: float = 5.0
+    renew_s: float | None = None
+    """Lease renewal interval; None: half the run's lease timeout."""
     close_timeout_s: float = 60.0
     flush_on_close: bool = True
 
@@ -118,6 +127,8 @@ class Outgoing:
     published: bool = False
     data: bytes | None = None
     attempts: int = 1
+    requests: Requests = attrs.field(factory=Requests)
+    """The node's requests this snapshot reports (see :func:`_captured`)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -142,6 +153,11 @@ class LearnerState:
     aligning: int | None = None
     probing: bool = False
     probe_at_s: float = 0.0
+    records: cadence.Cadence = attrs.field(factory=cadence.Cadence)
+    idle_until_s: float = 0.0
+    behind: bool = True
+    requests_base: Requests = attrs.field(factory=Requests)
+    requests_lost: Requests = attrs.field(factory=Requests)
     lease_seq: int = 0
     lease_at_s: float = 0.0
     close_by_s: float = NEVER
@@ -265,16 +281,19 @@ def _record_outcome(
     state: LearnerState, purpose: Purpose, event: Event, cmds: list[Command]
 ) -> LearnerState:
     """A head hint or a round record arrived (or did not): move the tape forward."""
-    poll_later = attrs.evolve(state, probing=False, probe_at_s=event.now_s + state.options.poll_s)
+    now_s, poll_s = event.now_s, state.options.poll_s
+    poll_later = attrs.evolve(state, probing=False, probe_at_s=now_s + poll_s)
     if not isinstance(event, GotObject):
         return poll_later
     if purpose.kind == "head":
         hint = parse_head(event.data)
-        return attrs.evolve(state, probing=False, probe_at_s=event.now_s, seen_round=hint - 1)
+        return attrs.evolve(state, probing=False, probe_at_s=now_s, seen_round=hint - 1)
     if event.data is None:
         if state.phase is Phase.BOOTING:
             return _begin_loading(state, cmds)
-        return poll_later
+        records = cadence.missed(state.records)
+        idle_until_s = cadence.next_look_s(records, now_s, poll_s)
+        return attrs.evolve(poll_later, records=records, idle_until_s=idle_until_s)
     parsed = parse_record(event.data, purpose.round)
     if isinstance(parsed, BadRecord):
         cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
@@ -282,8 +301,16 @@ def _record_outcome(
     # Booting only needs the newest record: keep memory bounded while probing forward.
     fetched = {} if state.phase is Phase.BOOTING else dict(state.fetched)
     fetched[parsed.round] = parsed
+    live = state.phase in (Phase.RUNNING, Phase.CLOSING)
+    records = (cadence.seen if live else cadence.restart)(state.records, now_s)
     state = attrs.evolve(
-        state, fetched=fetched, seen_round=parsed.round, probing=False, probe_at_s=event.now_s
+        state,
+        fetched=fetched,
+        seen_round=parsed.round,
+        probing=False,
+        probe_at_s=now_s,
+        records=records,
+        idle_until_s=now_s,
     )
     if state.phase in (Phase.RUNNING, Phase.CLOSING):
         state = _catch_up(state, parsed)
@@ -375,6 +402,11 @@ def _captured(state: LearnerState, round_: int, event: Event, cmds: list[Command
     if not isinstance(event, Captured):
         cmds.append(Notify(kind="publish_failed", round=round_, detail=failure(event)))
         return _drop_outgoing(state, round_)
+    # Report the node's requests since the previous snapshot, plus those of snapshots
+    # that no record counted (lost), so that the tape's total misses nothing.
+    requests = (event.requests - state.requests_base) + state.requests_lost
+    state = attrs.evolve(state, requests_base=event.requests, requests_lost=Requests())
+    out = attrs.evolve(out, requests=requests)
     snapshot = Snapshot(
         learner=state.node,
         round=round_,
@@ -386,6 +418,7 @@ def _captured(state: LearnerState, round_: int, event: Event, cmds: list[Command
         schema_digest=state.schema_digest,
         payload=event.payload,
         final=out.final,
+        requests=requests,
     )
     return _write_snapshot(state, attrs.evolve(out, data=codec.encode(snapshot)), cmds)
 
@@ -407,7 +440,9 @@ def _snapshot_written(
     if out is None:
         return state
     if isinstance(event, PutDone) and event.created:
-        return _published(state, out, cmds)
+        # A written snapshot proves this node alive: the lease can wait a full interval.
+        lease_at_s = max(state.lease_at_s, event.now_s + _renew_s(state))
+        return _published(attrs.evolve(state, lease_at_s=lease_at_s), out, cmds)
     # Taken, or unknown after a lost response: our own earlier attempt may have landed.
     state, req = issue(state, Purpose(kind="snapshot_check", round=round_))
     cmds.append(Get(req=req, key=keys.snapshot(round_, state.node)))
@@ -441,9 +476,11 @@ def _snapshot_checked(
 
 
 def _drop_outgoing(state: LearnerState, round_: int) -> LearnerState:
+    """Give a round up; the requests its snapshot would have reported go to the next one."""
     outgoing = dict(state.outgoing)
-    outgoing.pop(round_, None)
-    return attrs.evolve(state, outgoing=outgoing)
+    out = outgoing.pop(round_, None)
+    lost = state.requests_lost + (out.requests if out is not None else Requests())
+    return attrs.evolve(state, outgoing=outgoing, requests_lost=lost)
 
 
 def _aligned(
@@ -487,9 +524,34 @@ def _aligned_through(state: LearnerState, round_: int, cmds: list[Command]) -> L
     record = fetched.pop(round_)
     outgoing = {r: o for r, o in state.outgoing.items() if r > round_}
     cmds.append(Notify(kind="aligned", round=round_, detail=f"version={record.version}"))
+    behind = _behind(state, record)
+    out = state.outgoing.get(round_)
+    if behind and out is not None and out.published:
+        state = attrs.evolve(state, requests_lost=state.requests_lost + out.requests)
     return attrs.evolve(
-        state, fetched=fetched, outgoing=outgoing, aligned_round=round_, aligning=None
+        state,
+        fetched=fetched,
+        outgoing=outgoing,
+        aligned_round=round_,
+        aligning=None,
+        behind=behind,
     )
+
+
+def _behind(state: LearnerState, record: RoundRecord) -> bool:
+    """Whether we are not yet in phase with the run: true from joining until a record
+    names a snapshot of ours, and again whenever a record closes without one we
+    published (it landed after the round closed).
+
+    Such a learner probes every poll: seeing a record before its own snapshot for
+    that round is what lets it skip ahead (:func:`_catch_up`) and get in phase;
+    a learner whose snapshots count follows the run's pace instead.
+    """
+    out = state.outgoing.get(record.round)
+    if out is None or not out.published:
+        return state.behind
+    named = {p.learner for p in record.participants} | {x.learner for x in record.rejections}
+    return state.node not in named
 
 
 def _new_anchor(state: LearnerState, record: RoundRecord, step: int, tokens: int) -> Anchor:
@@ -564,8 +626,25 @@ def _can_poll(state: LearnerState) -> bool:
     return not (state.probing or state.phase is Phase.LOADING or len(state.fetched) >= MAX_FETCHED)
 
 
+def _probe_at_s(state: LearnerState) -> float:
+    """When the next probe is due: at the run's pace, or every poll when a late commit costs.
+
+    Every poll while the learner cannot move (closing, stalled), while it is not in
+    phase with the run (:func:`_behind`), and while ``in_flight >= P`` and a commit it
+    contributed to is outstanding: then it may publish the same fragment again
+    before aligning that commit, and a late alignment makes zero-step snapshots.
+    """
+    stalled = state.pace is not None and state.pace.stalled
+    cfg = state.manifest.config
+    awaited = cfg.in_flight >= cfg.fragments and any(
+        out.published and r > state.aligned_round for r, out in state.outgoing.items()
+    )
+    urgent = state.phase is not Phase.RUNNING or stalled or state.behind or awaited
+    return state.probe_at_s if urgent else max(state.probe_at_s, state.idle_until_s)
+
+
 def _poll(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
-    if not _can_poll(state) or now_s < state.probe_at_s:
+    if not _can_poll(state) or now_s < _probe_at_s(state):
         return state
     round_ = max(state.seen_round + 1, 0)  # -1 while the head hint is unknown: tape start
     state, req = issue(state, Purpose(kind="record", round=round_))
@@ -574,16 +653,39 @@ def _poll(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
 
 
 def _renew(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
-    if now_s < state.lease_at_s or state.phase is Phase.CLOSED:
+    if now_s < _renew_at_s(state) or state.phase is Phase.CLOSED:
         return state
-    lease = Lease(
-        node=state.node, roles=("learner",), seq=state.lease_seq, renew_s=state.options.renew_s
-    )
+    renew_s = _renew_s(state)
+    lease = Lease(node=state.node, roles=("learner",), seq=state.lease_seq, renew_s=renew_s)
     state, req = issue(state, Purpose(kind="lease"))
     cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
-    return attrs.evolve(
-        state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + state.options.renew_s
-    )
+    return attrs.evolve(state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + renew_s)
+
+
+def _renew_s(state: LearnerState) -> float:
+    return liveness.renew_interval_s(state.options.renew_s, state.manifest.config.lease_timeout_s)
+
+
+def _renew_at_s(state: LearnerState) -> float:
+    """When the lease must be written: on time, or a little late if a snapshot is due by then."""
+    slack_s = liveness.renew_slack_s(_renew_s(state))
+    expected_s = _next_publish_s(state)
+    if expected_s is not None and expected_s <= state.lease_at_s + slack_s:
+        return state.lease_at_s + slack_s
+    return state.lease_at_s
+
+
+def _next_publish_s(state: LearnerState) -> float | None:
+    """When the next snapshot should be written, from the step time (None: not foreseeable)."""
+    stalled = state.pace is not None and state.pace.stalled
+    if state.phase is not Phase.RUNNING or stalled or state.step_s is None:
+        return None
+    if state.last_report is None:
+        return None
+    then_s, then_step = state.last_report
+    if any(not out.published for out in state.outgoing.values()):
+        return then_s  # one is being captured or written right now
+    return then_s + max(schedule_step(state, state.next_round) - then_step, 0) * state.step_s
 
 
 def _maybe_release(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
@@ -617,8 +719,8 @@ def _pace(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
         cmds.append(pace)
         state = attrs.evolve(state, pace=pace)
     wake = min(
-        state.probe_at_s if _can_poll(state) else NEVER,
-        state.lease_at_s,
+        _probe_at_s(state) if _can_poll(state) else NEVER,
+        _renew_at_s(state),
         state.close_by_s if state.phase is Phase.CLOSING else NEVER,
     )
     if state.phase is Phase.CLOSED:

@@ -13,6 +13,12 @@ the simulator can drive them with virtual time.
 A lease seen for the first time counts as just changed: the observer cannot know
 how old it is, and granting it one timeout is what lets a node that started
 watching late avoid declaring everyone dead at once.
+
+Writes other than the lease prove life too: a closer that lists a learner's new
+snapshot *touches* that learner's view as if its lease had changed, and nodes
+postpone their next renewal after such a write. That keeps the lease traffic to
+what silence needs: a node that writes snapshots more often than it renews never
+renews at all.
 """
 
 from __future__ import annotations
@@ -42,6 +48,42 @@ def observe(view: LeaseView | None, etag: str | None, now_s: float) -> LeaseView
     if view is not None and view.etag == etag:
         return view
     return LeaseView(etag=etag, changed_at_s=now_s)
+
+
+def touch(view: LeaseView | None, now_s: float) -> LeaseView | None:
+    """Other proof of life seen at ``now_s`` (a new snapshot): counts as a renewal.
+
+    Only a lease that is present is touched: a node whose lease is absent has
+    left (or never joined), and its last snapshot must not bring it back.
+    """
+    if view is None or view.etag is None:
+        return view
+    return LeaseView(etag=view.etag, changed_at_s=now_s)
+
+
+def renew_interval_s(renew_s: float | None, timeout_s: float) -> float:
+    """How long a node may go without writing: ``renew_s``, by default half the timeout.
+
+    The bound that keeps a live node live: it writes something (lease, snapshot or
+    record) at most ``1.25 * renew`` apart (:func:`renew_slack_s`), and an observer
+    looks at a lease it depends on every ``renew / 2`` (:func:`probe_interval_s`),
+    so changes are seen at most ``1.75 * renew`` apart — under the timeout as long
+    as ``renew <= timeout / 2``, which is why a larger ``renew_s`` is cut to that.
+    """
+    if renew_s is not None and renew_s <= 0:
+        raise ValueError(f"renew_s must be > 0, got {renew_s}")
+    half = timeout_s / 2
+    return half if renew_s is None else min(renew_s, half)
+
+
+def renew_slack_s(renew_s: float) -> float:
+    """How long a due renewal may wait for a write that is about to prove life anyway."""
+    return renew_s / 4
+
+
+def probe_interval_s(renew_s: float) -> float:
+    """How often an observer looks at a lease it depends on."""
+    return renew_s / 2
 
 
 def is_live(view: LeaseView | None, now_s: float, timeout_s: float) -> bool:

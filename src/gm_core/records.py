@@ -146,6 +146,9 @@ class Manifest:
     init: tuple[FragmentState, ...]
 
 
+_COUNT_MAX = 2**63 - 1
+
+
 @attrs.frozen(kw_only=True)
 class Requests:
     """Store requests by billing class (HEAD counts as GET), as the nodes' mailboxes metered them.
@@ -161,20 +164,21 @@ class Requests:
     deletes: int = 0
 
     def __add__(self, other: Requests) -> Requests:
+        """The sum, saturating at the largest count a record can carry (peers' counts are input)."""
         return Requests(
-            lists=self.lists + other.lists,
-            gets=self.gets + other.gets,
-            puts=self.puts + other.puts,
-            deletes=self.deletes + other.deletes,
+            lists=min(self.lists + other.lists, _COUNT_MAX),
+            gets=min(self.gets + other.gets, _COUNT_MAX),
+            puts=min(self.puts + other.puts, _COUNT_MAX),
+            deletes=min(self.deletes + other.deletes, _COUNT_MAX),
         )
 
     def __sub__(self, other: Requests) -> Requests:
-        """What was made since ``other`` (an earlier reading of the same counters)."""
+        """What was made since ``other``, an earlier reading of the same counters (never < 0)."""
         return Requests(
-            lists=self.lists - other.lists,
-            gets=self.gets - other.gets,
-            puts=self.puts - other.puts,
-            deletes=self.deletes - other.deletes,
+            lists=max(self.lists - other.lists, 0),
+            gets=max(self.gets - other.gets, 0),
+            puts=max(self.puts - other.puts, 0),
+            deletes=max(self.deletes - other.deletes, 0),
         )
 
 

@@ -6,8 +6,7 @@ Theory of operation
 small ``_register_<name>`` function listed in ``_REGISTRARS``. A registrar adds
 its subparser and sets ``handler`` to a function ``(args) -> exit code``. The
 issue that builds a subcommand replaces its registrar (and nothing else), so the
-subcommands stay independent of one another. Subcommands that are not built yet
-say so plainly and exit with status 2.
+subcommands stay independent of one another.
 """
 
 from __future__ import annotations
@@ -21,24 +20,9 @@ from typing import TypeAlias
 DISTRIBUTION = "gm-diloco"
 """The distribution name on PyPI (the import packages are gm_core and gm_shell)."""
 
-NOT_IMPLEMENTED_EXIT = 2
-
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 """Runs a parsed subcommand and returns the process exit status."""
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
-
-
-def _not_implemented(command: str, issue: int, what: str) -> Handler:
-    """A handler for a subcommand that a later issue builds."""
-
-    def handler(args: argparse.Namespace) -> int:
-        print(
-            f"gm {command}: not implemented yet (issue #{issue} builds it: {what})",
-            file=sys.stderr,
-        )
-        return NOT_IMPLEMENTED_EXIT
-
-    return handler
 
 
 def _version(args: argparse.Namespace) -> int:

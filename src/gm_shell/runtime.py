@@ -78,7 +78,7 @@ from gm_core.events import (
 )
 from gm_core.numerics import Contributions
 from gm_core.numerics.arrays import F32
-from gm_core.records import Alignment, Manifest, PayloadRef
+from gm_core.records import Alignment, Manifest, PayloadRef, Requests
 from gm_core.verdicts import normalized_weights
 from gm_shell import events
 from gm_shell.cache import FragmentCache
@@ -352,7 +352,7 @@ class Runtime:
             if self.pacer is not None:
                 self.pacer.publish([ForgetWork(round=work.round)], None)
             raise
-        return Captured(now_s=now(), req=work.req, payload=ref)
+        return Captured(now_s=now(), req=work.req, payload=ref, requests=self._requests())
 
     async def _align(self, cmd: Align) -> None:
         committed = await self.commit(cmd.fragment, cmd.theta)
@@ -405,7 +405,23 @@ class Runtime:
         refs = await asyncio.gather(*writes)
         outer = refs[1] if len(refs) > 1 else None
         return Merged(
-            now_s=now(), req=cmd.req, theta=refs[0], outer=outer, update=None, cosine=cosine
+            now_s=now(),
+            req=cmd.req,
+            theta=refs[0],
+            outer=outer,
+            update=None,
+            cosine=cosine,
+            requests=self._requests(),
+        )
+
+    def _requests(self) -> Requests:
+        """This node's requests so far, for the tape's running total (see records.Requests)."""
+        stats = self._mailbox.stats
+        return Requests(
+            lists=stats.list_requests,
+            gets=stats.get_requests,
+            puts=stats.put_requests,
+            deletes=stats.delete_requests,
         )
 
     async def _write(

@@ -111,7 +111,9 @@ class SessionOptions:
     """How this node behaves (not part of the run's agreed config)."""
 
     poll_s: float = 1.0
-    renew_s: float = 5.0
+    """The finest polling interval: used when an object is due (sparser while it is not)."""
+    renew_s: float | None = None
+    """Lease renewal interval; None: half the run's ``lease_timeout_s``."""
     close_timeout_s: float = 60.0
     stall_timeout_s: float = 600.0
     join_timeout_s: float = 300.0
@@ -244,7 +246,9 @@ class Session:
         closer_options = core_closer.CloserOptions(
             poll_s=opts.poll_s,
             renew_s=opts.renew_s,
-            write_lease=self.role is Role.CLOSER,  # a learner of the same node writes it
+            # A learner of the same node writes the lease and reports the node's requests.
+            write_lease=self.role is Role.CLOSER,
+            account_own=self.role is Role.CLOSER,
             max_sweep_rounds=opts.max_sweep_rounds,
         )
         return Runtime(

@@ -26,12 +26,12 @@ from gm_core.records import Reason
 from gm_shell import check_cli
 
 PINNED = {
-    "one node, one fault": 4_252,
-    "one node, one crash": 4_043,
-    "learner and closer apart": 738,
-    "two learners, one closes": 853,
-    "two closers race for round 0": 738,
-    "two closers race, one fault": 4_835,
+    "one node, one fault": 7_651,
+    "one node, one crash": 5_268,
+    "learner and closer apart": 2_744,
+    "two learners, one closes": 1_435,
+    "two closers race for round 0": 1_470,
+    "two closers race, one fault": 13_082,
 }
 PINNED_LONG = {
     "two closers race through a poll": 31_567,
