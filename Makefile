@@ -67,9 +67,8 @@ demo: install
 	$(BIN)/gm demo
 
 bench: install
-	@if [ -f bench/__main__.py ]; then $(BIN)/python -m bench; else \
-	  held=$$(ls -A bench 2>/dev/null | tr '\n' ' '); \
-	  echo "make bench: bench/__main__.py does not exist yet (issue #7); bench/ holds: $${held:-nothing}"; fi
+	bash bench/setup_reference.sh
+	$(BIN)/python bench/compare.py
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist src/*.egg-info
