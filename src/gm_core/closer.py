@@ -27,6 +27,13 @@ take over from the newest record alone. Garbage collection and the head hint
 are written after the commit, off the critical path. A leader also watches its
 round's record key while it collects: a follower that judged it dead may have
 closed the round, and that record ends the round for everyone.
+
+Pace and evidence. Listings and looks follow the run's pace (:mod:`gm_core.cadence`)
+until the round's first snapshot is in, then every ``poll_s``. A new snapshot
+counts as its learner's lease renewal, and a learner that has reported counts as
+live for the round, so only the leases of learners still awaited are probed; the
+leases folder is listed once per lease timeout to learn of learners that joined
+(spec/protocol.md §9.6).
 """
 
 from __future__ import annotations
@@ -936,20 +943,15 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
         state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
     if state.closer_lease is None and closer:
         return state  # judge a closer only after seeing its lease at least once
-    cfg = state.manifest.config
-    live = bool(closer) and liveness.is_live(state.closer_lease, now_s, cfg.lease_timeout_s)
-    timeout_s = timing.takeover_timeout_s(
-        state.last.timing if state.last is not None else _NO_TIMING,
-        gap_steps=_gap(state),
-        floor_s=cfg.takeover_floor_s,
-    )
+    timeout_s = state.manifest.config.lease_timeout_s
+    live = bool(closer) and liveness.is_live(state.closer_lease, now_s, timeout_s)
     if not election.should_take_over(
         me=state.node,
         closer=closer,
         closer_lease_live=live,
         now_s=now_s,
         waiting_since_s=state.waiting_since_s,
-        timeout_s=timeout_s,
+        timeout_s=_takeover_timeout_s(state),
     ):
         return state
     if state.missed_at_s is None or state.missed_at_s < _takeover_due(state):
@@ -1092,12 +1094,6 @@ def _wake(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
 
 def _takeover_deadlines(state: CloserState) -> tuple[float, float]:
     """When no record for too long, and when the closer's lease expires (NEVER: unseen)."""
-    cfg = state.manifest.config
-    timeout_s = timing.takeover_timeout_s(
-        state.last.timing if state.last is not None else _NO_TIMING,
-        gap_steps=_gap(state),
-        floor_s=cfg.takeover_floor_s,
-    )
     lease = state.closer_lease
     if not _watched(state):
         expiry = state.waiting_since_s  # nobody to wait for
@@ -1106,8 +1102,17 @@ def _takeover_deadlines(state: CloserState) -> tuple[float, float]:
     elif lease.etag is None:
         expiry = lease.changed_at_s  # absent: stale from when it was seen absent
     else:
-        expiry = lease.changed_at_s + cfg.lease_timeout_s
-    return state.waiting_since_s + timeout_s, expiry
+        expiry = lease.changed_at_s + state.manifest.config.lease_timeout_s
+    return state.waiting_since_s + _takeover_timeout_s(state), expiry
+
+
+def _takeover_timeout_s(state: CloserState) -> float:
+    """How long a follower waits for a record before judging the closer stuck."""
+    return timing.takeover_timeout_s(
+        state.last.timing if state.last is not None else _NO_TIMING,
+        gap_steps=_gap(state),
+        floor_s=state.manifest.config.takeover_floor_s,
+    )
 
 
 def _takeover_due(state: CloserState) -> float:
