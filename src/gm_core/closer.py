@@ -173,6 +173,8 @@ class CloserState:
     bad_keys: frozenset[str] = frozenset()
     draft: RoundRecord | None = None
     leases: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
+    dead: frozenset[str] = frozenset()
+    """Learners whose lease a probe found stale: looked at only when the leases are listed."""
     busy: frozenset[str] = frozenset()
     poll_at_s: float = 0.0
     leases_at_s: float = 0.0
@@ -459,12 +461,12 @@ def _lease_outcome(
             view = liveness.observe(state.closer_lease, event.etag, event.now_s)
             return attrs.evolve(state, closer_lease=view)
         return state
-    leases = dict(state.leases)
     if event.etag is None and purpose.name not in state.entries:
-        leases.pop(purpose.name, None)  # released or never there: forget it until it publishes
-    else:
-        leases[purpose.name] = liveness.observe(leases.get(purpose.name), event.etag, event.now_s)
-    return attrs.evolve(state, leases=leases)
+        # Released or never there: forget it until it publishes or its lease is listed.
+        leases = {n: v for n, v in state.leases.items() if n != purpose.name}
+        return attrs.evolve(state, leases=leases, dead=state.dead - {purpose.name})
+    view = liveness.observe(state.leases.get(purpose.name), event.etag, event.now_s)
+    return _judged(state, purpose.name, view, event.now_s)
 
 
 def _watched(state: CloserState) -> str:
@@ -509,7 +511,7 @@ def _touch(state: CloserState, learner: str, now_s: float) -> CloserState:
     view = liveness.touch(state.leases.get(learner), now_s)
     if view is None:
         return state
-    return attrs.evolve(state, leases={**state.leases, learner: view})
+    return _judged(state, learner, view, now_s)
 
 
 def _paced(state: CloserState, now_s: float) -> CloserState:
@@ -1008,7 +1010,9 @@ def _discover_outcome(
             parsed = keys.parse(key)
         except keys.BadKey:
             continue  # reported by whoever reads it; a lease folder entry is not ours to judge
-        if isinstance(parsed, keys.LeaseKey) and parsed.node not in (state.node, *state.leases):
+        if not isinstance(parsed, keys.LeaseKey) or parsed.node == state.node:
+            continue
+        if parsed.node not in state.leases or parsed.node in state.dead:
             state, req = issue(state, Purpose(kind="newcomer", round=state.round, name=parsed.node))
             cmds.append(Get(req=req, key=key))
     return state
@@ -1017,8 +1021,12 @@ def _discover_outcome(
 def _newcomer_outcome(
     state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
 ) -> CloserState:
-    """A lease found by listing: a learner's counts from now on (a closer's never does)."""
-    if not isinstance(event, GotObject) or event.data is None or purpose.name in state.leases:
+    """A lease found by listing: a learner's counts from now on (a closer's never does).
+
+    A learner a probe found dead is looked at here too, once per listing, instead
+    of at every probe interval.
+    """
+    if not isinstance(event, GotObject) or event.data is None:
         return state
     try:
         lease = codec.decode(Lease, event.data)
@@ -1026,13 +1034,27 @@ def _newcomer_outcome(
         return state
     if "learner" not in lease.roles or lease.node != purpose.name:
         return state
-    view = liveness.observe(None, event.etag, event.now_s)
-    return attrs.evolve(state, leases={**state.leases, purpose.name: view})
+    view = liveness.observe(state.leases.get(purpose.name), event.etag, event.now_s)
+    return _judged(state, purpose.name, view, event.now_s)
+
+
+def _judged(
+    state: CloserState, learner: str, view: liveness.LeaseView, now_s: float
+) -> CloserState:
+    """Record a look at a learner's lease, and whether it showed the learner dead."""
+    timeout_s = state.manifest.config.lease_timeout_s
+    alive = liveness.is_live(view, now_s, timeout_s)
+    dead = state.dead - {learner} if alive else state.dead | {learner}
+    return attrs.evolve(state, leases={**state.leases, learner: view}, dead=dead)
 
 
 def _unreported(state: CloserState) -> list[str]:
-    """Learners known to the closer without a snapshot in this round: only their leases matter."""
-    return sorted(n for n in state.leases if n not in state.entries)
+    """Learners without a snapshot in this round: only their leases need probing.
+
+    Those a probe found dead are left to the next lease listing (:func:`_discover`):
+    a crashed node's lease stays in the bucket, and probing it forever costs.
+    """
+    return sorted(n for n in state.leases if n not in state.entries and n not in state.dead)
 
 
 def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:

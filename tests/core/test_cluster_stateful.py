@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from gm_core import closer, keys, learner
 from gm_core import cluster as cl
+from gm_core.commands import Get, Probe
 from gm_core.records import AlgorithmConfig, Alignment, Reason
 
 L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
@@ -245,3 +246,28 @@ def test_clean_close_flushes_and_releases_the_lease() -> None:
     finals = [p for r in cl.records(c) for p in r.participants if p.final]
     assert finals
     assert all(p.learner == "n2" for p in finals)
+
+
+def test_a_dead_learners_lease_is_read_once_per_lease_timeout_not_every_probe() -> None:
+    """A crashed node's lease stays in the bucket: the leader stops probing it once a
+    probe finds it stale, and reads it only when it lists the leases (once a timeout)."""
+    timeout_s, dt = 4.0, 0.25
+    config = AlgorithmConfig(
+        sync_every=8, fragments=2, quorum=1, in_flight=1, lease_timeout_s=timeout_s
+    )
+    c = run_fair(make(config), 60, dt=dt)
+    c = cl.crash(c, "n2")
+    c = run_fair(c, 40, dt=dt)  # long enough for every closer to find n2 dead
+    looks: set[tuple[str, int]] = set()
+    ticks = 240
+    for _ in range(ticks):
+        for f in c.inflight:
+            if isinstance(f.command, Get | Probe) and f.command.key == keys.lease("n2"):
+                looks.add((f.node, f.command.req))
+        c = run_fair(c, 1, dt=dt)
+    seconds = ticks * dt
+    leaders = {r.closer for r in cl.records(c)[-ticks // 8 :]}
+    assert len(cl.records(c)) > 40  # the run goes on without n2
+    # Each closer that led: one lease read per listing (every timeout), plus slack for
+    # a change of leader; probing every renew/2 (FAST_C: 0.5 s) would be ~4 per second.
+    assert len(looks) <= len(leaders) * (seconds / timeout_s + 2), (len(looks), leaders)
