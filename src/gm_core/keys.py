@@ -14,7 +14,7 @@ Keys are relative to the run prefix (the mailbox prepends it)::
 
 Numbers are zero-padded to a fixed width so that the byte order of keys, which is
 what every object store lists in, equals numeric order: the newest round is the last
-key of ``rounds/``, and the lowest free claim is found by listing. Round numbers are
+key of ``rounds/``, and the claims of a round list in attempt order. Round numbers are
 therefore bounded by ``ROUND_LIMIT`` and claim attempts by ``ATTEMPT_LIMIT``.
 
 Ids (learners, nodes) become path segments, so they are restricted to a safe
