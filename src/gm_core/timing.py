@@ -6,8 +6,8 @@ Every round record carries three exponential moving averages (EMAs): ξ_step, th
 time of one local step; ξ_quorum, the time from a round's step to its quorum; and
 ξ_sync, the time from asking for the merge to the record being drafted (merge and
 payload writes; with no grace window, that is quorum to commit). The closer of each
-round folds its own measurements in and writes the result into its record, so the estimates travel
-with the tape and survive any change of closer.
+round folds its own measurements in and writes the result into its record, so the
+estimates travel with the tape and survive any change of closer.
 
 The grace window lets stragglers join a round after quorum for as long as the
 fastest learner would not be kept waiting for the commit: it can train ``ahead``
