@@ -25,8 +25,8 @@ Following. The learner polls exactly one key, the next round record, with a GET
 record that does not decode is reported and probed again later: it may come
 from a newer writer, and the tape cannot be skipped. Probes follow the run's
 pace (:mod:`gm_core.cadence`): sparse while the next record cannot be due yet,
-every ``poll_s`` once it is, and every ``poll_s`` whenever the learner is stalled
-or closing and waits on nothing else.
+every ``poll_s`` once it is, and every ``poll_s`` whenever a late commit would
+cost (:func:`_probe_at_s`).
 
 Liveness. The learner overwrites its lease every ``renew_s``; a snapshot it
 writes is proof of life too (the closer counts a new snapshot as a renewal), so
@@ -626,6 +626,11 @@ def _can_poll(state: LearnerState) -> bool:
     return not (state.probing or state.phase is Phase.LOADING or len(state.fetched) >= MAX_FETCHED)
 
 
+def _stalled(state: LearnerState) -> bool:
+    """Whether the shell was last told to stop training (see :func:`_pace`)."""
+    return state.pace is not None and state.pace.stalled
+
+
 def _probe_at_s(state: LearnerState) -> float:
     """When the next probe is due: at the run's pace, or every poll when a late commit costs.
 
@@ -634,12 +639,11 @@ def _probe_at_s(state: LearnerState) -> float:
     contributed to is outstanding: then it may publish the same fragment again
     before aligning that commit, and a late alignment makes zero-step snapshots.
     """
-    stalled = state.pace is not None and state.pace.stalled
     cfg = state.manifest.config
     awaited = cfg.in_flight >= cfg.fragments and any(
         out.published and r > state.aligned_round for r, out in state.outgoing.items()
     )
-    urgent = state.phase is not Phase.RUNNING or stalled or state.behind or awaited
+    urgent = state.phase is not Phase.RUNNING or _stalled(state) or state.behind or awaited
     return state.probe_at_s if urgent else max(state.probe_at_s, state.idle_until_s)
 
 
@@ -677,8 +681,7 @@ def _renew_at_s(state: LearnerState) -> float:
 
 def _next_publish_s(state: LearnerState) -> float | None:
     """When the next snapshot should be written, from the step time (None: not foreseeable)."""
-    stalled = state.pace is not None and state.pace.stalled
-    if state.phase is not Phase.RUNNING or stalled or state.step_s is None:
+    if state.phase is not Phase.RUNNING or _stalled(state) or state.step_s is None:
         return None
     if state.last_report is None:
         return None
