@@ -7,7 +7,12 @@ mailbox:
 - join: a new ``Learner`` runs ``join()``, everything ``Session.join`` does before training
   starts (read the manifest, the tape and the newest payload of every fragment);
 - takeover: a new ``Syncer`` runs ``recover()``, the reload a node does when it takes the
-  closing of a round over (the reference's ``follow`` calls it right after its claim).
+  closing of a round over (the reference's ``follow`` calls it right after its claim);
+- takeover to commit: with the tape's closer gone (it claimed the next round before it
+  stopped, as it does after every commit), the next round's snapshot is written and a new
+  ``Syncer`` runs until it has committed that round: it recovers, follows the silent
+  claimant, claims the round, recovers again and closes it. These are the requests gm's
+  side counts from its successor's start to its first commit.
 
 Each is run twice: without latency (requests, wall time) and with ``--latency-ms`` per
 request (wall time, and the number of sequential request waves). Prints JSON.
@@ -25,7 +30,16 @@ from gradientmail import DiLoCo, MemoryAdapter, MemoryMailbox
 from gradientmail.learner import Learner
 from gradientmail.syncer import Syncer
 from numpy_adapter import NumpyBackend, tensors_of
-from refkit import Journal, MeteredMailbox, by_category, by_class, emit, model_arrays, prefilled_run
+from refkit import (
+    Journal,
+    MeteredMailbox,
+    by_category,
+    by_class,
+    emit,
+    model_arrays,
+    prefill,
+    prefilled_run,
+)
 
 
 def main() -> None:
@@ -36,6 +50,7 @@ def main() -> None:
     parser.add_argument("--fragments", type=int, default=4)
     parser.add_argument("--tensors", type=int, default=8)
     parser.add_argument("--elements", type=int, default=256)
+    parser.add_argument("--poll", type=float, default=0.05, help="the successor's poll, s")
     args = parser.parse_args()
 
     algorithm = DiLoCo(sync_every=args.sync_every, fragments=args.fragments)
@@ -54,7 +69,10 @@ def main() -> None:
     asyncio.run(closer.run(until_round=args.rounds - 1))
     built_s = time.perf_counter() - started
 
-    def measure(what: str, run: Callable[[MeteredMailbox], Awaitable[object]]) -> dict[str, object]:
+    def measure(
+        what: str, run: Callable[[MeteredMailbox], Awaitable[object]], *, to_record: bool = False
+    ) -> dict[str, object]:
+        """Requests of ``run``; with ``to_record``, only those sent up to its record's write."""
         result: dict[str, object] = {}
         for latency_ms in (0.0, args.latency_ms):
             journal = Journal()
@@ -63,6 +81,10 @@ def main() -> None:
             asyncio.run(run(mailbox))
             wall = time.perf_counter() - t0
             requests = journal.snapshot()
+            if to_record:
+                committed = min(r.ended for r in requests if r.category == "rounds" and r.created)
+                requests = [r for r in requests if r.started < committed]
+                wall = committed - t0
             if latency_ms == 0.0:
                 result["requests"] = by_class(requests)
                 result["by_object"] = by_category(requests)
@@ -94,14 +116,33 @@ def main() -> None:
         )
         await syncer.recover()
 
+    async def to_commit(mailbox: MeteredMailbox) -> None:
+        # Each pass closes the next round: the previous successor claimed it after its commit.
+        successor = Syncer(
+            algorithm=algorithm,
+            mailbox=mailbox,
+            node_id="successor",
+            backend=NumpyBackend(),
+            poll_interval=args.poll,
+            on_event=lambda _event: None,
+        )
+        await successor.run(until_round=next_round.pop(0))
+
+    joined = measure("joiner", join)
+    recovered = measure("successor", takeover)
+    next_round = [args.rounds, args.rounds + 1]
+    asyncio.run(
+        prefill(store, algorithm, init, range(args.rounds, args.rounds + 2), ("learner-a",))
+    )
     emit(
         {
             "ok": True,
             "rounds": args.rounds,
             "fragments": args.fragments,
             "build_s": built_s,
-            "join": measure("joiner", join),
-            "takeover": measure("successor", takeover),
+            "join": joined,
+            "takeover": recovered,
+            "takeover_to_commit": measure("successor", to_commit, to_record=True),
             "join_what": "gradientmail.learner.Learner.join() (what Session.join runs first)",
             "takeover_what": "gradientmail.syncer.Syncer.recover() (run at every takeover)",
         }

@@ -3,7 +3,8 @@
 Four ``gradientmail.Session``s (role "both", the default: each trains and takes part in
 closing rounds) share one in-memory mailbox, each through its own metered wrapper, and
 train a small model through our numpy adapter. Time is scaled: every protocol second (poll
-interval, training step, lease period) lasts ``--scale`` real seconds, so a round of
+interval, training step, lease period, and the per-request latency ``--latency-ms`` the
+metered mailbox sleeps) lasts ``--scale`` real seconds, so a round of
 ``sync_every / fragments`` one-second steps at one-second polls runs 30 polls long as it
 would at full scale, in a tenth of the time. Requests per round depend on polls per round,
 which the scaling keeps.
@@ -38,6 +39,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="rounds each node trains for")
     parser.add_argument("--tensors", type=int, default=8)
     parser.add_argument("--elements", type=int, default=4096)
+    parser.add_argument(
+        "--latency-ms", type=float, default=0.0, help="per request, protocol ms (scaled too)"
+    )
     args = parser.parse_args()
 
     gap = args.sync_every // args.fragments
@@ -71,7 +75,9 @@ def main() -> None:
         session = Session(
             adapter,
             algorithm=algorithm,
-            mailbox=MeteredMailbox(store, node=name, journal=journal),
+            mailbox=MeteredMailbox(
+                store, node=name, journal=journal, latency_s=args.latency_ms / 1e3 * args.scale
+            ),
             node_id=name,
             poll_interval=args.poll * args.scale,
             backend=NumpyBackend(),
@@ -121,6 +127,7 @@ def main() -> None:
             "poll_s": args.poll,
             "step_s": args.step,
             "scale": args.scale,
+            "latency_ms": args.latency_ms,
             "sync_every": args.sync_every,
             "fragments": args.fragments,
             "quorum": algorithm.quorum_size,

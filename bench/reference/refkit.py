@@ -186,12 +186,7 @@ async def prefilled_run(
     rounds: int,
     learners: Sequence[str] = LEARNERS,
 ) -> None:
-    """Create the run, then write every round's snapshots as ``learners`` would publish them.
-
-    Each snapshot is accepted by a closer that reaches its round: its base version is the
-    fragment's version by then, and it reports zero step time, so the adaptive grace window
-    stays closed and a round closes as soon as its snapshots are read.
-    """
+    """Create the run, then write every round's snapshots as ``learners`` would publish them."""
     creator = Learner(
         adapter=MemoryAdapter(tensors_of(init)),
         algorithm=algorithm,
@@ -201,14 +196,30 @@ async def prefilled_run(
         on_event=lambda _event: None,
     )
     await creator.join()
+    await prefill(store, algorithm, init, range(rounds), learners)
+
+
+async def prefill(
+    store: Mailbox,
+    algorithm: DiLoCo,
+    init: dict[str, np.ndarray],
+    rounds: range,
+    learners: Sequence[str] = LEARNERS,
+) -> None:
+    """Write ``learners``' snapshots of ``rounds`` into an existing run.
+
+    Each snapshot is accepted by a closer that reaches its round: its base version is the
+    fragment's version by then, and it reports zero step time, so the adaptive grace window
+    stays closed and a round closes as soon as its snapshots are read.
+    """
     exchange = Exchange(store, clock=MonotonicClock())
     manifest = await exchange.manifest()
     assert manifest is not None
     schedule = algorithm.schedule(len(manifest.plan))
     digest = manifest.schema.digest()
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(7 + rounds.start)
     gap = schedule.gap(1)
-    for round in range(rounds):
+    for round in rounds:
         fragment = schedule.fragment_of(round)
         for index, learner in enumerate(learners):
             delta = {

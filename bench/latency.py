@@ -1,0 +1,181 @@
+"""A bucket with a round trip: gm's real ``Mailbox`` over an in-memory store that waits per request.
+
+Why: the comparison's figures on latency (a closer's round, a join, a takeover) must come from
+gm's real runtime talking to a real mailbox, with the same per-request latency the reference
+package gets from its metered wrapper (``bench/reference/refkit.py``). Nothing here models gm:
+the ``Session``s, their event loops, the obstore calls and the mailbox's meter are the real ones.
+
+How: :class:`SlowStore` stands in for the obstore store under a :class:`gm_shell.mailbox.Mailbox`.
+Every call the mailbox makes on it (``put``, ``get``, ``head``, ``list``, ``delete``) sleeps
+``latency_s`` per request on the mailbox's worker thread, as a remote round trip would hold that
+thread, then runs on a shared obstore ``MemoryStore`` (the bucket every node of a run sees).
+Requests are the ones S3 would bill: a LIST per page of 1000 keys, a DELETE per batch of 1000
+(the handle says so, so the mailbox's own meter bills them the same way), a HEAD as a GET. Each
+request is written to a :class:`Journal` with its start and end on the monotonic clock gm's
+events use, so a figure can cut a window between two events and count the requests in it, and
+how many of them ran one after another (:func:`waves`).
+
+The only difference from the reference's wrapper: gm's mailbox sends at most
+``MailboxOptions.max_concurrency`` (32) requests at once, as a real client does, where the
+reference's sleeps all run at once on its event loop. gm never has that many in flight in
+these figures.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+from obstore.store import MemoryStore
+
+from gm_shell.mailbox import Mailbox
+from gm_shell.stores import Backend, MailboxOptions, StoreHandle
+
+S3_LIST_PAGE_KEYS = 1000
+S3_DELETE_BATCH_KEYS = 1000
+CLASSES = ("LIST", "GET", "PUT", "DELETE")
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Request:
+    """One request as the store saw it: when (``time.monotonic``), who, what class, which key."""
+
+    started: float
+    ended: float
+    node: str
+    cls: str
+    count: int
+    key: str
+
+    @property
+    def category(self) -> str:
+        """The protocol object the key belongs to: its first segment."""
+        return self.key.split("/", 1)[0]
+
+
+class Journal:
+    """Every request of every slow store of a run, appended from any worker thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._requests: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        with self._lock:
+            self._requests.append(request)
+
+    def requests(
+        self, node: str | None = None, since: float = -math.inf, until: float = math.inf
+    ) -> list[Request]:
+        """Requests of ``node`` (all nodes: None) that started in ``[since, until)``."""
+        with self._lock:
+            found = list(self._requests)
+        return [r for r in found if (node is None or r.node == node) and since <= r.started < until]
+
+
+class _Listing:
+    """What ``store.list(...)`` returns, already collected (the mailbox only calls ``collect``)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self._items = items
+
+    def collect(self) -> list[Any]:
+        return self._items
+
+
+class SlowStore:
+    """An obstore store's sync API over ``bucket``, each request delayed and journaled."""
+
+    def __init__(self, bucket: MemoryStore, *, node: str, journal: Journal, latency_s: float):
+        self._bucket = bucket
+        self._node = node
+        self._journal = journal
+        self.latency_s = latency_s
+
+    def _request(self, cls: str, key: str, count: int, call: Callable[[], T]) -> T:
+        started = time.monotonic()
+        try:
+            if self.latency_s > 0 and count > 0:
+                time.sleep(self.latency_s * count)
+            return call()
+        finally:
+            self._journal.add(Request(started, time.monotonic(), self._node, cls, count, key))
+
+    def put(self, path: str, file: bytes, **options: Any) -> Any:
+        return self._request("PUT", path, 1, lambda: self._bucket.put(path, file, **options))
+
+    def get(self, path: str) -> Any:
+        return self._request("GET", path, 1, lambda: self._bucket.get(path))
+
+    def head(self, path: str) -> Any:
+        return self._request("GET", path, 1, lambda: self._bucket.head(path))
+
+    def list(self, prefix: str | None = None, *, offset: str | None = None) -> _Listing:
+        started = time.monotonic()
+        items = list(self._bucket.list(prefix, offset=offset).collect())
+        pages = max(1, math.ceil(len(items) / S3_LIST_PAGE_KEYS))
+        if self.latency_s > 0:
+            time.sleep(self.latency_s * pages)
+        self._journal.add(
+            Request(started, time.monotonic(), self._node, "LIST", pages, prefix or "")
+        )
+        return _Listing(items)
+
+    def delete(self, paths: str | Sequence[str]) -> None:
+        keys = [paths] if isinstance(paths, str) else list(paths)
+        batches = math.ceil(len(keys) / S3_DELETE_BATCH_KEYS)
+        self._request(
+            "DELETE", keys[0] if keys else "", batches, lambda: self._bucket.delete(paths)
+        )
+
+
+def slow_mailbox(
+    bucket: MemoryStore, *, node: str, journal: Journal, latency_s: float = 0.0
+) -> Mailbox:
+    """gm's real mailbox over ``bucket``, every request delayed ``latency_s`` and journaled.
+
+    The handle carries S3's batching (1000 keys per LIST page and per DELETE batch), so the
+    mailbox's meter bills exactly what the journal records.
+    """
+    store = SlowStore(bucket, node=node, journal=journal, latency_s=latency_s)
+    handle = StoreHandle(
+        store=store,  # type: ignore[arg-type]  # the sync API the mailbox calls, nothing more
+        backend=Backend.MEMORY,
+        url=f"memory://bench/{node}",
+        list_page_keys=S3_LIST_PAGE_KEYS,
+        delete_batch_keys=S3_DELETE_BATCH_KEYS,
+    )
+    return Mailbox(handle, MailboxOptions(seed=0))
+
+
+def by_class(requests: Iterable[Request]) -> dict[str, int]:
+    counts = Counter(dict.fromkeys(CLASSES, 0))
+    for r in requests:
+        counts[r.cls] += r.count
+    return dict(counts)
+
+
+def by_object(requests: Iterable[Request]) -> dict[str, dict[str, int]]:
+    """Requests per protocol object (first key segment), then per class."""
+    table: dict[str, Counter[str]] = {}
+    for r in requests:
+        table.setdefault(r.category, Counter())[r.cls] += r.count
+    return {cat: dict(counts) for cat, counts in sorted(table.items())}
+
+
+def waves(requests: Iterable[Request]) -> int:
+    """How many groups of overlapping requests ran one after another (the reference's rule)."""
+    count, horizon = 0, -math.inf
+    for r in sorted(requests, key=lambda r: r.started):
+        if r.started >= horizon:
+            count += 1
+            horizon = r.ended
+        else:
+            horizon = max(horizon, r.ended)
+    return count
