@@ -46,9 +46,11 @@ from gm_shell.run import create, draft_manifest
 from gm_shell.session import DiLoCo, Session, SessionOptions
 
 try:  # run as ``python bench/compare.py`` (bench/ on sys.path) or imported as ``bench.gm_runs``
-    from bench.latency import Journal, Request, by_class, by_object, slow_mailbox, waves
+    from bench.latency import slow_mailbox
+    from bench.reference.journal import Journal, Request, by_category, by_class, waves
 except ModuleNotFoundError:
-    from latency import Journal, Request, by_class, by_object, slow_mailbox, waves
+    from latency import slow_mailbox
+    from reference.journal import Journal, Request, by_category, by_class, waves
 
 LEARNERS = ("learner-a", "learner-b", "learner-c", "learner-d")
 SETUP = "setup"
@@ -274,7 +276,7 @@ def requests_per_round(
         "per_round": {k: v / count for k, v in by_class(window).items()},
         "per_round_by_object": {
             cat: {cls: n / count for cls, n in counts.items()}
-            for cat, counts in by_object(window).items()
+            for cat, counts in by_category(window).items()
         },
         "participants_per_round": statistics.fmean(p for _, _, p in commits[1:]),
     }
@@ -411,7 +413,7 @@ def _join(bucket: Bucket, node: str, latency_ms: float) -> dict[str, Any]:
     return {
         "latency_ms": latency_ms,
         "requests": by_class(mine),
-        "by_object": by_object(mine),
+        "by_object": by_category(mine),
         "seconds": joined.at_s - t0,
         "waves": waves(mine),
     }
@@ -434,7 +436,7 @@ def _takeover(bucket: Bucket, node: str, latency_ms: float, round_: int) -> dict
         "round": took.round,
         "to_claim": by_class(claimed),
         "to_commit": by_class(first),
-        "by_object": by_object(first),
+        "by_object": by_category(first),
         "seconds_to_claim": took.at_s - t0,
         "seconds_to_commit": done.at_s - t0,
         "waves_to_commit": waves(first),

@@ -10,10 +10,11 @@ Every call the mailbox makes on it (``put``, ``get``, ``head``, ``list``, ``dele
 ``latency_s`` per request on the mailbox's worker thread, as a remote round trip would hold that
 thread, then runs on a shared obstore ``MemoryStore`` (the bucket every node of a run sees).
 Requests are the ones S3 would bill: a LIST per page of 1000 keys, a DELETE per batch of 1000
-(the handle says so, so the mailbox's own meter bills them the same way), a HEAD as a GET. Each
-request is written to a :class:`Journal` with its start and end on the monotonic clock gm's
-events use, so a figure can cut a window between two events and count the requests in it, and
-how many of them ran one after another (:func:`waves`).
+(the handle says so, so the mailbox's own meter bills them the same way), a HEAD as a GET.
+Each request is written to a journal (``reference/journal.py``, shared with the reference
+side) with its start and end on the monotonic clock gm's events use, so a figure can cut a
+window between two events and count the requests in it, and how many of them ran one after
+another (``journal.waves``).
 
 The only difference from the reference's wrapper: gm's mailbox sends at most
 ``MailboxOptions.max_concurrency`` (32) requests at once, as a real client does, where the
@@ -24,59 +25,23 @@ these figures.
 from __future__ import annotations
 
 import math
-import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import attrs
 from obstore.store import MemoryStore
 
 from gm_shell.mailbox import Mailbox
 from gm_shell.stores import Backend, MailboxOptions, StoreHandle
 
+try:  # imported as ``bench.latency``, or with bench/ itself on sys.path (``bench/compare.py``)
+    from bench.reference.journal import Journal, Request, category_of
+except ModuleNotFoundError:
+    from reference.journal import Journal, Request, category_of
+
 S3_LIST_PAGE_KEYS = 1000
 S3_DELETE_BATCH_KEYS = 1000
-CLASSES = ("LIST", "GET", "PUT", "DELETE")
 T = TypeVar("T")
-
-
-@attrs.frozen
-class Request:
-    """One request as the store saw it: when (``time.monotonic``), who, what class, which key."""
-
-    started: float
-    ended: float
-    node: str
-    cls: str
-    count: int
-    key: str
-
-    @property
-    def category(self) -> str:
-        """The protocol object the key belongs to: its first segment."""
-        return self.key.split("/", 1)[0]
-
-
-class Journal:
-    """Every request of every slow store of a run, appended from any worker thread."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._requests: list[Request] = []
-
-    def add(self, request: Request) -> None:
-        with self._lock:
-            self._requests.append(request)
-
-    def requests(
-        self, node: str | None = None, since: float = -math.inf, until: float = math.inf
-    ) -> list[Request]:
-        """Requests of ``node`` (all nodes: None) that started in ``[since, until)``."""
-        with self._lock:
-            found = list(self._requests)
-        return [r for r in found if (node is None or r.node == node) and since <= r.started < until]
 
 
 class _Listing:
@@ -107,6 +72,10 @@ class SlowStore:
         finally:
             self._journal.add(Request(started, time.monotonic(), self._node, cls, count, key))
 
+    def _note(self, started: float, cls: str, count: int, key: str) -> None:
+        ended = time.monotonic()
+        self._journal.add(Request(started, ended, self._node, cls, count, category_of(key), key))
+
     def put(self, path: str, file: bytes, **options: Any) -> Any:
         return self._request("PUT", path, 1, lambda: self._bucket.put(path, file, **options))
 
@@ -122,9 +91,7 @@ class SlowStore:
         pages = max(1, math.ceil(len(items) / S3_LIST_PAGE_KEYS))
         if self.latency_s > 0:
             time.sleep(self.latency_s * pages)
-        self._journal.add(
-            Request(started, time.monotonic(), self._node, "LIST", pages, prefix or "")
-        )
+        self._note(started, "LIST", pages, prefix or "")
         return _Listing(items)
 
     def delete(self, paths: str | Sequence[str]) -> None:
@@ -152,30 +119,3 @@ def slow_mailbox(
         delete_batch_keys=S3_DELETE_BATCH_KEYS,
     )
     return Mailbox(handle, MailboxOptions(seed=0))
-
-
-def by_class(requests: Iterable[Request]) -> dict[str, int]:
-    counts = Counter(dict.fromkeys(CLASSES, 0))
-    for r in requests:
-        counts[r.cls] += r.count
-    return dict(counts)
-
-
-def by_object(requests: Iterable[Request]) -> dict[str, dict[str, int]]:
-    """Requests per protocol object (first key segment), then per class."""
-    table: dict[str, Counter[str]] = {}
-    for r in requests:
-        table.setdefault(r.category, Counter())[r.cls] += r.count
-    return {cat: dict(counts) for cat, counts in sorted(table.items())}
-
-
-def waves(requests: Iterable[Request]) -> int:
-    """How many groups of overlapping requests ran one after another (the reference's rule)."""
-    count, horizon = 0, -math.inf
-    for r in sorted(requests, key=lambda r: r.started):
-        if r.started >= horizon:
-            count += 1
-            horizon = r.ended
-        else:
-            horizon = max(horizon, r.ended)
-    return count

@@ -28,29 +28,9 @@ import time
 from gradientmail import DiLoCo, MemoryMailbox
 from gradientmail.events import RoundClosed, RoundCommitted
 from gradientmail.syncer import Syncer
+from journal import Journal, by_class, waves
 from numpy_adapter import NumpyBackend
-from refkit import (
-    LEARNERS,
-    Journal,
-    MeteredMailbox,
-    Request,
-    by_class,
-    emit,
-    model_arrays,
-    prefilled_run,
-)
-
-
-def waves(requests: list[Request]) -> int:
-    """How many sequential groups the requests form (a group: requests that overlap)."""
-    count, horizon = 0, float("-inf")
-    for r in sorted(requests, key=lambda r: r.started):
-        if r.started >= horizon:
-            count += 1
-            horizon = r.ended
-        else:
-            horizon = max(horizon, r.ended)
-    return count
+from refkit import LEARNERS, MeteredMailbox, emit, model_arrays, prefilled_run
 
 
 def measure(args: argparse.Namespace, latency_s: float) -> dict[str, object]:

@@ -25,21 +25,12 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from fig_critical_path import waves
 from gradientmail import DiLoCo, MemoryAdapter, MemoryMailbox
 from gradientmail.learner import Learner
 from gradientmail.syncer import Syncer
+from journal import Journal, by_category, by_class, waves
 from numpy_adapter import NumpyBackend, tensors_of
-from refkit import (
-    Journal,
-    MeteredMailbox,
-    by_category,
-    by_class,
-    emit,
-    model_arrays,
-    prefill,
-    prefilled_run,
-)
+from refkit import MeteredMailbox, emit, model_arrays, prefill, prefilled_run
 
 
 def main() -> None:

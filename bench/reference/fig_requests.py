@@ -24,8 +24,9 @@ import numpy as np
 from gradientmail import DiLoCo, MemoryAdapter, MemoryMailbox, Session
 from gradientmail.clock import MonotonicClock
 from gradientmail.protocol import Exchange
+from journal import Journal, by_category, by_class
 from numpy_adapter import NumpyBackend, from_f32, tensors_of, to_f32
-from refkit import Journal, MeteredMailbox, by_category, by_class, emit, model_arrays
+from refkit import MeteredMailbox, emit, model_arrays
 
 
 def main() -> None:

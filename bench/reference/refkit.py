@@ -20,11 +20,8 @@ import asyncio
 import json
 import math
 import sys
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from gradientmail import DiLoCo, MemoryAdapter
@@ -32,48 +29,11 @@ from gradientmail.clock import Clock, MonotonicClock
 from gradientmail.learner import Learner
 from gradientmail.mailbox import Mailbox
 from gradientmail.protocol import Exchange, SnapshotDraft
+from journal import Journal, Request, category_of
 from numpy_adapter import NumpyBackend, tensors_of
 
 LIST_PAGE_KEYS = 1000
 DELETE_BATCH_KEYS = 1000
-
-
-@dataclass(frozen=True)
-class Request:
-    """One metered request: when it started and ended (perf_counter), who sent it, what."""
-
-    started: float
-    ended: float
-    node: str
-    cls: str
-    count: int
-    category: str
-    key: str
-    created: bool | None = None
-
-
-def category_of(key: str) -> str:
-    """The protocol object a key or prefix belongs to: its first segment (two for blobs)."""
-    parts = key.split("/")
-    if parts[0] == "blobs" and len(parts) > 1:
-        return f"blobs/{parts[1]}"
-    return parts[0]
-
-
-class Journal:
-    """Every request of every metered mailbox of a run, appended from any thread."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: list[Request] = []
-
-    def add(self, request: Request) -> None:
-        with self._lock:
-            self.requests.append(request)
-
-    def snapshot(self) -> list[Request]:
-        with self._lock:
-            return list(self.requests)
 
 
 class MeteredMailbox(Mailbox):
@@ -145,24 +105,6 @@ class MeteredMailbox(Mailbox):
 
     def clock(self) -> Clock:
         return self._inner.clock()
-
-
-CLASSES = ("LIST", "GET", "PUT", "DELETE")
-
-
-def by_class(requests: Iterable[Request]) -> dict[str, int]:
-    counts = Counter(dict.fromkeys(CLASSES, 0))
-    for r in requests:
-        counts[r.cls] += r.count
-    return dict(counts)
-
-
-def by_category(requests: Iterable[Request]) -> dict[str, dict[str, int]]:
-    """Requests per protocol object, then per class."""
-    table: dict[str, Counter[str]] = {}
-    for r in requests:
-        table.setdefault(r.category, Counter())[r.cls] += r.count
-    return {cat: dict(counts) for cat, counts in sorted(table.items())}
 
 
 def model_arrays(
