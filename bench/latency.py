@@ -70,7 +70,7 @@ class SlowStore:
                 time.sleep(self.latency_s * count)
             return call()
         finally:
-            self._journal.add(Request(started, time.monotonic(), self._node, cls, count, key))
+            self._note(started, cls, count, key)
 
     def _note(self, started: float, cls: str, count: int, key: str) -> None:
         ended = time.monotonic()
