@@ -3,11 +3,14 @@
 Theory of operation
 -------------------
 The checker is pure (:mod:`gm_core.check`); this is its shell: bounds from flags,
-a progress line on stderr (depth, states, states per second — the only place a
-clock is read), and a verdict. A counterexample is printed as a numbered trace
-with the command that replays it (``--replay`` with the same bounds re-runs the
-actions one by one, narrating each, and judges every invariant at the end).
-``--ci`` runs the bound sets that ``make test`` pins (:data:`CI_BOUNDS`).
+a progress line on stderr when it is a terminal or ``--progress`` asks (depth,
+states, states per second — the only place a clock is read), and a verdict. A
+counterexample is printed as a numbered trace with the command that replays it
+(``--replay`` with the same bounds re-runs the actions one by one, narrating
+each, and judges every invariant at the end).
+``--ci`` runs the bound sets that ``make test`` pins (:data:`CI_BOUNDS`) and ends
+with one summary line (``6/6 bound sets PASS, N states``). Flag values are
+checked by argparse (exit status 2, like an unreadable ``--replay``).
 
 Exit status: 0 when every explored state is sound, 1 on a counterexample, 3 when
 ``--max-states`` stopped the search first.
@@ -19,12 +22,23 @@ import argparse
 import shlex
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 from gm_core import cluster
 from gm_core.check import actions
-from gm_core.check.explore import Bounds, ExploreProgress, Outcome, explore, narrate
+from gm_core.check.explore import ROLE_CODES, Bounds, ExploreProgress, Outcome, explore, narrate
 from gm_core.records import Alignment
 from gm_core.sim import checks
+from gm_shell.argtypes import (
+    add_progress_flags,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    progress_wanted,
+    usage_error,
+)
 
 CI_BOUNDS: dict[str, Bounds] = {
     "one node, one fault": Bounds(roles=("lc",), rounds=1, max_time_s=1.0, faults=1),
@@ -44,30 +58,42 @@ LONG_BOUNDS: dict[str, Bounds] = {
 """Larger bounds for ``make test-long`` and ``gm check --long`` (about 140,000 states)."""
 
 _D = Bounds()
-FLAGS: tuple[tuple[str, str, type, object, str], ...] = (
-    ("--roles", "roles", str, ",".join(_D.roles), "nodes: l=learner c=closer, e.g. lc,lc,l"),
-    ("--rounds", "rounds", int, _D.rounds, "stop exploring once this many records exist"),
-    ("--max-time", "max_time_s", float, _D.max_time_s, "virtual seconds the clock may reach"),
-    ("--crashes", "crashes", int, _D.crashes, "crashes on any path"),
-    ("--faults", "faults", int, _D.faults, "failed requests and lost responses on any path"),
-    ("--sync-every", "sync_every", int, _D.sync_every, "H"),
-    ("--fragments", "fragments", int, _D.fragments, "P"),
-    ("--quorum", "quorum", int, _D.quorum, "minimum quorum"),
-    ("--in-flight", "in_flight", int, _D.in_flight, "rounds a learner may run ahead"),
-    ("--lease-timeout", "lease_timeout_s", float, _D.lease_timeout_s, "seconds"),
-    ("--takeover-floor", "takeover_floor_s", float, _D.takeover_floor_s, "seconds"),
-    ("--poll", "poll_s", float, _D.poll_s, "node poll interval, seconds"),
-    ("--renew", "renew_s", float, _D.renew_s, "lease renewal interval, seconds"),
+
+
+def _roles(text: str) -> str:
+    """Comma-separated node codes, each a non-empty mix of ``l`` and ``c`` (``lc,lc,l``)."""
+    codes = [r.strip() for r in text.split(",") if r.strip()]
+    if not codes or any(not code or set(code) - set(ROLE_CODES) for code in codes):
+        raise argparse.ArgumentTypeError(
+            f"expected node codes of l (learner) and c (closer) such as lc,lc,l; got {text!r}"
+        )
+    return text
+
+
+FLAGS: tuple[tuple[str, str, Callable[[str], object], object, str], ...] = (
+    ("--roles", "roles", _roles, ",".join(_D.roles), "nodes: l=learner c=closer, e.g. lc,lc,l"),
+    ("--rounds", "rounds", positive_int, _D.rounds, "stop once this many records exist"),
+    ("--max-time", "max_time_s", positive_float, _D.max_time_s, "virtual seconds to reach"),
+    ("--crashes", "crashes", non_negative_int, _D.crashes, "crashes on any path"),
+    ("--faults", "faults", non_negative_int, _D.faults, "failed/lost requests on any path"),
+    ("--sync-every", "sync_every", positive_int, _D.sync_every, "H"),
+    ("--fragments", "fragments", positive_int, _D.fragments, "P"),
+    ("--quorum", "quorum", positive_int, _D.quorum, "minimum quorum"),
+    ("--in-flight", "in_flight", positive_int, _D.in_flight, "rounds a learner may run ahead"),
+    ("--lease-timeout", "lease_timeout_s", positive_float, _D.lease_timeout_s, "seconds"),
+    ("--takeover-floor", "takeover_floor_s", non_negative_float, _D.takeover_floor_s, "seconds"),
+    ("--poll", "poll_s", positive_float, _D.poll_s, "node poll interval, seconds"),
+    ("--renew", "renew_s", positive_float, _D.renew_s, "lease renewal interval, seconds"),
     (
         "--progress-every",
         "progress_every",
-        int,
+        non_negative_int,
         _D.progress_every,
         "also judge progress from every N-th state (0: only where exploration stops)",
     ),
-    ("--max-states", "max_states", int, _D.max_states, "give up after this many states"),
+    ("--max-states", "max_states", positive_int, _D.max_states, "give up after this many states"),
 )
-"""The bound flags: flag, Bounds field, type, default, help."""
+"""The bound flags: flag, Bounds field, parser, default, help."""
 
 EXIT = {"pass": 0, "violation": 1, "no progress": 1, "exception": 1, "incomplete": 3}
 
@@ -90,7 +116,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay", metavar="ACTIONS", help="replay a counterexample's actions")
     p.add_argument("--ci", action="store_true", help="check the bound sets make test pins")
     p.add_argument("--long", action="store_true", help="check the larger bound sets too")
-    p.add_argument("--quiet", action="store_true", help="no progress line")
+    add_progress_flags(p)
     p.set_defaults(handler=main)
 
 
@@ -106,14 +132,40 @@ def bounds_of(args: argparse.Namespace) -> Bounds:
 
 
 def main(args: argparse.Namespace) -> int:
+    quiet = not progress_wanted(args)
     if args.ci or args.long:
         sets = {**CI_BOUNDS, **(LONG_BOUNDS if args.long else {})}
-        results = [run(name, b, quiet=args.quiet) for name, b in sets.items()]
+        results = [run(name, b, quiet=quiet) for name, b in sets.items()]
+        print(summary_line(results))
         return max(EXIT[o.verdict] for o in results)
     bounds = bounds_of(args)
     if args.replay is not None:
-        return replay(bounds, args.replay)
-    return EXIT[run("check", bounds, quiet=args.quiet).verdict]
+        try:
+            path = parse_replay(args.replay)
+        except ValueError as error:
+            return usage_error("check", f"argument --replay: {error}")
+        return replay(bounds, path)
+    return EXIT[run("check", bounds, quiet=quiet).verdict]
+
+
+def summary_line(outcomes: Sequence[Outcome]) -> str:
+    """``6/6 bound sets PASS, 15,224 states`` (and the other verdicts' counts, if any)."""
+    verdicts = Counter(o.verdict for o in outcomes)
+    passed = verdicts.pop("pass", 0)
+    others = "".join(f", {n} {v.upper()}" for v, n in sorted(verdicts.items()))
+    states = sum(o.states for o in outcomes)
+    return f"{passed}/{len(outcomes)} bound sets PASS{others}, {states:,} states"
+
+
+def parse_replay(tokens: str) -> tuple[actions.Action, ...]:
+    """The actions of a ``--replay`` argument; ValueError names the token it cannot read."""
+    path = []
+    for token in (t for t in tokens.split(",") if t.strip()):
+        try:
+            path.append(actions.parse(token))
+        except ValueError as error:
+            raise ValueError(f"cannot read action {token.strip()!r} ({error})") from None
+    return tuple(path)
 
 
 def run(name: str, bounds: Bounds, *, quiet: bool = False) -> Outcome:
@@ -173,10 +225,11 @@ def replay_command(b: Bounds, tokens: str) -> str:
     return shlex.join([*words, "--replay", tokens])
 
 
-def replay(bounds: Bounds, tokens: str) -> int:
+def replay(bounds: Bounds, path: Sequence[actions.Action] | str) -> int:
     """Re-run the actions, narrating each, and judge every invariant at the end."""
-    path = tuple(actions.parse(t) for t in tokens.split(",") if t.strip())
-    lines, end = narrate(bounds, path)
+    if isinstance(path, str):
+        path = parse_replay(path)
+    lines, end = narrate(bounds, tuple(path))
     print("\n".join(lines))
     if end is None:
         return 1

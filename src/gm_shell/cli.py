@@ -17,6 +17,14 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import TypeAlias
 
+from gm_shell.argtypes import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    usage_error,
+)
+
 DISTRIBUTION = "gm-diloco"
 """The distribution name on PyPI (the import packages are gm_core and gm_shell)."""
 
@@ -25,44 +33,69 @@ Handler: TypeAlias = Callable[[argparse.Namespace], int]
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-def _version(args: argparse.Namespace) -> int:
+def installed_version() -> str:
+    """``gm-diloco X.Y.Z``, or a note that the distribution is not installed (a bare checkout)."""
     try:
-        print(f"{DISTRIBUTION} {version(DISTRIBUTION)}")
+        return f"{DISTRIBUTION} {version(DISTRIBUTION)}"
     except PackageNotFoundError:
-        print(f"{DISTRIBUTION}: not installed (run `make install`)", file=sys.stderr)
-        return 1
+        return f"{DISTRIBUTION} (not installed: running from a source tree)"
+
+
+def _version(args: argparse.Namespace) -> int:
+    print(installed_version())
     return 0
 
 
 def _register_version(sub: Subparsers) -> None:
-    p = sub.add_parser("version", help="print the installed version of gm")
+    p = sub.add_parser("version", help="print the installed version of gm (also: gm --version)")
     p.set_defaults(handler=_version)
 
 
 def _register_demo(sub: Subparsers) -> None:
     """``gm demo``: the defaults are the tuned demo; flags exist to explore around it."""
+    from gm_core.records import Alignment, WireFormat
+
     p = sub.add_parser("demo", help="train 4 learners through a file:// mailbox")
-    p.add_argument("--name", help="run folder name under --runs (default demo, or tiny)")
+    p.add_argument("--name", type=_run_name, help="run folder name under --runs (default demo)")
     p.add_argument("--runs", default="runs", help="folder holding run folders (default runs)")
-    p.add_argument("--learners", type=int, help="learner processes (default 4)")
-    p.add_argument("--steps", type=int, help="optimizer steps per learner")
-    p.add_argument("--sync-every", type=int, help="H: local steps between syncs of a fragment")
-    p.add_argument("--fragments", type=int, help="P: fragments (streaming DiLoCo)")
-    p.add_argument("--outer-lr", type=float, help="Nesterov outer learning rate")
-    p.add_argument("--outer-momentum", type=float, help="Nesterov outer momentum")
-    p.add_argument("--alignment", help="overwrite, blend or carry")
-    p.add_argument("--quorum", type=int, help="snapshots a round waits for (default: all)")
-    p.add_argument("--in-flight", type=int, help="rounds a learner may run ahead of commits")
-    p.add_argument("--overlap-steps", type=int, help="steps past an open round before waiting")
-    p.add_argument("--delta-format", help="F32, F16, BF16, F8_E4M3 or F4_E2M1")
+    p.add_argument("--learners", type=positive_int, help="learner processes (default 4)")
+    p.add_argument("--steps", type=positive_int, help="optimizer steps per learner")
+    p.add_argument("--sync-every", type=positive_int, help="H: local steps between syncs")
+    p.add_argument("--fragments", type=positive_int, help="P: fragments (streaming DiLoCo)")
+    p.add_argument("--outer-lr", type=positive_float, help="Nesterov outer learning rate")
+    p.add_argument("--outer-momentum", type=_momentum, help="Nesterov outer momentum, in [0, 1)")
+    p.add_argument("--alignment", choices=[a.value for a in Alignment], help="default carry")
+    p.add_argument("--quorum", type=positive_int, help="snapshots a round waits for (default all)")
+    p.add_argument("--in-flight", type=positive_int, help="rounds a learner may run ahead")
+    p.add_argument(
+        "--overlap-steps", type=non_negative_int, help="steps past an open round before waiting"
+    )
+    p.add_argument("--delta-format", choices=[w.value for w in WireFormat], help="default F32")
     p.add_argument("--tiny", action="store_true", help="a seconds-long smoke run")
 
     def handler(args: argparse.Namespace) -> int:
+        learners = args.learners or (2 if args.tiny else 4)
+        if args.quorum is not None and args.quorum > learners:
+            return usage_error("demo", f"--quorum {args.quorum} exceeds the {learners} learners")
         from gm_shell.demo.launch import main  # torch loads only when the demo runs
 
         return main(args)
 
     p.set_defaults(handler=handler)
+
+
+def _run_name(text: str) -> str:
+    """A run folder name: one path segment, so ``--name`` cannot point outside ``--runs``."""
+    if not text or text in (".", "..") or "/" in text or "\\" in text:
+        raise argparse.ArgumentTypeError(f"expected a folder name, got {text!r}")
+    return text
+
+
+def _momentum(text: str) -> float:
+    value = non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return value
 
 
 def _register_simulate(sub: Subparsers) -> None:
@@ -92,7 +125,11 @@ def _register_status(sub: Subparsers) -> None:
     p.add_argument("url", help="mailbox URL of the run, e.g. s3://bucket/run or file:///path")
     reach = p.add_mutually_exclusive_group()
     reach.add_argument(
-        "--last", type=int, default=20, metavar="N", help="records to summarize (default 20)"
+        "--last",
+        type=positive_int,
+        default=20,
+        metavar="N",
+        help="records to summarize (default 20)",
     )
     reach.add_argument("--all", action="store_true", help="summarize the whole tape")
     p.add_argument("--json", action="store_true", help="print the status as JSON")
@@ -107,10 +144,6 @@ def _register_status(sub: Subparsers) -> None:
         from gm_shell.oneshot import run_oneshot
         from gm_shell.run import RunError
         from gm_shell.stores import MailboxOptions
-
-        if args.last < 1:
-            print("gm status: --last must be at least 1", file=sys.stderr)
-            return 2
 
         async def read() -> status.RunStatus:
             box = status.open_mailbox(args.url, MailboxOptions(endpoint=args.endpoint))
@@ -148,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gm", description="Decoupled DiLoCo training over an object-store mailbox."
     )
+    parser.add_argument("--version", action="version", version=installed_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in _REGISTRARS:
         register(sub)

@@ -5,7 +5,9 @@ Theory of operation
 The simulator itself is pure (:mod:`gm_core.sim`); this module is its shell. It
 builds a :class:`~gm_core.sim.scenario.Scenario` — from a JSON or TOML file
 (``--scenario``), from a swarm seed (``--swarm``), or from flags over the
-defaults — runs it with a progress bar on stderr, and prints a summary table.
+defaults — runs it with a progress bar on stderr (on a terminal, or with
+``--progress``), and prints a summary table. A bad flag value or an unreadable
+scenario file is a usage error (exit status 2), reported before anything runs.
 Two named studies have their own switches: ``--chaos-table`` reproduces the
 Decoupled DiLoCo paper's goodput table next to the paper's numbers (its cells run
 in parallel processes, one per core, each from its own seed, so the result does
@@ -36,6 +38,16 @@ from gm_core.records import Alignment
 from gm_core.sim import chaos, experiments, scenario, swarm, world
 from gm_core.sim.metrics import Summary
 from gm_core.sim.scenario import CheckPolicy, Scenario
+from gm_shell.argtypes import (
+    add_progress_flags,
+    existing_file,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    progress_wanted,
+    usage_error,
+)
 
 _FLEET_ACTIONS: list[argparse.Action] = []
 """The scenario flags, kept to print the command that replays a run."""
@@ -44,31 +56,33 @@ _FLEET_ACTIONS: list[argparse.Action] = []
 def register(p: argparse.ArgumentParser) -> None:
     """Add ``gm simulate``'s flags to its subparser."""
     source = p.add_argument_group("what to run (default: a scenario from the flags below)")
-    source.add_argument("--scenario", type=Path, help="scenario file (.json or .toml)")
-    source.add_argument("--swarm", type=int, metavar="SEED", help="the swarm scenario of SEED")
+    source.add_argument("--scenario", type=existing_file, help="scenario file (.json or .toml)")
+    source.add_argument(
+        "--swarm", type=non_negative_int, metavar="SEED", help="the swarm scenario of SEED"
+    )
     source.add_argument("--chaos-table", action="store_true", help="the paper's goodput table")
     source.add_argument("--heterogeneity", action="store_true", help="the quorum/grace study")
     fleet = p.add_argument_group("scenario flags")
-    fleet.add_argument("--seed", type=int, default=0)
-    fleet.add_argument("--learners", type=int, default=4)
-    fleet.add_argument("--closers", type=int, default=1)
-    fleet.add_argument("--duration", type=float, default=600.0, help="virtual seconds")
-    fleet.add_argument("--sync-every", type=int, default=20, help="H, local steps per cycle")
-    fleet.add_argument("--fragments", type=int, default=2)
-    fleet.add_argument("--quorum", type=int, default=1)
-    fleet.add_argument("--in-flight", type=int, default=2)
-    fleet.add_argument("--grace-gamma", type=float, default=0.5)
+    fleet.add_argument("--seed", type=non_negative_int, default=0)
+    fleet.add_argument("--learners", type=positive_int, default=4)
+    fleet.add_argument("--closers", type=positive_int, default=1)
+    fleet.add_argument("--duration", type=positive_float, default=600.0, help="virtual seconds")
+    fleet.add_argument("--sync-every", type=positive_int, default=20, help="H, steps per cycle")
+    fleet.add_argument("--fragments", type=positive_int, default=2)
+    fleet.add_argument("--quorum", type=positive_int, default=1)
+    fleet.add_argument("--in-flight", type=positive_int, default=2)
+    fleet.add_argument("--grace-gamma", type=non_negative_float, default=0.5)
     fleet.add_argument("--alignment", choices=[a.value for a in Alignment], default="overwrite")
-    fleet.add_argument("--step-s", type=float, default=1.0)
-    fleet.add_argument("--jitter", type=float, default=0.0, help="± share per step")
-    fleet.add_argument("--slow-share", type=float, default=0.0)
-    fleet.add_argument("--slow-factor", type=float, default=1.0)
-    fleet.add_argument("--crash-per-h", type=float, default=0.0, help="per node")
-    fleet.add_argument("--down-s", type=float, default=30.0)
-    fleet.add_argument("--fail-rate", type=float, default=0.0, help="store request failures")
-    fleet.add_argument("--lost-rate", type=float, default=0.0, help="writes whose reply is lost")
-    fleet.add_argument("--list-lag-s", type=float, default=0.0)
-    fleet.add_argument("--throttle-rps", type=float, default=None)
+    fleet.add_argument("--step-s", type=positive_float, default=1.0)
+    fleet.add_argument("--jitter", type=non_negative_float, default=0.0, help="± share per step")
+    fleet.add_argument("--slow-share", type=non_negative_float, default=0.0)
+    fleet.add_argument("--slow-factor", type=positive_float, default=1.0)
+    fleet.add_argument("--crash-per-h", type=non_negative_float, default=0.0, help="per node")
+    fleet.add_argument("--down-s", type=non_negative_float, default=30.0)
+    fleet.add_argument("--fail-rate", type=non_negative_float, default=0.0, help="failed requests")
+    fleet.add_argument("--lost-rate", type=non_negative_float, default=0.0, help="lost replies")
+    fleet.add_argument("--list-lag-s", type=non_negative_float, default=0.0)
+    fleet.add_argument("--throttle-rps", type=positive_float, default=None)
     fleet.add_argument("--train", action="store_true", help="learners train a small MLP")
     fleet.add_argument("--check", choices=[c.value for c in CheckPolicy], default="every")
     _FLEET_ACTIONS[:] = list(fleet._group_actions)
@@ -76,7 +90,7 @@ def register(p: argparse.ArgumentParser) -> None:
     out.add_argument("--plot", type=Path, help="write a PNG of the run")
     out.add_argument("--save", type=Path, help="write the scenario as JSON")
     out.add_argument("--json", action="store_true", help="print the summary as JSON")
-    out.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_flags(p)
     p.set_defaults(handler=main)
 
 
@@ -85,13 +99,17 @@ def main(args: argparse.Namespace) -> int:
         return _chaos_table(args)
     if args.heterogeneity:
         return _heterogeneity(args)
-    chosen = _scenario(args)
+    try:
+        chosen = _scenario(args)
+    except (ValueError, OSError) as error:  # an unreadable or invalid scenario file
+        return usage_error("simulate", str(error))
+    quiet = not progress_wanted(args)
     if args.save:
         args.save.write_text(json.dumps(scenario.to_mapping(chosen), indent=2) + "\n")
     started = time.perf_counter()
-    report = world.run(chosen, None if args.quiet else _Bar())
+    report = world.run(chosen, None if quiet else _Bar())
     elapsed = time.perf_counter() - started
-    if not args.quiet:
+    if not quiet:
         print(file=sys.stderr)
     if args.json:
         print(json.dumps(_summary_dict(report.summary), indent=2))
@@ -267,16 +285,17 @@ def _chaos_table(args: argparse.Namespace) -> int:
     todo = [(row, chips, args.seed) for row, chips in chaos.cells()]
     started = time.perf_counter()
     workers = max(1, min(len(todo), os.cpu_count() or 1))
+    quiet = not progress_wanted(args)
     done: list[chaos.Cell] = []
     # Slowest cells (most learners) first, so the pool's tail is short.
     order = sorted(todo, key=lambda t: -_cost(t[0]))
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers) as pool:
         for result in pool.map(_chaos_cell, order):
             done.append(result)
-            if not args.quiet:
+            if not quiet:
                 print(f"\r{len(done)}/{len(todo)} cells", end="", file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - started
-    if not args.quiet:
+    if not quiet:
         print(file=sys.stderr)
     table = chaos.Table(model=model, cells=tuple(sorted(done, key=_reading_order)))
     print(format_chaos_table(table, elapsed, workers))

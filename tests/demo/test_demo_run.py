@@ -26,6 +26,9 @@ def test_tiny_demo_completes_and_writes_plot_and_summary(tmp_path: Path) -> None
     assert summary.gm_loss < corpus.uniform_entropy_nats() - 0.5
     assert summary.baseline_loss < corpus.uniform_entropy_nats() - 0.5
     assert "gm / data-parallel" in out.getvalue()
+    url = (run / "mailbox").as_uri()
+    assert out.getvalue().startswith(f"mailbox: {url}\nwatch it: gm status {url}\n")
+    assert f"the run's tape: gm status {url}\n" in out.getvalue()
     # The plot's gm curve: commits scored as they came, ending with the final commit.
     committed = progress.view(progress.read_lines(run / "progress" / f"{COMMITTED}.jsonl"))
     assert committed.evals[-1].loss == summary.gm_loss

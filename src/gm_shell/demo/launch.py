@@ -202,14 +202,23 @@ def summarize(
 def run_demo(spec: DemoSpec, runs_root: Path, out: TextIO = sys.stdout) -> Summary:
     """The whole demo: prepare, train, watch, summarize; prints the table and file paths."""
     run = prepare(spec, runs_root)
+    out.write(watch_hint(run))
     evaluator = CommittedEvaluator(spec, run, TokenStream(spec.data), EVAL_PERIOD_S)
     try:
         wall_s = watch(spec, run, start_workers(spec, run), out, evaluator.poll)
         summary = summarize(spec, run, wall_s, evaluator)
     finally:
         evaluator.close()
-    out.write(f"\n{table(summary)}\n\n  plot: {run.plot_path}\n  summary: {run.summary_path}\n")
+    out.write(
+        f"\n{table(summary)}\n\n  plot: {run.plot_path}\n  summary: {run.summary_path}\n"
+        f"  mailbox: {run.mailbox_url}\n  the run's tape: gm status {run.mailbox_url}\n"
+    )
     return summary
+
+
+def watch_hint(run: layout.RunDir) -> str:
+    """Where the run lives and the command that shows its tape (from another terminal too)."""
+    return f"mailbox: {run.mailbox_url}\nwatch it: gm status {run.mailbox_url}\n"
 
 
 def spec_from_args(args: argparse.Namespace) -> DemoSpec:
