@@ -19,6 +19,9 @@ when a round is due, folds in commits that have arrived, and blocks only where
 run makes no progress for ``stall_timeout_s``. Closing flushes this learner's
 last deltas (``flush_on_close``), waits for its rounds in flight (bounded),
 releases its lease, stops the closer, and leaves the model at the newest commit.
+An exception escaping the ``with`` block, SIGTERM, or an interpreter exit with
+the session still open makes it *leave* instead: stop at once and delete the
+lease, so peers do not wait a lease timeout for it (:mod:`gm_shell.leaving`).
 
 Roles: ``both`` (the default: learner and closer-capable), ``learner`` and
 ``closer`` (no training loop; the model, if given, only serves to create the
@@ -53,7 +56,7 @@ from gm_core.records import (
     Partition,
     WireFormat,
 )
-from gm_shell import events
+from gm_shell import events, leaving
 from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.align import Checkpoint, load_frontier, newest_record
 from gm_shell.fragments import FragmentCodec, compute_backend
@@ -123,6 +126,10 @@ class SessionOptions:
     max_sweep_rounds: int = 4
 
 
+class LeftError(RuntimeError):
+    """The session left the run (an exception, SIGTERM or exit): its machines stopped."""
+
+
 def default_node_id() -> str:
     """``host-pid``, reduced to the id alphabet the bucket layout accepts."""
     raw = f"{socket.gethostname()}-{os.getpid()}"
@@ -180,7 +187,10 @@ class Session:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        self.close()
+        if error is None:
+            self.close()
+        else:  # the loop's state is not to be trusted (nor flushed): leave at once
+            self._leave()
 
     def start(self) -> None:
         """Open the mailbox, create or adopt the run, start the runtime, and join."""
@@ -193,11 +203,12 @@ class Session:
                 self._replica = Replica(adapter, self.manifest.plan)
             self._runtime = self._make_runtime(self.manifest)
             self._pacer = self._runtime.pacer
+            leaving.opened(self)
             self._runtime.start()
             if self._pacer is not None:
                 self._pacer.serve(self._pacer.running, self.options.join_timeout_s, self._why)
         except BaseException:
-            self._teardown()
+            self._leave()  # the runtime may have written the lease already
             raise
 
     def _open_mailbox(self) -> Mailbox:
@@ -304,6 +315,28 @@ class Session:
                     self.checkpoint = self._leave_at_newest(runtime)
                 if runtime.closer is not None:
                     runtime.request_close(Machine.CLOSER)
+        except BaseException:
+            self._leave()
+            raise
+        if runtime is not None and runtime.failure is not None:
+            self._leave()  # the runtime died: nothing released its lease
+        else:
+            self._teardown()
+
+    def _leave(self) -> None:
+        """Stop at once and delete this node's lease: no flush, no waiting for commits."""
+        runtime, loop = self._runtime, self._loop
+        try:
+            if runtime is not None and loop is not None and loop.alive:
+                # Nothing is fed to the machines any more, so they issue no new renewal.
+                loop.call(lambda: setattr(runtime, "failure", runtime.failure or LeftError()))
+                runtime.shutdown()  # requests in flight (a renewal) land before the delete
+                if self._mailbox is not None:
+                    helper = LoopThread(f"gm-leave-{self.node}")
+                    try:
+                        helper.run(self._mailbox.delete([keys.lease(self.node)]), timeout_s=30.0)
+                    finally:
+                        helper.stop()
         finally:
             self._teardown()
 
@@ -330,6 +363,7 @@ class Session:
         )
 
     def _teardown(self) -> None:
+        leaving.closed(self)
         if self._runtime is not None:
             self._runtime.shutdown()
         elif self._loop is not None:
