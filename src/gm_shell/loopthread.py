@@ -6,8 +6,15 @@ A session's protocol state lives on one event loop, so that exactly one thread
 ever calls the core's ``advance``. The training thread (and ``__enter__`` /
 ``close``) reach that loop in two ways only:
 
-- :meth:`LoopThread.post` schedules a callback and returns at once (handing a
-  captured delta over, reporting an applied commit);
+- :meth:`LoopThread.post` schedules a callback and returns at once (the
+  training thread left notes for the loop, see :mod:`gm_shell.pacer`). It
+  hands the callback to a small forwarding thread through a queue, because
+  waking the loop directly (``call_soon_threadsafe``) writes to a socket, which
+  releases the GIL: the loop thread, or any other, may take it and keep the
+  caller waiting for as long as its Python work lasts. A queue's ``put`` wakes
+  the forwarder without letting go of the GIL; the forwarder then wakes the
+  loop on its own time. Posted callbacks run in order, but not in order with
+  :meth:`call` and :meth:`run`;
 - :meth:`LoopThread.call` runs a callback or coroutine on the loop and waits for
   its result (reporting a step and learning the core's reply; setup; close).
   Waiting is bounded and notices a loop that died, so a caller never hangs on
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import queue
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -36,6 +44,9 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        self._posts: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._forwarder = threading.Thread(target=self._forward, name=f"{name}-post", daemon=True)
+        self._forwarder.start()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -49,9 +60,14 @@ class LoopThread:
         return threading.current_thread() is self._thread
 
     def post(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` on the loop soon; never blocks."""
-        if self.alive:
-            self.loop.call_soon_threadsafe(callback)
+        """Run ``callback`` on the loop soon; never blocks, never lets go of the GIL."""
+        self._posts.put(callback)
+
+    def _forward(self) -> None:
+        while (callback := self._posts.get()) is not None:
+            if self.alive:
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    self.loop.call_soon_threadsafe(callback)
 
     def call(self, callback: Callable[[], T], timeout_s: float | None = None) -> T:
         """Run ``callback`` on the loop and return its result (or raise its exception)."""
@@ -91,9 +107,11 @@ class LoopThread:
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Let pending tasks finish for up to ``grace_s``, cancel the rest, stop the loop."""
+        self._posts.put(None)  # the forwarder ends once it has passed on the posts before it
         if not self.alive:
             return
         if not self.on_loop():
+            self._forwarder.join(timeout=grace_s)
             with contextlib.suppress(RuntimeError, TimeoutError):
                 self.run(_drain(grace_s), timeout_s=grace_s + 5.0)
             self.loop.call_soon_threadsafe(self.loop.stop)

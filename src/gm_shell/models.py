@@ -118,24 +118,34 @@ STAGING_BYTES = 8 << 20
 
 
 class _TorchFragment:
-    """Small fragments go through a staging buffer whose per-tensor views are made once:
-    torch's per-call overhead (making views, entering no-grad) costs more than copying
-    them; large ones are viewed in place, where that overhead is nothing. CPU fp32
-    parameters move in one fused ``_foreach_copy_``; others (bf16, accelerators) tensor
-    by tensor, converting dtype and device on the way."""
+    """CPU fp32 contiguous parameters (the common CPU case) are copied byte for byte through
+    memoryviews of their own memory: a plain ``memcpy`` that keeps the GIL, so the training
+    thread cannot lose it to another thread halfway through a step (torch and numpy copies
+    release it, and winning it back can take as long as the other thread's Python work).
+    The views are rebuilt whenever a parameter's storage moved (``p.data = …``, ``.to()``).
+
+    Other parameters go through torch: small fragments through a staging buffer whose
+    per-tensor views are made once (torch's per-call overhead — making views, entering
+    no-grad — costs more than copying them), large ones viewed in place. CPU fp32 moves in
+    one fused ``_foreach_copy_``; others (bf16, accelerators) tensor by tensor, converting
+    dtype and device on the way."""
 
     def __init__(self, layout: Layout, params: list[Any]) -> None:
-        import torch
-
         self.layout = layout
         self._params = params
-        self._fused = hasattr(torch, "_foreach_copy_") and all(
-            p.device.type == "cpu" and p.dtype == torch.float32 for p in params
-        )
+        self._bytes = [(4 * s.start, 4 * s.stop) for s in layout.spans]
+        self._bound: list[int] = []
+        self._direct: list[memoryview] | None = None
         self._staging: F32 | None = None
-        if 4 * layout.total <= STAGING_BYTES:
-            self._staging = np.empty(layout.total, dtype=np.float32)
-            self._staged = self._views(self._staging)
+        self._staged: list[Any] = []
+
+    def _direct_views(self) -> list[memoryview] | None:
+        """Byte views of the parameters' memory, or None where torch must do the copy."""
+        pointers = [p.data_ptr() for p in self._params]
+        if pointers != self._bound:
+            self._bound = pointers
+            self._direct = _host_bytes(self._params)
+        return self._direct
 
     def _views(self, flat: F32) -> list[Any]:
         import torch
@@ -143,26 +153,59 @@ class _TorchFragment:
         host = torch.from_numpy(flat)
         return [host[s.start : s.stop].view(s.shape) for s in self.layout.spans]
 
+    def _staged_views(self) -> list[Any]:
+        if self._staging is None and 4 * self.layout.total <= STAGING_BYTES:
+            self._staging = np.empty(self.layout.total, dtype=np.float32)
+            self._staged = self._views(self._staging)
+        return self._staged
+
     def gather(self, out: F32) -> None:
-        views = self._staged if self._staging is not None else self._views(out)
-        self._copy(views, self._params)
+        direct = self._direct_views()
+        if direct is not None:
+            flat = out.data.cast("B")
+            for (lo, hi), param in zip(self._bytes, direct, strict=True):
+                flat[lo:hi] = param
+            return
+        staged = self._staged_views()
+        self._copy(staged or self._views(out), self._params)
         if self._staging is not None:
             np.copyto(out, self._staging)
 
     def scatter(self, flat: F32) -> None:
+        direct = self._direct_views()
+        if direct is not None:
+            source = flat.data.cast("B")
+            for (lo, hi), param in zip(self._bytes, direct, strict=True):
+                param[:] = source[lo:hi]
+            return
+        staged = self._staged_views()
         if self._staging is not None:
             np.copyto(self._staging, flat)
-        self._copy(self._params, self._staged if self._staging is not None else self._views(flat))
+        self._copy(self._params, staged or self._views(flat))
 
     def _copy(self, targets: list[Any], sources: list[Any]) -> None:
         import torch
 
         with torch.no_grad():
-            if self._fused:
+            if hasattr(torch, "_foreach_copy_") and all(
+                t.device == s.device and t.dtype == s.dtype
+                for t, s in zip(targets, sources, strict=True)
+            ):
                 torch._foreach_copy_(targets, sources)
             else:
                 for target, source in zip(targets, sources, strict=True):
                     target.copy_(source)
+
+
+def _host_bytes(params: list[Any]) -> list[memoryview] | None:
+    """Writable byte views of CPU fp32 contiguous parameters (None unless all are)."""
+    import torch
+
+    if not all(
+        p.device.type == "cpu" and p.dtype == torch.float32 and p.is_contiguous() for p in params
+    ):
+        return None
+    return [memoryview(p.detach().numpy().reshape(-1)).cast("B") for p in params]
 
 
 # -- MLX ----------------------------------------------------------------------------------------

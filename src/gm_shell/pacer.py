@@ -8,9 +8,30 @@ next local step at which it needs to hear of progress; until then ``step()``
 only increments :attr:`Pacer.step` and compares it with :attr:`Pacer.barrier`.
 
 The loop thread lowers the barrier to 0 whenever the training thread has
-something to do — a fragment to capture (at exactly this step), a fetched
-commit to fold into the model — or must stop (a stall). Then the next
-``step()`` takes the slow path, :meth:`Pacer.serve`:
+something to do — a fragment to capture, a fetched commit to fold into the
+model — or must stop (a stall). Then the next ``step()`` takes a slower path.
+
+The due step, without waiting. At the step the core waits for, the training
+thread must not wait for the loop: a round trip costs two GIL hand-offs, each
+as long as whatever Python the other thread runs meanwhile. So the loop asks
+the core in advance what it will say to that step — :meth:`Runtime._forecast`
+feeds a hypothetical ``Stepped`` to the pure ``advance`` and keeps only its
+captures and its next pace — and hands the answer over as a :class:`Plan`. At
+that step :meth:`Pacer.stepped` copies the planned fragments into buffers
+(:meth:`Replica.take`), leaves a :class:`StepNote` for the loop, adopts the
+planned pace, and returns; it signals the loop without waiting for it.
+
+Why the plan is what the core will say: the loop holds :attr:`Pacer.lock` for
+the whole of every feed, makes the plan at the end of a feed from the state it
+leaves, and feeds the notes the training thread left before anything else.
+The training thread takes a plan only under that lock, so the ``Stepped`` of a
+note meets exactly the state its plan was made from, and ``advance`` is a
+function. The loop checks it all the same: a note whose captures or pace differ
+from what the core then says stops the runtime (a bug, never a guess).
+
+Where no plan fits — the core will stall training at that step, the step is
+past the planned one (the pace arrived late), or a plan is being remade — the
+slow path, :meth:`Pacer.serve`, does what it always did:
 
 1. if the step reached the barrier, report the step and tokens to the core and
    wait for it to digest them (a round trip to the loop), so any capture it asks
@@ -23,6 +44,13 @@ commit to fold into the model — or must stop (a stall). Then the next
 
 Joining and closing use the same loop with another end condition. The pacer
 itself decides nothing; it carries out the core's commands in order.
+
+Ownership. The model's parameters are read and written only on the training
+thread, inside ``Session`` calls (here and in :mod:`gm_shell.replica`): the
+loop thread and the workers never touch them. What crosses over are buffers —
+a :class:`~gm_shell.replica.Taken` belongs to the loop once its note is left,
+and a committed array is never written by anyone — and the notes, in the order
+the training thread left them, under the lock.
 """
 
 from __future__ import annotations
@@ -37,7 +65,7 @@ import attrs
 from gm_core.commands import Pace
 from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment
-from gm_shell.replica import Replica
+from gm_shell.replica import Replica, Taken
 
 
 class StalledError(RuntimeError):
@@ -69,20 +97,61 @@ class ForgetWork:
 Work = CaptureWork | ApplyWork | ForgetWork
 
 
+@attrs.frozen
+class Plan:
+    """What the core will answer when it hears of ``step`` (asked of the core itself)."""
+
+    step: int
+    captures: tuple[tuple[int, int], ...]
+    """(round, fragment) of every capture it will ask for, in its order."""
+    next_step: int
+    """The step it will wait for next (a plan exists only where training goes on)."""
+
+
+@attrs.frozen(eq=False)
+class StepNote:
+    """Training reached ``plan.step``: the copies ``plan`` asked for, made at that step."""
+
+    step: int
+    tokens: int
+    plan: Plan
+    taken: tuple[Taken, ...]
+
+
+@attrs.frozen(eq=False)
+class CaptureNote:
+    """A capture the core asked for by command (``req``), made at the training step."""
+
+    req: int
+    taken: Taken
+
+
+@attrs.frozen(eq=False)
+class AppliedNote:
+    """A commit folded into the model at ``step``."""
+
+    req: int
+    step: int
+    tokens: int
+
+
+Note = StepNote | CaptureNote | AppliedNote
+
+
 class Link(Protocol):
-    """What the pacer needs from the runtime (each call crosses to the loop thread)."""
+    """What the pacer needs from the runtime."""
 
     def report(self, step: int, tokens: int) -> None:
-        """Feed ``Stepped`` and wait until the core has digested it."""
+        """Feed ``Stepped`` and wait until the core has digested it (a round trip)."""
         ...
 
-    def captured(self, work: CaptureWork, delta: F32) -> None: ...
-
-    def applied(self, work: ApplyWork, step: int, tokens: int) -> None: ...
+    def wake(self) -> None:
+        """Notes are waiting: have the loop feed them soon; never blocks."""
+        ...
 
 
 class Pacer:
-    """Counters the training loop bumps, and the handoff of work from the loop."""
+    """Counters the training loop bumps, and the handoff of work between the threads."""
 
     def __init__(self, replica: Replica, link: Link, *, keep_copies: bool) -> None:
         self.step = 0
@@ -93,10 +162,19 @@ class Pacer:
         self._keep_copies = keep_copies
         self._cond = threading.Condition()
         self._work: list[Work] = []
+        self._notes: list[Note] = []
+        self._signalled = False
+        self._plan: Plan | None = None
         self._next_step = 0
         self._stalled = True
         self._failure: BaseException | None = None
         self._reported = (-1, -1)
+
+    @property
+    def lock(self) -> threading.Condition:
+        """Held by the loop for each whole feed (reentrant), by the training thread to
+        take a plan and leave notes."""
+        return self._cond
 
     # -- the loop's side --------------------------------------------------------------------
 
@@ -108,6 +186,18 @@ class Pacer:
                 self._next_step, self._stalled = pace.next_step, pace.stalled
             self._refresh()
             self._cond.notify_all()
+
+    def plan(self, plan: Plan | None) -> None:
+        """What the core will say at the step it waits for (None: ask it then)."""
+        with self._cond:
+            self._plan = plan
+
+    def take_notes(self) -> list[Note]:
+        """The notes the training thread left, oldest first."""
+        with self._cond:
+            notes, self._notes = self._notes, []
+            self._signalled = False
+            return notes
 
     def fail(self, error: BaseException) -> None:
         """The runtime cannot go on: the training thread raises ``error`` at its next step."""
@@ -128,6 +218,29 @@ class Pacer:
         return self._stalled
 
     # -- the training thread's side -----------------------------------------------------------
+
+    def stepped(self, timeout_s: float, why: Callable[[], str]) -> None:
+        """A step that reached the barrier: the planned due step, or :meth:`serve`."""
+        if not self._claim():
+            self.serve(self.running, timeout_s, why)
+
+    def _claim(self) -> bool:
+        """Carry out the plan for this step, if it is this step's; never waits for the loop."""
+        with self._cond:
+            plan = self._plan
+            if plan is None or plan.step != self.step or self._failure is not None:
+                return False
+            assert plan.step == self._next_step, "a plan outlived its pace"
+            assert not self._stalled, "a plan outlived its pace"
+            taken = tuple(self._replica.take(r, f, self._keep_copies) for r, f in plan.captures)
+            self._notes.append(StepNote(step=self.step, tokens=self.tokens, plan=plan, taken=taken))
+            self._plan = None
+            self._next_step = plan.next_step
+            self._reported = (self.step, self.tokens)
+            work, self._work = self._work, []
+            self._refresh()
+        self._perform(work)
+        return True
 
     def serve(
         self,
@@ -170,16 +283,24 @@ class Pacer:
         return not self._stalled
 
     def _perform(self, work: list[Work]) -> None:
+        """Forget, capture, then apply (see the module doc), and signal the loop once."""
+        notes: list[Note] = []
         for item in work:
             if isinstance(item, ForgetWork):
                 self._replica.forget(item.round)
         for item in work:
             if isinstance(item, CaptureWork):
-                delta = self._replica.capture(item.round, item.fragment, self._keep_copies)
-                self._link.captured(item, delta)
+                taken = self._replica.take(item.round, item.fragment, self._keep_copies)
+                notes.append(CaptureNote(req=item.req, taken=taken))
         for item in work:
             if isinstance(item, ApplyWork):
                 self._replica.apply(
                     item.round, item.fragment, item.committed, item.mode, item.mixing
                 )
-                self._link.applied(item, self.step, self.tokens)
+                notes.append(AppliedNote(req=item.req, step=self.step, tokens=self.tokens))
+        with self._cond:
+            self._notes.extend(notes)
+            signal = bool(self._notes) and not self._signalled
+            self._signalled = self._signalled or signal
+        if signal:
+            self._link.wake()

@@ -7,9 +7,10 @@ committed value of that fragment it last aligned with. The replica keeps one
 flat fp32 host copy of each anchor, and does the two things that must happen
 on the training thread, between optimizer steps, at the step the core chose:
 
-- :meth:`Replica.capture` — the delta of one fragment as the model holds it
-  now (for ``carry`` alignment it also keeps θ at that moment, since carry
-  replays exactly the steps trained after it);
+- :meth:`Replica.take` — a copy of one fragment as the model holds it now, with
+  the anchor its delta ``anchor − θ`` is to be taken from (:class:`Taken`; the
+  subtraction is left to a worker thread). For ``carry`` alignment it also keeps
+  θ at that moment, since carry replays exactly the steps trained after it;
 - :meth:`Replica.apply` — fold a committed fragment into the model by the
   run's alignment rule, then make it the new anchor.
 
@@ -19,19 +20,54 @@ progress, ``θ ← θ + (Θ − anchor)``, i.e. carry with the old anchor as the
 snapshot. The core then keeps counting steps from the old anchor, so the next
 delta ``Θ − θ`` is again exactly the local steps it reports.
 
+Buffers. A copy is made into a buffer kept from the fragment's previous
+capture, so a due step only copies (no allocation or page faults after the
+first cycle). Ownership passes with the :class:`Taken`: the worker that
+encodes the delta gives the buffer back (:meth:`Taken.delta` then
+:meth:`Replica.recycle`), except a ``carry`` copy, which the replica keeps
+until the round's commit is applied and is never reused.
+
 The replica never decides anything; it only does what a command asked.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
+import attrs
 import numpy as np
 
 from gm_core.numerics import align
 from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment, FragmentPlan
 from gm_shell.models import FragmentAccess, ModelAdapter
+
+POOLED = 1
+"""Free buffers kept per fragment: a fragment's next capture is a whole cycle later, long
+after the worker gave the last one back; more would only hold memory."""
+
+
+@attrs.frozen(eq=False)
+class Taken:
+    """θ of one fragment copied at a due step, and the anchor its delta is taken from.
+
+    The anchor is the committed array the model was aligned with at that step (anchors
+    are replaced, never written, so a reference is enough).
+    """
+
+    round: int
+    fragment: int
+    anchor: F32
+    theta: F32
+    kept: bool
+    """The replica keeps ``theta`` for carry: the delta goes to a fresh buffer."""
+
+    def delta(self) -> F32:
+        """``anchor − θ``: in place unless the replica kept θ (any thread)."""
+        if self.kept:
+            return np.subtract(self.anchor, self.theta)
+        return np.subtract(self.anchor, self.theta, out=self.theta)
 
 
 class Replica:
@@ -41,6 +77,7 @@ class Replica:
         self.fragments: Sequence[FragmentAccess] = [model.fragment(n) for n in plan.fragments]
         self._anchors: list[F32 | None] = [None] * len(self.fragments)
         self._taken: dict[int, F32] = {}
+        self._free: list[deque[F32]] = [deque() for _ in self.fragments]
 
     def read(self, fragment: int) -> F32:
         """A fresh host copy of the fragment as the model holds it."""
@@ -49,15 +86,22 @@ class Replica:
         access.gather(out)
         return out
 
-    def capture(self, round_: int, fragment: int, keep_copy: bool) -> F32:
-        """``anchor − θ`` of ``fragment`` now (a fresh buffer); keeps θ for carry if asked."""
+    def take(self, round_: int, fragment: int, keep_copy: bool) -> Taken:
+        """θ of ``fragment`` now, copied into a pooled buffer; kept for carry if asked."""
         anchor = self._anchors[fragment]
         assert anchor is not None, "a fragment is captured only after the join loaded it"
-        theta = self.read(fragment)
+        free = self._free[fragment]
+        theta = np.empty(anchor.shape[0], dtype=np.float32) if keep_copy or not free else free.pop()
+        self.fragments[fragment].gather(theta)
         if keep_copy:
-            self._taken[round_] = theta.copy()
-        np.subtract(anchor, theta, out=theta)
-        return theta
+            self._taken[round_] = theta
+        return Taken(round=round_, fragment=fragment, anchor=anchor, theta=theta, kept=keep_copy)
+
+    def recycle(self, taken: Taken) -> None:
+        """``taken``'s buffer is free again (its delta was encoded); any thread may call."""
+        free = self._free[taken.fragment]
+        if not taken.kept and len(free) < POOLED:
+            free.append(taken.theta)  # deque appends and pops are atomic
 
     def forget(self, round_: int) -> None:
         """The snapshot of ``round_`` was never published: carry must not use its copy."""

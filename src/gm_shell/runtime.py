@@ -11,9 +11,11 @@ failure, is fed back as an event stamped with this node's monotonic clock,
 exactly as :mod:`gm_core.cluster` does against its model store:
 
 - store commands map one to one onto :class:`~gm_shell.mailbox.Mailbox` calls;
-- ``Capture`` goes to the training thread (:mod:`gm_shell.pacer`), which copies
-  the fragment's delta at this very step and hands it back; encoding, hashing
-  and the create-once upload then run off the loop;
+- ``Capture`` is the training thread's (:mod:`gm_shell.pacer`): it copies the
+  fragment at this very step — at a due step from a :class:`Plan` made ahead by
+  :meth:`Runtime._forecast`, without waiting for the loop — and hands the copy
+  over; the delta, encoding, hashing and the create-once upload then run off
+  the loop;
 - ``Verify`` fetches a snapshot's payload and judges it
   (:class:`~gm_shell.fragments.FragmentCodec`), keeping the decoded delta for
   the merge; ``Merge`` runs the merge and Nesterov step in a worker thread and
@@ -23,6 +25,11 @@ exactly as :mod:`gm_core.cluster` does against its model store:
   ``Aligned`` with that step;
 - ``WakeAt`` replaces the machine's one timer; ``Pace`` goes to the pacer;
   ``Notify`` becomes a typed event (:mod:`gm_shell.events`).
+
+The training thread talks to the loop through notes it leaves with the pacer
+(a step with its copies, a capture, an applied commit). Every feed holds the
+pacer's lock and feeds the waiting notes first, in order, so each note meets
+the state the training thread saw (see :mod:`gm_shell.pacer`).
 
 Any exception in carrying out a command becomes ``RequestFailed``; the core
 decides what to do about it. An exception from ``advance`` itself is a bug or a
@@ -85,8 +92,17 @@ from gm_shell.cache import FragmentCache
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox, PutOutcome
-from gm_shell.pacer import ApplyWork, CaptureWork, ForgetWork, Pacer, Work
-from gm_shell.replica import Replica
+from gm_shell.pacer import (
+    ApplyWork,
+    CaptureNote,
+    CaptureWork,
+    ForgetWork,
+    Pacer,
+    Plan,
+    StepNote,
+    Work,
+)
+from gm_shell.replica import Replica, Taken
 
 LOG = logging.getLogger("gm")
 T = TypeVar("T")
@@ -143,6 +159,9 @@ class Runtime:
         self.failure: BaseException | None = None
         self.learners_seen = 1
         """Learners of the newest round this learner aligned with, itself included."""
+        self._replica = replica
+        self._planned: learner.LearnerState | None = None
+        """The learner state the pacer's plan was made from."""
         self._mailbox = mailbox
         self._codec = codec
         self._hub = hub
@@ -189,16 +208,35 @@ class Runtime:
             lambda: self._feed(Machine.LEARNER, Stepped(now_s=now(), step=step, tokens=tokens))
         )
 
-    def captured(self, work: CaptureWork, delta: F32) -> None:
-        self._loop.post(lambda: self._spawn(Machine.LEARNER, work.req, self._publish(work, delta)))
-
-    def applied(self, work: ApplyWork, step: int, tokens: int) -> None:
-        event = Aligned(now_s=now(), req=work.req, step=step, tokens=tokens)
-        self._loop.post(lambda: self._feed(Machine.LEARNER, event))
+    def wake(self) -> None:
+        self._loop.post(lambda: self._feed(Machine.LEARNER, None))
 
     # -- feeding the machines (loop thread only) ------------------------------------------------
 
-    def _feed(self, machine: Machine, event: Event) -> None:
+    def _feed(self, machine: Machine, event: Event | None) -> None:
+        """Feed the training thread's notes, then ``event``, then plan the next due step."""
+        if self.pacer is None:
+            if event is not None:
+                self._step(machine, event)
+            return
+        with self.pacer.lock:
+            for note in self.pacer.take_notes():
+                if isinstance(note, StepNote):
+                    stepped = Stepped(now_s=now(), step=note.step, tokens=note.tokens)
+                    self._step(Machine.LEARNER, stepped, note)
+                elif isinstance(note, CaptureNote):
+                    self._spawn(Machine.LEARNER, note.req, self._publish(note.req, note.taken))
+                else:
+                    aligned = Aligned(now_s=now(), req=note.req, step=note.step, tokens=note.tokens)
+                    self._step(Machine.LEARNER, aligned)
+            if event is not None:
+                self._step(machine, event)
+            if self.learner is not self._planned:
+                self._planned = self.learner
+                self.pacer.plan(self._forecast())
+
+    def _step(self, machine: Machine, event: Event, note: StepNote | None = None) -> None:
+        """One transition; its captures go to the training thread, or were made (``note``)."""
         if self.failure is not None:
             return
         try:
@@ -206,18 +244,60 @@ class Runtime:
         except Exception as error:
             self._fail(error)
             return
-        work: list[Work] = []
+        captures: list[Capture] = []
         pace: Pace | None = None
         for cmd in cmds:
             if isinstance(cmd, Pace):
                 pace = cmd
             elif isinstance(cmd, Capture):
-                work.append(CaptureWork(req=cmd.req, round=cmd.round, fragment=cmd.fragment))
+                captures.append(cmd)
             else:
                 self._interpret(machine, cmd)
+        work: list[Work] = []
+        if note is not None:
+            self._publish_taken(note, captures)
+        else:
+            work = [CaptureWork(req=c.req, round=c.round, fragment=c.fragment) for c in captures]
         if self.pacer is not None and (work or pace is not None):
             self.pacer.publish(work, pace)
         self._note_closed()
+
+    def _forecast(self) -> Plan | None:
+        """What the learner will answer to the step its pace waits for, asked of the core.
+
+        ``advance`` is pure, so feeding it a ``Stepped`` that has not happened costs
+        nothing but the time; only the captures and the pace it answers with are kept
+        (neither depends on the clock or the tokens). None where training will stall
+        there or the runtime has failed: the training thread then asks at that step.
+        """
+        state = self.learner
+        pace = state.pace if state is not None else None
+        if state is None or pace is None or pace.stalled or self.failure is not None:
+            return None
+        event = Stepped(now_s=now(), step=pace.next_step, tokens=state.tokens)
+        try:
+            after, cmds = learner.advance(state, event)
+        except Exception:
+            return None  # the real step will raise it where it belongs
+        if after.pace is None or after.pace.stalled:
+            return None
+        captures = tuple((c.round, c.fragment) for c in cmds if isinstance(c, Capture))
+        return Plan(step=pace.next_step, captures=captures, next_step=after.pace.next_step)
+
+    def _publish_taken(self, note: StepNote, captures: list[Capture]) -> None:
+        """Publish the copies made at a planned step, once the core has asked for them."""
+        asked = tuple((c.round, c.fragment) for c in captures)
+        pace = self.learner.pace if self.learner is not None else None
+        if asked != note.plan.captures or pace is None or pace.next_step != note.plan.next_step:
+            self._fail(
+                AssertionError(
+                    f"step {note.step}: the core asked for captures {asked} and {pace}, "
+                    f"not the {note.plan} the training thread carried out"
+                )
+            )
+            return
+        for cmd, taken in zip(captures, note.taken, strict=True):
+            self._spawn(Machine.LEARNER, cmd.req, self._publish(cmd.req, taken))
 
     def _advance(self, machine: Machine, event: Event) -> list[Command]:
         if machine is Machine.LEARNER:
@@ -342,17 +422,23 @@ class Runtime:
         """A committed theta (from this node's own writes or reads when cached)."""
         return await self._payload(self._commits, fragment, Role.THETA, ref)
 
-    async def _publish(self, work: CaptureWork, delta: F32) -> Event:
+    async def _publish(self, req: int, taken: Taken) -> Event:
         try:
-            data, ref = await self._compute(
-                self._codec.encode, work.fragment, Role.DELTA, work.round, delta
-            )
+            data, ref = await self._compute(self._encode_delta, taken)
             await self._mailbox.put_once(ref.key, data)  # taken: the same bytes are there
         except Exception:
             if self.pacer is not None:
-                self.pacer.publish([ForgetWork(round=work.round)], None)
+                self.pacer.publish([ForgetWork(round=taken.round)], None)
             raise
-        return Captured(now_s=now(), req=work.req, payload=ref, requests=self._requests())
+        return Captured(now_s=now(), req=req, payload=ref, requests=self._requests())
+
+    def _encode_delta(self, taken: Taken) -> tuple[bytes, PayloadRef]:
+        """A worker's part of a capture: the delta, its bytes, and the buffer given back."""
+        try:
+            return self._codec.encode(taken.fragment, Role.DELTA, taken.round, taken.delta())
+        finally:
+            if self._replica is not None:
+                self._replica.recycle(taken)
 
     async def _align(self, cmd: Align) -> None:
         committed = await self.commit(cmd.fragment, cmd.theta)
