@@ -189,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run ``gm`` and return its exit status (2 for a usage error, as argparse prints it)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:  # --help, --version, and argparse's usage errors
+        return stop.code if isinstance(stop.code, int) else 2
     handler: Handler = args.handler
     return handler(args)

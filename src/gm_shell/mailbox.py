@@ -21,12 +21,19 @@ every backend answer alike:
   whole path segments, so the mailbox lists the enclosing folder and filters).
 - **ETags are unquoted** everywhere (Azure quotes them in HEAD and PUT replies
   but not in listings).
-- **Errors are typed.** Transient failures (timeouts, connection resets, 5xx,
-  throttling 408/409/425/429) are retried with capped, jittered exponential
-  backoff drawn from a seeded :class:`random.Random` the mailbox owns, for at
-  most ``max_attempts`` attempts; what is left, and every permanent failure
-  (401/403, other 4xx, missing bucket, bad key), is raised as a
-  :class:`MailboxError` subclass naming the operation and the key.
+- **Errors are typed and say what to do.** Transient failures (timeouts,
+  connection resets, 5xx, throttling 408/409/425/429) are retried with capped,
+  jittered exponential backoff drawn from a seeded :class:`random.Random` the
+  mailbox owns, for at most ``max_attempts`` attempts; what is left, and every
+  permanent failure (401/403, a folder this user cannot write, missing
+  credentials, other 4xx, missing bucket, bad key), is raised at once as a
+  :class:`MailboxError` subclass naming the operation, the key, the bucket or
+  folder or endpoint, and the fix (:func:`_explain`). A timeout before the
+  store has ever answered is not retried: an endpoint that accepts connections
+  and stays silent is almost always the wrong endpoint, and retrying would
+  multiply the wait (the read timeout) by ``max_attempts``. Missing credentials
+  surface in obstore as a failed request to the cloud's instance metadata
+  service (169.254.169.254); that is reported as missing credentials.
 - **Every request is metered** (:mod:`gm_shell.accounting`), retries included.
 
 Why worker threads and obstore's *synchronous* API, when the mailbox is async:
@@ -78,14 +85,17 @@ T = TypeVar("T")
 
 
 class MailboxError(Exception):
-    """A store operation failed for good; names the operation and the key."""
+    """A store operation failed for good; names the operation, the key, and what to do."""
 
-    def __init__(self, operation: str, key: str | None, detail: str) -> None:
+    def __init__(self, operation: str, key: str | None, detail: str, hint: str = "") -> None:
         self.operation = operation
         self.key = key
         self.detail = detail
+        self.hint = hint
+        """What the user can do about it (empty when there is nothing to add)."""
         where = f" {key!r}" if key is not None else ""
-        super().__init__(f"{operation}{where}: {detail}")
+        message = f"{operation}{where}: {detail}"
+        super().__init__(f"{message}. {hint[:1].upper()}{hint[1:]}" if hint else message)
 
 
 class ConfigError(MailboxError):
@@ -140,6 +150,15 @@ _BUCKET_MISSING = re.compile(
 """The error codes in S3/GCS and Azure reply bodies, and Azure's batch-delete wording; none
 can occur inside a valid key (no '<', '>' or spaces), so a key cannot fake them."""
 _STATUS = re.compile(r"status code: (\d{3})")
+_LOCAL_DENIED = re.compile(r"\(os error (1|13|30)\)")
+"""EPERM, EACCES, EROFS from a local folder: permanent, unlike the transient I/O errors."""
+_METADATA_SERVICE = re.compile(
+    r"169\.254\.169\.254|/latest/api/token|/latest/meta-data/|computeMetadata/"
+)
+"""Where obstore looks for credentials last: the EC2/GCE instance metadata service (by its
+address, or by its paths when ``metadata_endpoint`` moves it)."""
+_TIMED_OUT = "kind: Timeout"
+"""How obstore's debug dump marks a request that hit a timeout."""
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 """Timeout, conflicting concurrent write (S3 asks for a retry), too early, throttled."""
 
@@ -155,6 +174,8 @@ def _classify(exc: BaseException) -> type[MailboxError] | None:
     if isinstance(exc, AlreadyExistsError):
         return _PASS
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
+        return AccessDeniedError
+    if _METADATA_SERVICE.search(text) or _LOCAL_DENIED.search(text):
         return AccessDeniedError
     if isinstance(
         exc,
@@ -250,6 +271,8 @@ class Mailbox:
         )
         # Local stores cannot lose their bucket: the folder is made at open.
         self._bucket_confirmed = handle.backend in (Backend.MEMORY, Backend.FILE)
+        self._answered = False
+        """Whether the store has answered anything yet (see the theory: silent endpoints)."""
         self._closed = False
         _OPEN.add(self)
 
@@ -259,7 +282,9 @@ class Mailbox:
         options = options or MailboxOptions()
         try:
             handle = open_store(url, options)
-        except (ValueError, ObstoreError) as exc:
+        except ValueError as exc:  # ours: the message says what to write instead
+            raise ConfigError("open", None, str(exc)) from exc
+        except ObstoreError as exc:
             raise ConfigError("open", None, _first_line(exc)) from exc
         if handle.backend is not Backend.FILE:
             # The run prefix joins every key, so it obeys the same rules.
@@ -478,18 +503,79 @@ class Mailbox:
                 result = await loop.run_in_executor(self._pool, call)
             except Exception as exc:
                 kind = _classify(exc)
+                silent = _TIMED_OUT in str(exc)
+                self._answered = self._answered or kind is not UnavailableError
                 if kind is None:
                     raise
-                if kind is UnavailableError and attempt < self._options.max_attempts:
+                if (
+                    kind is UnavailableError
+                    and attempt < self._options.max_attempts
+                    and (self._answered or not silent)
+                ):
                     await asyncio.sleep(self.backoff_s(attempt))
                     continue
                 self._meter.failed()
-                detail = _first_line(exc)
-                if kind is UnavailableError:
+                detail, hint = _explain(kind, exc, self._handle, self._options, operation)
+                if kind is UnavailableError and attempt > 1:
                     detail = f"gave up after {attempt} attempts: {detail}"
-                raise kind(operation, key, detail) from exc
+                raise kind(operation, key, detail, hint) from exc
             self._bucket_confirmed = True
+            self._answered = True
             return result
+
+
+_CREDENTIALS = {
+    Backend.S3: "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass"
+    " MailboxOptions(access_key_id=..., secret_access_key=...)",
+    Backend.GCS: "set GOOGLE_APPLICATION_CREDENTIALS to a service-account JSON file, or pass"
+    " MailboxOptions(service_account_path=...)",
+    Backend.AZURE: "set AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY, or pass"
+    " MailboxOptions(account_name=..., account_key=...)",
+}
+
+
+def _explain(
+    kind: type[MailboxError],
+    exc: BaseException,
+    handle: StoreHandle,
+    options: MailboxOptions,
+    operation: str,
+) -> tuple[str, str]:
+    """What went wrong in the user's terms, and what to do about it."""
+    text = str(exc)
+    where = handle.endpoint or handle.url
+    if kind is AccessDeniedError and _METADATA_SERVICE.search(text):
+        fix = _CREDENTIALS.get(handle.backend, "configure credentials for the store")
+        return f"no credentials for {handle.url} (none in options or the environment)", fix
+    if kind is AccessDeniedError and handle.backend is Backend.FILE:
+        return (
+            _first_line(exc),
+            f"make {handle.bucket} writable by this user, or choose another folder",
+        )
+    if kind is AccessDeniedError:
+        return (
+            _first_line(exc),
+            f"check that the credentials are right and may {operation} in {handle.bucket!r}"
+            f" at {where}",
+        )
+    if kind is BucketMissingError:
+        return (
+            f"bucket {handle.bucket!r} does not exist at {where}",
+            "create it, or fix the bucket name (or the endpoint) in the mailbox URL",
+        )
+    if kind is UnavailableError and _TIMED_OUT in text:
+        return (
+            f"no answer from {where} within the timeout (connect {options.connect_timeout_s:g} s,"
+            f" first byte {options.read_timeout_s:g} s, transfer {options.request_timeout_s:g} s)",
+            "check the endpoint URL and that the store is reachable from here; a slow link"
+            " may need longer MailboxOptions timeouts",
+        )
+    if kind is UnavailableError and "kind: Connect" in text:
+        return (
+            f"cannot connect to {where}",
+            "check the endpoint URL and that the store is running and reachable",
+        )
+    return _first_line(exc), ""
 
 
 def _first_line(exc: BaseException) -> str:

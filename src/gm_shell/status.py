@@ -36,8 +36,6 @@ import json
 import math
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
-from urllib.parse import urlsplit
 
 import attrs
 import cattrs
@@ -48,7 +46,7 @@ from gm_core.tape import BadRecord, parse_head, parse_record
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.mailbox import Mailbox
 from gm_shell.run import RunError, read_manifest
-from gm_shell.stores import MailboxOptions
+from gm_shell.stores import MailboxOptions, local_path
 
 DEFAULT_LAST = 20
 """Records summarized by default (the newest and the ones before it)."""
@@ -226,10 +224,9 @@ class RunStatus:
 
 def open_mailbox(url: str, options: MailboxOptions | None = None) -> Mailbox:
     """A mailbox for ``url``; a ``file://`` folder must already exist (status creates nothing)."""
-    parts = urlsplit(url)
-    local = parts.scheme.lower() == "file" and parts.path.startswith("/")
-    if local and not Path(parts.path).is_dir():
-        raise NoRunError(f"{url}: no run here (no folder {parts.path})")
+    folder = local_path(url)
+    if folder is not None and not folder.is_dir():
+        raise NoRunError(f"{url}: no run here (no folder {folder})")
     return Mailbox.open(url, options=options)
 
 

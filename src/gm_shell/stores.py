@@ -2,11 +2,13 @@
 
 Theory of operation
 -------------------
-A run lives under one URL: ``memory://[name/prefix]``, ``file:///abs/path``,
-``s3://bucket/prefix`` (AWS, R2, MinIO, SeaweedFS, HF buckets — anything
-S3-compatible, through an endpoint), ``gs://bucket/prefix`` or
-``az://container/prefix``. :func:`open_store` builds the obstore store rooted at
-that prefix, so every key the mailbox handles is relative to the run.
+A run lives under one URL: ``memory://[name/prefix]``, ``file:///abs/path``
+(or ``file://rel/path``, a folder relative to the working directory: the first
+segment is a folder, not a host), ``s3://bucket/prefix`` (AWS, R2, MinIO,
+SeaweedFS, HF buckets — anything S3-compatible, through an endpoint),
+``gs://bucket/prefix`` or ``az://container/prefix``. :func:`open_store` builds
+the obstore store rooted at that prefix, so every key the mailbox handles is
+relative to the run.
 
 Settings come from :class:`MailboxOptions`, then from the usual environment
 (``AWS_*``, ``GOOGLE_*``, ``AZURE_STORAGE_*``), which obstore reads itself.
@@ -15,6 +17,12 @@ Hands-on findings this module encodes:
 - ``allow_http`` is an HTTP-client option: it must travel in ``client_options``
   (passing it to ``from_url`` as a keyword panics), and it is switched on when
   the endpoint — given here or in ``AWS_ENDPOINT_URL`` — is plain ``http://``.
+- Three timeouts: connecting (``connect_timeout_s``), the first byte of an
+  answer and any stall after it (``read_timeout_s``, obstore's read timeout,
+  which resets after every successful read), and the whole transfer
+  (``request_timeout_s``, sized for the largest payload). An endpoint that
+  accepts connections and never answers fails within the read timeout instead
+  of the transfer timeout.
 - obstore's own retry budget defaults to 10 retries within 180 s, far too long
   to notice a dead endpoint. It is switched off (``max_retries=0``): the mailbox
   retries itself, with a seeded jitter it owns and a meter that sees every
@@ -39,6 +47,7 @@ import os
 import threading
 from collections.abc import Mapping
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
@@ -88,6 +97,10 @@ class MailboxOptions:
     allow_http: bool | None = None
     """``None``: allowed exactly when the endpoint is ``http://``."""
     connect_timeout_s: float = 5.0
+    """Time to open a connection to the endpoint."""
+    read_timeout_s: float = 10.0
+    """Time to the first byte of an answer, and the longest stall while one arrives:
+    how soon a silent endpoint is noticed."""
     request_timeout_s: float = 60.0
     """Whole-request timeout; sized for the largest payload on the slowest link."""
     max_attempts: int = 4
@@ -106,6 +119,8 @@ class MailboxOptions:
             raise ValueError("max_attempts and max_concurrency must be at least 1")
         if not 0 < self.backoff_base_s <= self.backoff_cap_s:
             raise ValueError("need 0 < backoff_base_s <= backoff_cap_s")
+        if min(self.connect_timeout_s, self.read_timeout_s, self.request_timeout_s) <= 0:
+            raise ValueError("timeouts must be positive")
 
 
 @attrs.frozen(kw_only=True)
@@ -116,6 +131,10 @@ class StoreHandle:
     backend: Backend
     url: str
     """The URL as given (it holds no secrets: those live in options or the environment)."""
+    bucket: str = ""
+    """The bucket or container (the folder, for ``file://``), as errors name it."""
+    endpoint: str = ""
+    """Where requests go, as errors name it (a URL, a cloud's name, or a folder)."""
     list_page_keys: int
     """Keys per LIST request; 0 when listing costs no request (memory, file)."""
     delete_batch_keys: int
@@ -126,10 +145,44 @@ _MEMORY_STORES: dict[str, MemoryStore] = {}
 _MEMORY_LOCK = threading.Lock()
 
 
+SCHEMES = {
+    "memory": Backend.MEMORY,
+    "file": Backend.FILE,
+    "s3": Backend.S3,
+    "s3a": Backend.S3,
+    "gs": Backend.GCS,
+    "gcs": Backend.GCS,
+    "az": Backend.AZURE,
+    "azure": Backend.AZURE,
+    "abfs": Backend.AZURE,
+    "abfss": Backend.AZURE,
+}
+"""Every URL scheme a mailbox serves, and its backend."""
+
+SUPPORTED = "memory://, file://, s3:// (AWS, R2, MinIO, any S3-compatible endpoint), gs://, az://"
+
+
+def local_path(url: str) -> Path | None:
+    """The folder a ``file:`` URL names, or None for another scheme.
+
+    ``file:///abs/path`` and ``file://localhost/abs/path`` are absolute;
+    ``file://rel/path`` (and ``file:rel/path``) name a folder relative to the
+    working directory, so the first segment is never read as a host.
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "file":
+        return None
+    if parts.netloc in ("", "localhost") and parts.path.startswith("/"):
+        return Path(parts.path)
+    relative = f"{parts.netloc}{parts.path}" if parts.netloc else parts.path
+    return Path.cwd() / relative
+
+
 def open_store(url: str, options: MailboxOptions) -> StoreHandle:
     """Build the store for ``url``; raises ValueError for a URL it cannot serve.
 
-    No request is sent: obstore connects lazily, on the first operation.
+    No request is sent: obstore connects lazily, on the first operation (a
+    ``file://`` folder is made here, and a folder that cannot be made is named).
     """
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -137,51 +190,64 @@ def open_store(url: str, options: MailboxOptions) -> StoreHandle:
     prefix = parts.path.strip("/") or None
     if parts.query or parts.fragment:
         raise ValueError(f"mailbox URL takes no query or fragment: {url!r}")
-    if scheme == "memory":
+    backend = SCHEMES.get(scheme)
+    if backend is None:
+        raise ValueError(f"unsupported mailbox URL scheme {scheme!r} in {url!r}: use {SUPPORTED}")
+    if backend is Backend.MEMORY:
         return StoreHandle(
             store=_memory_store(bucket, prefix),
-            backend=Backend.MEMORY,
+            backend=backend,
             url=url,
+            bucket=bucket,
+            endpoint="this process's memory",
             list_page_keys=0,
             delete_batch_keys=1,
         )
-    if scheme == "file":
-        if bucket not in ("", "localhost") or not parts.path.startswith("/"):
-            raise ValueError(f"file URL needs an absolute path, file:///abs/path: {url!r}")
+    if backend is Backend.FILE:
+        folder = local_path(url)
+        assert folder is not None
         return StoreHandle(
-            store=LocalStore(parts.path, mkdir=True),
-            backend=Backend.FILE,
+            store=_local_store(folder),
+            backend=backend,
             url=url,
+            bucket=str(folder),
+            endpoint=str(folder),
             list_page_keys=0,
             delete_batch_keys=1,
         )
     if not bucket:
         raise ValueError(f"mailbox URL names no bucket or container: {url!r}")
-    if scheme in ("s3", "s3a"):
-        return StoreHandle(
-            store=_s3_store(bucket, prefix, options),
-            backend=Backend.S3,
-            url=url,
-            list_page_keys=1000,
-            delete_batch_keys=1000,
-        )
-    if scheme in ("gs", "gcs"):
-        return StoreHandle(
-            store=_gcs_store(bucket, prefix, options),
-            backend=Backend.GCS,
-            url=url,
-            list_page_keys=1000,
-            delete_batch_keys=1,
-        )
-    if scheme in ("az", "azure", "abfs", "abfss"):
-        return StoreHandle(
-            store=_azure_store(bucket, prefix, options),
-            backend=Backend.AZURE,
-            url=url,
-            list_page_keys=5000,
-            delete_batch_keys=256,
-        )
-    raise ValueError(f"unsupported mailbox URL scheme {scheme!r} in {url!r}")
+    store: ObjectStore
+    if backend is Backend.S3:
+        store, endpoint = _s3_store(bucket, prefix, options)
+        page, batch = 1000, 1000
+    elif backend is Backend.GCS:
+        store, endpoint = _gcs_store(bucket, prefix, options)
+        page, batch = 1000, 1
+    else:
+        store, endpoint = _azure_store(bucket, prefix, options)
+        page, batch = 5000, 256
+    return StoreHandle(
+        store=store,
+        backend=backend,
+        url=url,
+        bucket=bucket,
+        endpoint=endpoint,
+        list_page_keys=page,
+        delete_batch_keys=batch,
+    )
+
+
+def _local_store(folder: Path) -> LocalStore:
+    """The store of a local folder, made first (obstore's own mkdir names no path)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ValueError(
+            f"cannot make the mailbox folder {folder}: {reason}; choose a folder you can write"
+        ) from None
+    return LocalStore(folder)
 
 
 def _memory_store(name: str, prefix: str | None) -> MemoryStore:
@@ -196,6 +262,7 @@ def _memory_store(name: str, prefix: str | None) -> MemoryStore:
 def _client_options(options: MailboxOptions, endpoint: str | None) -> ClientConfig:
     client: ClientConfig = {
         "connect_timeout": timedelta(seconds=options.connect_timeout_s),
+        "read_timeout": timedelta(seconds=options.read_timeout_s),
         "timeout": timedelta(seconds=options.request_timeout_s),
     }
     allow_http = options.allow_http
@@ -216,8 +283,10 @@ def _config(pairs: Mapping[str, str | None], options: MailboxOptions) -> dict[st
     return config
 
 
-def _s3_store(bucket: str, prefix: str | None, options: MailboxOptions) -> S3Store:
+def _s3_store(bucket: str, prefix: str | None, options: MailboxOptions) -> tuple[S3Store, str]:
     env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = options.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    endpoint = options.endpoint or env_endpoint or f"AWS S3 ({region or 'us-east-1'})"
     config = _config(
         {
             "endpoint": options.endpoint,
@@ -228,27 +297,31 @@ def _s3_store(bucket: str, prefix: str | None, options: MailboxOptions) -> S3Sto
         },
         options,
     )
-    return S3Store(
+    store = S3Store(
         bucket,
         prefix=prefix,
         config=cast("Any", config),
         client_options=_client_options(options, options.endpoint or env_endpoint),
         retry_config=_NO_RETRIES,
     )
+    return store, endpoint
 
 
-def _gcs_store(bucket: str, prefix: str | None, options: MailboxOptions) -> GCSStore:
+def _gcs_store(bucket: str, prefix: str | None, options: MailboxOptions) -> tuple[GCSStore, str]:
     config = _config({"service_account": options.service_account_path}, options)
-    return GCSStore(
+    store = GCSStore(
         bucket,
         prefix=prefix,
         config=cast("Any", config),
         client_options=_client_options(options, None),
         retry_config=_NO_RETRIES,
     )
+    return store, "Google Cloud Storage"
 
 
-def _azure_store(container: str, prefix: str | None, options: MailboxOptions) -> AzureStore:
+def _azure_store(
+    container: str, prefix: str | None, options: MailboxOptions
+) -> tuple[AzureStore, str]:
     endpoint = options.endpoint
     account, key = options.account_name, options.account_key
     if options.azure_emulator:
@@ -256,10 +329,12 @@ def _azure_store(container: str, prefix: str | None, options: MailboxOptions) ->
         account = account or AZURITE_ACCOUNT
         key = key or AZURITE_KEY
     config = _config({"endpoint": endpoint, "account_name": account, "account_key": key}, options)
-    return AzureStore(
+    store = AzureStore(
         container,
         prefix=prefix,
         config=cast("Any", config),
         client_options=_client_options(options, endpoint),
         retry_config=_NO_RETRIES,
     )
+    account = account or os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+    return store, endpoint or f"https://{account}.blob.core.windows.net"

@@ -114,6 +114,12 @@ def test_missing_bucket_is_an_error_not_an_absence(
         with pytest.raises(BucketMissingError) as raised:
             await mailbox.probe("rounds/000000000001.json")
         assert raised.value.key == "rounds/000000000001.json"
+        assert f"bucket 'no-such-bucket' does not exist at {mailbox.handle.endpoint}" in str(
+            raised.value
+        )
+        assert str(raised.value).endswith(
+            "Create it, or fix the bucket name (or the endpoint) in the mailbox URL"
+        )
         with pytest.raises(BucketMissingError):
             await mailbox.get("rounds/000000000001.json")
         with pytest.raises(BucketMissingError):

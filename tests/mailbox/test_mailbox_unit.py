@@ -60,7 +60,6 @@ def test_protocol_keys_are_accepted() -> None:
     [
         "ftp://bucket/x",
         "s3://",
-        "file://relative/path",
         "memory://a/b?c=d",
         "s3://bucket/has space",
         "az:///prefix",

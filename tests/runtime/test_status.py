@@ -462,9 +462,26 @@ def test_no_run_or_no_store_is_a_clear_error_with_exit_status_1(
 
     code, _, err = gm(capsys, "ftp://host/run")
     assert code == 1
-    assert "unsupported mailbox URL scheme" in err
+    assert "unsupported mailbox URL scheme 'ftp'" in err
+    assert "use memory://, file://, s3://" in err
     code, _, err = gm(capsys, url(tmp_path), "--last", "0")
     assert code == 2
+
+
+def test_a_relative_file_url_reads_the_run_under_the_working_directory(
+    tape: Tape, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``file://runs/demo/mailbox`` (the README's spelling) is a folder, not host ``runs``."""
+    shutil.copytree(tape.folder, tmp_path / "runs" / "demo" / "mailbox")
+    monkeypatch.chdir(tmp_path)
+    code, relative, _ = gm(capsys, "file://runs/demo/mailbox")
+    assert code == 0
+    code, absolute, _ = gm(capsys, url(tmp_path / "runs" / "demo" / "mailbox"))
+    assert code == 0
+    assert relative.splitlines()[1:] == absolute.splitlines()[1:]  # all but the URL line
+    code, _, err = gm(capsys, "file://runs/typo")
+    assert code == 1
+    assert f"no folder {tmp_path / 'runs' / 'typo'}" in err
 
 
 def test_json_round_trips_to_the_same_status(
