@@ -100,7 +100,13 @@ class LearnerTally:
     learner: str
     rounds: int
     steps: int
+    """Steps whose work reached a commit: the accepted snapshots' steps over ``P``.
+
+    A snapshot counts the steps since its fragment's anchor, so every step a learner
+    trains is reported once per fragment; the sum over the window divided by ``P``
+    counts it once (with ``carry`` and no rejections, what the learner trained)."""
     tokens: int
+    """Tokens whose work reached a commit, counted like ``steps``."""
     rejected: int
     last_round: int
 
@@ -329,14 +335,14 @@ class _Tally:
             self.cosine_sum += record.cosine
             self.cosines += 1
 
-    def window(self, first: int, last: int) -> Window:
+    def window(self, first: int, last: int, fragments: int) -> Window:
         n = self.records
         learners = tuple(
             LearnerTally(
                 learner=name,
                 rounds=self.accepted[name],
-                steps=self.steps[name],
-                tokens=self.tokens[name],
+                steps=round(self.steps[name] / fragments),
+                tokens=round(self.tokens[name] / fragments),
                 rejected=self.rejected[name],
                 last_round=self.last_seen[name],
             )
@@ -494,7 +500,7 @@ async def gather_status(
         rounds=rounds,
         newest=None if newest is None else _newest(newest),
         frontier=frontier,
-        window=tally.window(first, rounds - 1) if rounds else None,
+        window=tally.window(first, rounds - 1, config.fragments) if rounds else None,
         estimates=None if newest is None else _estimates(config, newest),
         cost=None if newest is None else _cost(newest, prices),
         unreadable=tuple(unreadable),
@@ -635,7 +641,14 @@ def format_status(s: RunStatus) -> str:
         if w.learners:
             out.extend(
                 _table(
-                    ("learner", "rounds", "steps", "tokens", "rejected", "last round"),
+                    (
+                        "learner",
+                        "rounds",
+                        "steps committed",
+                        "tokens committed",
+                        "rejected",
+                        "last round",
+                    ),
                     [
                         (
                             t.learner,
