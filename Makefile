@@ -8,7 +8,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Re-install whenever pyproject.toml changes; otherwise `make install` is a no-op.
-STAMP := $(VENV)/.stamp-$(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest()[:16])")
+PYPROJECT_HASH := $(shell $(PYTHON) -c "import hashlib; print(hashlib.sha256(open('pyproject.toml', 'rb').read()).hexdigest()[:16])")
+STAMP := $(VENV)/.stamp-$(PYPROJECT_HASH)
+# The demo's own, smaller install: torch (CPU) and matplotlib, no test tool chain.
+DEMO_STAMP := $(VENV)/.demo-$(PYPROJECT_HASH)
 # The CPU wheel lies on this machine's disk; install it first so nothing pulls another torch.
 TORCH ?= torch==2.13.0
 AZURITE_VERSION := 3.37.0
@@ -30,7 +33,7 @@ help:
 	@echo "make test-long  the whole suite, slow tests included, hypothesis profile 'long'"
 	@echo "make lint       ruff check, ruff format --check, mypy --strict"
 	@echo "make format     ruff format and ruff check --fix"
-	@echo "make demo       the demo run"
+	@echo "make demo       the demo run (installs only what it needs: torch CPU, matplotlib, gm)"
 	@echo "make bench      the benchmark suite"
 	@echo "make clean      remove caches and build output; make distclean also removes .venv and .servers"
 
@@ -63,8 +66,15 @@ format: install
 	$(BIN)/ruff format $(LINT_PATHS)
 	$(BIN)/ruff check --fix $(LINT_PATHS)
 
-demo: install
+demo: $(DEMO_STAMP)
 	$(BIN)/gm demo
+
+$(DEMO_STAMP):
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	rm -f $(VENV)/.demo-*
+	touch $@
 
 bench: install
 	bash bench/setup_reference.sh

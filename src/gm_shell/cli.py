@@ -24,9 +24,7 @@ from gm_shell.argtypes import (
     positive_int,
     usage_error,
 )
-
-DISTRIBUTION = "gm-diloco"
-"""The distribution name on PyPI (the import packages are gm_core and gm_shell)."""
+from gm_shell.extras import DISTRIBUTION
 
 Handler: TypeAlias = Callable[[argparse.Namespace], int]
 """Runs a parsed subcommand and returns the process exit status."""
@@ -77,6 +75,13 @@ def _register_demo(sub: Subparsers) -> None:
         learners = args.learners or (2 if args.tiny else 4)
         if args.quorum is not None and args.quorum > learners:
             return usage_error("demo", f"--quorum {args.quorum} exceeds the {learners} learners")
+        from gm_shell.extras import MissingExtraError, require
+
+        try:
+            require("the demo", ("torch", "matplotlib"), extra="demo")
+        except MissingExtraError as error:
+            print(f"gm demo: {error}", file=sys.stderr)
+            return 1
         from gm_shell.demo.launch import main  # torch loads only when the demo runs
 
         return main(args)

@@ -48,6 +48,7 @@ from gm_shell.argtypes import (
     progress_wanted,
     usage_error,
 )
+from gm_shell.extras import MissingExtraError, require
 
 _FLEET_ACTIONS: list[argparse.Action] = []
 """The scenario flags, kept to print the command that replays a run."""
@@ -95,6 +96,12 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        try:
+            require("--plot", ("matplotlib",))
+        except MissingExtraError as error:
+            print(f"gm simulate: {error}", file=sys.stderr)
+            return 1
     if args.chaos_table:
         return _chaos_table(args)
     if args.heterogeneity:

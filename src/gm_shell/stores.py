@@ -32,7 +32,10 @@ Hands-on findings this module encodes:
   endpoint explicitly instead.
 - ``memory://`` with no name is a fresh private store; ``memory://name/...``
   names one process-wide store, so several mailboxes in one process (a test
-  cluster) can share a bucket the way separate machines share S3.
+  cluster) can share a bucket the way separate machines share S3. It is never
+  shared between processes: a second process that opens the same named URL
+  gets a warning saying so (marker files in the temp folder), rather than
+  silently making a second run.
 
 The handle also records how the backend batches requests, which the meter
 needs because obstore does not report HTTP requests: list pages (S3 and GCS
@@ -42,9 +45,13 @@ to 1000 keys per request, Azure 256 per batch, the others one per key).
 
 from __future__ import annotations
 
+import atexit
 import enum
+import hashlib
 import os
+import tempfile
 import threading
+import warnings
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -254,9 +261,59 @@ def _memory_store(name: str, prefix: str | None) -> MemoryStore:
     """A fresh store for ``memory://``; one shared store per ``memory://name/prefix``."""
     if not name:
         return MemoryStore()
-    key = f"{name}/{prefix or ''}"
+    url = f"memory://{name}/{prefix or ''}".rstrip("/")
+    _warn_if_shared_across_processes(url)
     with _MEMORY_LOCK:
-        return _MEMORY_STORES.setdefault(key, MemoryStore())
+        return _MEMORY_STORES.setdefault(url, MemoryStore())
+
+
+MEMORY_MARKERS = Path(tempfile.gettempdir()) / f"gm-memory-{os.getuid()}"
+"""Where each process notes the memory:// URLs it opened (one empty file per URL and pid)."""
+
+
+def _warn_if_shared_across_processes(url: str) -> None:
+    """Warn when another live process has opened the same memory:// URL.
+
+    A memory store lives inside one process: two processes given one memory://
+    URL make two runs that never see each other, which looks like a working
+    run with too few learners. A marker file per URL and process lets the
+    second one say so; markers of exited processes are ignored and removed.
+    """
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    mine = MEMORY_MARKERS / f"{digest}.{os.getpid()}"
+    try:
+        MEMORY_MARKERS.mkdir(exist_ok=True)
+        others = [p for p in MEMORY_MARKERS.glob(f"{digest}.*") if p != mine]
+        if not mine.exists():
+            mine.touch()
+            atexit.register(mine.unlink, missing_ok=True)
+    except OSError:
+        return  # no temp folder to compare notes in: nothing to warn with
+    live = []
+    for marker in others:
+        pid = int(marker.suffix[1:])
+        if _alive(pid):
+            live.append(pid)
+        else:
+            marker.unlink(missing_ok=True)
+    if live:
+        warnings.warn(
+            f"{url} is also open in process {min(live)}: a memory:// mailbox lives inside"
+            " one process, so these processes make separate runs that never meet; give"
+            " every process the same file:// folder or bucket URL instead",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _client_options(options: MailboxOptions, endpoint: str | None) -> ClientConfig:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -116,3 +118,53 @@ def test_the_demo_names_its_mailbox_and_the_status_command(tmp_path: Path) -> No
     hint = launch.watch_hint(run)
     url = (tmp_path / "demo" / "mailbox").resolve().as_uri()
     assert re.fullmatch(rf"mailbox: {re.escape(url)}\nwatch it: gm status {re.escape(url)}\n", hint)
+
+
+BLOCKER = """
+import sys
+class Absent:
+    '''Makes the named top-level modules unimportable, as in an install without the extra.'''
+    def find_spec(self, name, path=None, target=None):
+        if name.partition('.')[0] in sys.argv[1].split(','):
+            raise ModuleNotFoundError(f'No module named {name!r}', name=name)
+sys.meta_path.insert(0, Absent())
+from gm_shell import cli
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def without(modules: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``gm argv...`` in a fresh interpreter where ``modules`` cannot be imported."""
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKER, modules, *argv],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+def test_the_demo_names_its_extra_before_it_creates_anything(tmp_path: Path) -> None:
+    done = without("torch,matplotlib", "demo", "--tiny", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "gm demo: the demo needs torch and matplotlib, not installed here:"
+        " pip install 'gm-diloco[demo]' (for the CPU-only torch wheel, first:"
+        " pip install torch --index-url https://download.pytorch.org/whl/cpu)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+    done = without("matplotlib", "demo", "--tiny", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "gm demo: the demo needs matplotlib, not installed here: pip install 'gm-diloco[demo]'\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plot_without_matplotlib_names_the_extra_before_simulating(tmp_path: Path) -> None:
+    done = without("matplotlib", *SIMULATE, "--plot", "run.png", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr == (
+        "gm simulate: --plot needs matplotlib, not installed here: pip install 'gm-diloco[plot]'\n"
+    )
+    assert done.stdout == ""

@@ -14,7 +14,9 @@ import asyncio
 import os
 import socket
 import subprocess
+import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -227,3 +229,35 @@ def test_a_relative_file_url_is_a_folder_under_the_working_directory(
         assert asyncio.run(box.put_once(RECORD, b"r")) is PutOutcome.CREATED
     assert (tmp_path / "runs" / "demo" / "mailbox" / RECORD).read_bytes() == b"r"
     assert not (tmp_path / "demo").exists()
+
+
+def test_a_named_memory_url_open_in_another_process_is_a_warning() -> None:
+    url = f"memory://two-processes-{os.getpid()}/run"
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from gm_shell.mailbox import Mailbox; box = Mailbox.open(sys.argv[1]);"
+            " print('open', flush=True); sys.stdin.read()",
+            url,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None
+        assert other.stdout.readline() == "open\n"
+        with pytest.warns(RuntimeWarning) as caught, Mailbox.open(url):
+            pass
+        assert str(caught[0].message) == (
+            f"{url} is also open in process {other.pid}: a memory:// mailbox lives inside one"
+            " process, so these processes make separate runs that never meet; give every"
+            " process the same file:// folder or bucket URL instead"
+        )
+    finally:
+        other.communicate("", timeout=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the other process has exited: nothing to warn of
+        Mailbox.open(url).close()
+        Mailbox.open("memory://").close()  # unnamed: private to its mailbox, never shared

@@ -10,7 +10,8 @@ run" on the same cores. While they train it redraws their progress lines and
 scores the newest committed model now and then (:mod:`gm_shell.demo.committed`);
 a process that fails stops the demo (the others are terminated) with the tail
 of its log. When all have exited it reads the tape and scores the final
-committed model, then writes the plot and ``summary.json`` and prints the table.
+committed model, writes ``summary.json`` and prints the table, and only then
+draws the plot (``gm demo`` checks for torch and matplotlib before it starts).
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def learner_totals(run: layout.RunDir, learners: int) -> LearnerTotals:
 def summarize(
     spec: DemoSpec, run: layout.RunDir, wall_s: float, evaluator: CommittedEvaluator
 ) -> Summary:
-    """Read the tape, evaluate the final committed model, plot, save and return the summary."""
+    """Read the tape, evaluate the final committed model, save and return the summary."""
     stream = TokenStream(spec.data)
     gm_loss = evaluator.final()
     baseline = progress.view(progress.read_lines(run.progress(layout.BASELINE)))
@@ -186,17 +187,22 @@ def summarize(
         baseline_loss=baseline.evals[-1].loss,
         unigram_loss=unigram,
     )
+    save(summary, run.summary_path)
+    return summary
+
+
+def plot(spec: DemoSpec, run: layout.RunDir, summary: Summary) -> None:
+    """Draw the loss curves (after the results are saved and printed: a plot is the extra)."""
     committed = progress.view(progress.read_lines(run.progress(COMMITTED)))
+    baseline = progress.view(progress.read_lines(run.progress(layout.BASELINE)))
     plot_losses(
         committed.evals,
         baseline.evals,
-        unigram,
+        summary.unigram_loss,
         run.plot_path,
         f"{spec.learners} gm learners (H={spec.gm.sync_every}, P={spec.gm.fragments})"
         " vs data-parallel",
     )
-    save(summary, run.summary_path)
-    return summary
 
 
 def run_demo(spec: DemoSpec, runs_root: Path, out: TextIO = sys.stdout) -> Summary:
@@ -210,9 +216,12 @@ def run_demo(spec: DemoSpec, runs_root: Path, out: TextIO = sys.stdout) -> Summa
     finally:
         evaluator.close()
     out.write(
-        f"\n{table(summary)}\n\n  plot: {run.plot_path}\n  summary: {run.summary_path}\n"
+        f"\n{table(summary)}\n\n  summary: {run.summary_path}\n"
         f"  mailbox: {run.mailbox_url}\n  the run's tape: gm status {run.mailbox_url}\n"
     )
+    out.flush()
+    plot(spec, run, summary)
+    out.write(f"  plot: {run.plot_path}\n")
     return summary
 
 
