@@ -75,7 +75,25 @@ def schema_mismatch(mine: tuple[TensorSpec, ...], theirs: tuple[TensorSpec, ...]
     ]
     if not problems:
         problems.append("the schema lists the same tensors in another order")
-    return problems
+    return problems + _prefix_hint([t.name for t in mine], [t.name for t in theirs])
+
+
+def _prefix_hint(mine: list[str], theirs: list[str]) -> list[str]:
+    """When every name differs by one common prefix only, say so and how to fix it."""
+    if not mine or len(mine) != len(theirs) or mine == theirs:
+        return []
+    for longer, shorter, whose in ((mine, theirs, "this node's"), (theirs, mine, "the run's")):
+        first_long, first_short = longer[0], shorter[0]
+        if len(first_long) <= len(first_short) or not first_long.endswith(first_short):
+            continue
+        prefix = first_long[: len(first_long) - len(first_short)]
+        if all(a == prefix + b for a, b in zip(longer, shorter, strict=True)):
+            return [
+                f"only a prefix differs: {whose} tensor names all start with {prefix!r}; "
+                "train the same module on every node (unwrap a wrapper, e.g. model.module "
+                "or a peft model's base) or wrap it the same way everywhere"
+            ]
+    return []
 
 
 def _spec_difference(mine: TensorSpec, theirs: TensorSpec) -> str:

@@ -19,6 +19,15 @@ copies, and only at the steps where a round needs them. Parameters are the
 framework's own list (``named_parameters()`` in torch, ``parameters()`` in MLX),
 buffers such as batch-norm statistics are not synchronized.
 
+Names are canonical: the same model has the same schema however a node wraps it
+for its own training, so wrapped and plain nodes join one run. A torch model is
+unwrapped from ``DistributedDataParallel``/``DataParallel`` (``module.``, also
+what accelerate's ``prepare`` returns) and ``torch.compile`` (``_orig_mod.``),
+and the segments torch's wrappers insert inside names (``_orig_mod`` of a
+compiled submodule, FSDP's ``_fsdp_wrapped_module``, activation checkpointing's
+``_checkpoint_wrapped_module``) are dropped: torch reserves them, no model names
+its own parameters so.
+
 Frameworks are imported only when a model of theirs is adapted.
 """
 
@@ -90,13 +99,42 @@ def _layout(specs: dict[str, TensorSpec], names: Sequence[str]) -> Layout:
 _TORCH_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64"}
 
 
+WRAPPER_SEGMENTS = frozenset(
+    {"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_dmp_wrapped_module"}
+)
+"""Name segments torch's wrappers insert; a canonical name has none of them."""
+
+
+def canonical_name(name: str) -> str:
+    """``name`` without the segments wrappers insert (``_orig_mod.fc.weight`` -> ``fc.weight``)."""
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
+
+
+def unwrap_torch(model: Any) -> Any:
+    """The module a DDP/DataParallel or ``torch.compile`` wrapper holds (repeatedly)."""
+    import torch
+
+    while True:
+        if isinstance(model, torch.nn.parallel.DistributedDataParallel | torch.nn.DataParallel):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
 class TorchModel:
-    """A ``torch.nn.Module``'s ``named_parameters()``."""
+    """A ``torch.nn.Module``'s ``named_parameters()``, unwrapped, by canonical name."""
 
     framework = "torch"
 
     def __init__(self, model: Any) -> None:
-        self._params = dict(model.named_parameters())
+        self._params: dict[str, Any] = {}
+        for name, p in unwrap_torch(model).named_parameters():
+            canonical = canonical_name(name)
+            if canonical in self._params:
+                raise ModelError(f"parameters {name!r} and {canonical!r} share one canonical name")
+            self._params[canonical] = p
         self._specs = {name: _torch_spec(name, p) for name, p in self._params.items()}
 
     def schema(self) -> tuple[TensorSpec, ...]:

@@ -177,3 +177,24 @@ def test_mismatch_is_symmetric_in_whether_it_exists(order: bool) -> None:
         a, b = b, a
     assert manifest_mismatch(a, b) is not None
     assert manifest_mismatch(b, a) is not None
+
+
+@given(configs, schemas(), st.sampled_from(["module.", "_orig_mod.", "base_model.model."]))
+def test_a_prefix_only_difference_is_named_with_the_fix(
+    config: AlgorithmConfig, schema: tuple[TensorSpec, ...], prefix: str
+) -> None:
+    wrapped = tuple(attrs.evolve(t, name=prefix + t.name) for t in schema)
+    for mine, theirs, whose in ((wrapped, schema, "this node's"), (schema, wrapped, "the run's")):
+        problem = manifest_mismatch(manifest(config, mine), manifest(config, theirs))
+        assert problem is not None
+        assert f"only a prefix differs: {whose} tensor names all start with {prefix!r}" in problem
+
+
+@given(configs, schemas())
+def test_no_prefix_hint_when_names_differ_otherwise(
+    config: AlgorithmConfig, schema: tuple[TensorSpec, ...]
+) -> None:
+    renamed = (attrs.evolve(schema[0], name="x." + schema[0].name), *schema[1:])
+    problem = manifest_mismatch(manifest(config, renamed), manifest(config, schema))
+    assert problem is not None
+    assert "prefix" not in problem

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,3 +84,28 @@ def test_what_gm_cannot_train_is_refused_by_name() -> None:
         adapt(model)
     with pytest.raises(ModelError, match="no parameters named"):
         adapt(torch.nn.Linear(2, 2)).fragment(["nope"])
+
+
+def test_wrapped_torch_models_have_the_plain_models_schema(tmp_path: Path) -> None:
+    """DDP (gloo, CPU, one rank), torch.compile and a compiled submodule: canonical names."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    plain = torch_model(0)[0]
+    expected = adapt(plain).schema()
+    compiled = torch.compile(plain, backend="eager")
+    assert next(iter(dict(compiled.named_parameters()))).startswith("_orig_mod.")
+    assert adapt(compiled).schema() == expected
+    inner = torch_model(0)[0]
+    inner.fc1 = torch.compile(inner.fc1, backend="eager")  # type: ignore[assignment]
+    assert "fc1._orig_mod.weight" in dict(inner.named_parameters())
+    assert adapt(inner).schema() == expected
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(torch.compile(torch_model(0)[0], backend="eager"))
+        assert adapt(ddp).schema() == expected
+        access = adapt(ddp).fragment(["fc1.weight"])
+        access.scatter(np.zeros(access.layout.total, np.float32))
+        assert float(ddp.module._orig_mod.fc1.weight.detach().abs().sum()) == 0.0
+    finally:
+        dist.destroy_process_group()
