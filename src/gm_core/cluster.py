@@ -13,6 +13,18 @@ driver explores interleavings and an exhaustive one enumerates them.
 Tensors are abstract: a payload is a few bytes naming who made it, and its
 digest is their blake2b hash, which is enough to check hashes, to detect a
 poisoned (non-finite) delta and to keep every pointer honest.
+
+The harness also judges the moment invariants, since only it sees the moments:
+payload before pointer and the closing rule when it carries out a create-once
+write, the merge weights when it carries out a merge, learner monotonicity on
+every learner transition. For the closing rule it keeps ghost state per node
+(``Node.decided``): at the transition where the node's closer finds its round
+ready to close, the harness takes what it knew from its state — its verdicts,
+and whom its lease views showed live — and judges the rule on it; the verdict is
+reported when that closer creates the round's record (a closer that decided
+wrongly but never committed has not broken the rule). Only the round and the
+verdict are kept, so the ghost adds no state to a correct run that its closer's
+state does not already hold (the model checker's state counts stay put).
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from gm_core import closer, invariants, keys, learner, plan
+from gm_core import closer, codec, invariants, keys, learner, plan
 from gm_core.commands import (
     Align,
     Capture,
@@ -104,6 +116,9 @@ class Node:
     tokens: int = 0
     pace: Pace | None = None
     poison: bool = False
+    decided: tuple[int, tuple[str, ...]] | None = None
+    """Ghost: the round the closer found ready, and the closing rule's verdict on what it
+    knew then (None: not ready)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -216,8 +231,9 @@ def _feed(c: Cluster, name: str, machine: Machine, event: Event) -> Cluster:
         node = attrs.evolve(node, learner=new_l)
     else:
         assert node.closer is not None
-        new_c, cmds = closer.advance(node.closer, event)
-        node = attrs.evolve(node, closer=new_c)
+        old_c = node.closer
+        new_c, cmds = closer.advance(old_c, event)
+        node = attrs.evolve(node, closer=new_c, decided=_decided(c, node.decided, old_c, new_c))
     queued = list(c.inflight)
     notes = list(c.notes)
     timers = dict(node.timers)
@@ -236,6 +252,30 @@ def _feed(c: Cluster, name: str, machine: Machine, event: Event) -> Cluster:
     nodes = dict(c.nodes)
     nodes[name] = node
     return attrs.evolve(c, nodes=nodes, inflight=tuple(queued), notes=tuple(notes))
+
+
+def _decided(
+    c: Cluster,
+    decided: tuple[int, tuple[str, ...]] | None,
+    old: closer.CloserState,
+    new: closer.CloserState,
+) -> tuple[int, tuple[str, ...]] | None:
+    """Judge the closing rule at the transition where the closer finds its round ready."""
+    if new.quorum_at_s is None:
+        return None
+    if (old.round, old.quorum_at_s) == (new.round, new.quorum_at_s):
+        return decided
+    knew = invariants.knowledge(new, new.quorum_at_s)
+    return new.round, invariants.closing_rule(knew, c.manifest.config.quorum)
+
+
+def _closing(c: Cluster, node: Node, data: bytes) -> Cluster:
+    """A record was created: report the closing rule's verdict on its closer's decision."""
+    record = codec.decode(RoundRecord, data)  # only closers write round keys
+    if node.decided is None or node.decided[0] != record.round:
+        found = (f"round {record.round}: {node.name} committed without deciding to close",)
+        return _record(c, "closing_rule", found)
+    return _record(c, "closing_rule", node.decided[1])
 
 
 def _record(c: Cluster, name: str, messages: tuple[str, ...]) -> Cluster:
@@ -395,6 +435,8 @@ def _execute(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Event]:
             c, "payload_before_pointer", invariants.pointer_targets_exist(store, cmd.key, cmd.data)
         )
         store, created = store.put_once(cmd.key, cmd.data)
+        if created and isinstance(keys.parse(cmd.key), keys.RoundKey):
+            c = _closing(c, node, cmd.data)
         return attrs.evolve(c, store=store), PutDone(now_s=now, req=cmd.req, created=created)
     if isinstance(cmd, PutOver):
         return attrs.evolve(c, store=store.put(cmd.key, cmd.data)), PutDone(
@@ -423,6 +465,7 @@ def _execute_payload(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Eve
     if isinstance(cmd, Verify):
         return c, Verified(now_s=now, req=cmd.req, reason=_verdict(c, cmd.payload))
     if isinstance(cmd, Merge):
+        c = _record(c, "merge_weights", invariants.merge_weights(c.store, cmd))
         return _merge(c, cmd)
     if isinstance(cmd, Align):
         if c.store.get(cmd.theta.key) is None:

@@ -7,9 +7,20 @@ is one function here, shared by the stateful tests, the simulator and the model
 checker, so all three check the same thing. A state invariant maps a
 :class:`ClusterView` (every node's state plus the model store and its ghost
 history of create-once writes) to a tuple of violation messages, empty when it
-holds. Two invariants are about moments rather than states: payload-before-
-pointer is judged when a pointer is written (:func:`pointer_targets_exist`), and
-learner monotonicity across one transition (:func:`learner_monotonic`).
+holds. Four invariants are about moments rather than states: payload-before-
+pointer is judged when a pointer is written (:func:`pointer_targets_exist`),
+learner monotonicity across one transition (:func:`learner_monotonic`), the
+closing rule, judged on what a closer knew when it decided to close and reported
+when its record is created (:func:`closing_rule`), and the merge weights when a
+merge is carried out (:func:`merge_weights`).
+
+Independence. An invariant that called the function it checks would agree with
+any bug in it. So the rules are re-stated here in their own few lines, from the
+spec rather than from the code: the schedule in its closed form
+``floor((r+1)·H/P)`` (the code uses the cycle-plus-offset form), the record-level
+acceptance of a snapshot, the staleness bound, the merge weight ``tokens²/steps``
+and its normalization, and the closing condition. A snapshot is judged against
+the round whose folder it was listed in (the key), never the round it claims.
 """
 
 from __future__ import annotations
@@ -20,8 +31,17 @@ from typing import TypeVar
 
 import attrs
 
-from gm_core import closer, codec, keys, learner, schedule, verdicts
-from gm_core.records import Claim, FragmentState, Manifest, RoundRecord, Snapshot, Timing
+from gm_core import closer, codec, keys, learner
+from gm_core.commands import Merge
+from gm_core.records import (
+    AlgorithmConfig,
+    Claim,
+    FragmentState,
+    Manifest,
+    RoundRecord,
+    Snapshot,
+    Timing,
+)
 from gm_core.store_model import ModelStore
 
 V = TypeVar("V", bound=codec.Value)
@@ -95,6 +115,53 @@ def _before(
     return view.manifest.init if previous is None else previous.frontier
 
 
+# --- the rules, re-stated from the spec (never by calling the code they check) ----------------
+
+
+def _due_step(round_: int, sync_every: int, fragments: int) -> int:
+    """protocol.md §4: round r is due at step floor((r+1)·H/P) (closed form)."""
+    return (round_ + 1) * sync_every // fragments
+
+
+def _gap(round_: int, sync_every: int, fragments: int) -> int:
+    """Steps between round r−1's step and round r's (round 0: from step 0)."""
+    before = _due_step(round_ - 1, sync_every, fragments) if round_ > 0 else 0
+    return _due_step(round_, sync_every, fragments) - before
+
+
+def _weight(snap: Snapshot) -> float:
+    """protocol.md §11.2: a snapshot weighs tokens²/steps."""
+    return snap.tokens**2 / snap.steps
+
+
+def _unacceptable(
+    snap: Snapshot, round_: int, committed: int, cfg: AlgorithmConfig, schema_digest: str
+) -> str | None:
+    """Why a snapshot listed in round ``round_``'s folder must be rejected (protocol.md
+    §11.1, record level), or None when a closer may accept it.
+
+    ``committed`` is the committed version of the round's fragment before the round.
+    Only acceptance matters here, not which reason comes first.
+    """
+    # A learner publishes r after aligning r - in_flight; the fragment's previous
+    # commit is r - P: its base may lag ceil(in_flight / P) - 1 versions.
+    stale_bound = max(0, (cfg.in_flight + cfg.fragments - 1) // cfg.fragments - 1)
+    rules = (
+        (snap.round == round_, f"claims round {snap.round}"),
+        (snap.fragment == round_ % cfg.fragments, f"has fragment {snap.fragment}"),
+        (min(snap.steps, snap.tokens, snap.base_version) >= 0, "has a negative count"),
+        (snap.base_version <= committed, f"has base {snap.base_version} > {committed}"),
+        (snap.schema_digest == schema_digest, "is of another model"),
+        (snap.steps > 0, "has no steps"),
+        (committed - snap.base_version <= stale_bound, f"is stale (base {snap.base_version})"),
+        (bool(snap.signature) or not cfg.require_signatures, "is unsigned"),
+    )
+    return next((why for ok, why in rules if not ok), None)
+
+
+# --- state invariants -----------------------------------------------------------------------
+
+
 def one_record_per_round(view: ClusterView) -> tuple[str, ...]:
     """Each round key was created once, and decodes to a record of that round."""
     seen: dict[str, int] = {}
@@ -145,13 +212,13 @@ def record_consistency(view: ClusterView) -> tuple[str, ...]:
 
 
 def schedule_coverage(view: ClusterView) -> tuple[str, ...]:
-    """Record r syncs fragment r mod P at step_of(r), so each fragment once per H steps."""
+    """Record r syncs fragment r mod P at step floor((r+1)·H/P): each fragment once per H."""
     cfg = view.manifest.config
     out = []
     for r, rec in read_tape(view).items():
-        if rec.fragment != schedule.fragment_of(r, cfg.fragments):
+        if rec.fragment != r % cfg.fragments:
             out.append(f"round {r}: fragment {rec.fragment}")
-        if rec.step != schedule.step_of(r, cfg.sync_every, cfg.fragments):
+        if rec.step != _due_step(r, cfg.sync_every, cfg.fragments):
             out.append(f"round {r}: step {rec.step}")
     return tuple(out)
 
@@ -180,7 +247,7 @@ def one_snapshot_per_learner_per_round(view: ClusterView) -> tuple[str, ...]:
 
 
 def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
-    """Every participant wrote a snapshot for that round that passes every verdict."""
+    """Every participant wrote a snapshot in that round's folder that a closer may accept."""
     cfg = view.manifest.config
     snapshots = _created(view, keys.SnapshotKey)
     tape = read_tape(view)
@@ -193,25 +260,21 @@ def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
         if set(names) & {x.learner for x in rec.rejections}:
             out.append(f"round {r}: a learner both accepted and rejected")
         for p in rec.participants:
+            # Judged against the folder it was listed in, whatever round it claims.
             data = snapshots.get(keys.snapshot(r, p.learner))
             snap = _as(Snapshot, data) if data is not None else None
-            if snap is None:
+            if snap is None or snap.learner != p.learner:
                 out.append(f"round {r}: {p.learner} never wrote a valid snapshot")
                 continue
-            verdict = verdicts.judge_snapshot(
-                snap,
-                round=r,
-                fragment=rec.fragment,
-                committed_version=before[rec.fragment].version,
-                schema_digest=view.schema_digest,
-                require_signatures=cfg.require_signatures,
-                max_stale_versions=closer.max_stale_versions(cfg.in_flight, cfg.fragments),
-            )
+            committed = before[r % cfg.fragments].version
+            why = _unacceptable(snap, r, committed, cfg, view.schema_digest)
             facts = (snap.steps, snap.tokens, snap.base_version, snap.final)
-            if verdict is not None or facts != (p.steps, p.tokens, p.base_version, p.final):
-                out.append(f"round {r}: {p.learner} accepted unsoundly ({verdict})")
-            elif p.weight != verdicts.merge_weight(snap.tokens, snap.steps):
-                out.append(f"round {r}: {p.learner} weight {p.weight}")
+            if why is not None:
+                out.append(f"round {r}: {p.learner} accepted, but its snapshot {why}")
+            elif facts != (p.steps, p.tokens, p.base_version, p.final):
+                out.append(f"round {r}: {p.learner} misquoted: {facts}")
+            elif p.weight != _weight(snap):
+                out.append(f"round {r}: {p.learner} weight {p.weight}, not {_weight(snap)}")
     return tuple(out)
 
 
@@ -247,7 +310,7 @@ def grace_bounds(view: ClusterView) -> tuple[str, ...]:
         if r > 0 and previous is None:
             continue
         t = previous.timing if previous is not None else Timing()
-        gap = schedule.gap_of(r, cfg.sync_every, cfg.fragments)
+        gap = _gap(r, cfg.sync_every, cfg.fragments)
         if None in (t.step_s, t.quorum_s, t.sync_s):
             bound = 0.0
         else:
@@ -316,6 +379,85 @@ def pointer_targets_exist(store: ModelStore, key: str, data: bytes) -> tuple[str
     except codec.CodecError:
         return ()
     return tuple(f"{key} points at missing {ref.key}" for ref in refs if store.get(ref.key) is None)
+
+
+@attrs.frozen(kw_only=True)
+class Closing:
+    """What a closer knew when it found its round ready to close (ghost state).
+
+    Taken by the cluster harness from the closer's state (``entries`` and the lease
+    views it holds) at the transition that set its ``quorum_at_s``. That is the
+    decision; by the time its record is written, grace and the merge have passed
+    and its lease views may have moved on, so the record's moment is too late to
+    read what it knew.
+    """
+
+    closer: str
+    round: int
+    accepted: frozenset[str]
+    judged: frozenset[str]
+    """Accepted or rejected."""
+    live: frozenset[str]
+    """Learners whose lease the closer saw change within the lease timeout."""
+
+
+def knowledge(state: closer.CloserState, now_s: float) -> Closing:
+    """What ``state`` knows of its round: its verdicts, and who is live by its lease views."""
+    timeout_s = state.manifest.config.lease_timeout_s
+    accepted = {n for n, e in state.entries.items() if e.stage is closer.Stage.ACCEPTED}
+    rejected = {n for n, e in state.entries.items() if e.stage is closer.Stage.REJECTED}
+    live = {
+        n
+        for n, v in state.leases.items()
+        if v.etag is not None and now_s - v.changed_at_s <= timeout_s
+    }
+    return Closing(
+        closer=state.node,
+        round=state.round,
+        accepted=frozenset(accepted),
+        judged=frozenset(accepted | rejected),
+        live=frozenset(live),
+    )
+
+
+def closing_rule(knew: Closing, quorum: int) -> tuple[str, ...]:
+    """A round closes only with ``quorum`` accepted snapshots, or with every learner the
+    closer knew live already judged (and somebody known: live or judged)."""
+    if len(knew.accepted) >= quorum:
+        return ()
+    if (knew.live or knew.judged) and knew.live <= knew.judged:
+        return ()
+    waiting = sorted(knew.live - knew.judged)
+    return (
+        f"round {knew.round}: {knew.closer} closed with {len(knew.accepted)} accepted"
+        f" (quorum {quorum}) while {waiting or 'nobody'} live and not judged",
+    )
+
+
+def merge_weights(store: ModelStore, merge: Merge) -> tuple[str, ...]:
+    """A merge weighs each contribution tokens²/steps of the snapshot in the round's
+    folder, normalized to sum to 1 (equal weights when all are 0), in learner order.
+    """
+    names = [x.learner for x in merge.contributions]
+    out = [] if names == sorted(set(names)) else [f"round {merge.round}: contributors {names}"]
+    snaps = []
+    for x in merge.contributions:
+        stored = store.get(keys.snapshot(merge.round, x.learner))
+        snap = _as(Snapshot, stored.data) if stored is not None else None
+        if snap is None or snap.steps < 1 or snap.learner != x.learner:
+            return (*out, f"round {merge.round}: merges {x.learner} without a snapshot")
+        if (x.payload, x.final) != (snap.payload, snap.final):
+            out.append(f"round {merge.round}: {x.learner}'s payload or final differs")
+        snaps.append(snap)
+    raw = [_weight(x) for x in snaps]
+    total = sum(raw)
+    expected = [w / total if total > 0 else 1 / len(raw) for w in raw]
+    for x, want in zip(merge.contributions, expected, strict=True):
+        if abs(x.weight - want) > 1e-9:
+            out.append(f"round {merge.round}: {x.learner} weighs {x.weight}, not {want}")
+    if merge.final_only != all(x.final for x in snaps):
+        out.append(f"round {merge.round}: final_only {merge.final_only}")
+    return tuple(out)
 
 
 def learner_monotonic(old: learner.LearnerState, new: learner.LearnerState) -> tuple[str, ...]:
