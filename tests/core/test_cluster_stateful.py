@@ -8,7 +8,10 @@ each one. A second group of tests drives fair schedules and asserts progress.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import hypothesis.strategies as st
+import pytest
 from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -20,12 +23,14 @@ from gm_core.records import AlgorithmConfig, Alignment, Reason
 L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
 NAMES = ("n0", "n1", "n2")
 ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "n2": frozenset({L})}
+SINGLE_CLOSER = {"n0": frozenset({L, C}), "n1": frozenset({L}), "n2": frozenset({L})}
+"""Nobody can take a round over: whatever stalls the one closer stalls the run."""
 FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
 FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
 
 
-def make(config: AlgorithmConfig) -> cl.Cluster:
-    c = cl.create(config, ROLES, learner_options=FAST_L, closer_options=FAST_C)
+def make(config: AlgorithmConfig, roles: Mapping[str, frozenset[cl.Machine]] = ROLES) -> cl.Cluster:
+    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
     for name in NAMES:
         c = cl.start(c, name)
     return c
@@ -169,6 +174,29 @@ def run_fair(c: cl.Cluster, ticks: int, *, dt: float = 0.25, check: bool = True)
     return c
 
 
+def _stuck(c: cl.Cluster) -> str:
+    """Where a run that stopped committing stands: each live machine's phase and round."""
+    out = [f"stuck at {len(cl.records(c))} records, t={c.now_s:g}s"]
+    for name, node in sorted(c.nodes.items()):
+        if not node.alive:
+            out.append(f"{name}: dead")
+            continue
+        if node.closer is not None:
+            state = node.closer
+            entries = {e.learner: str(e.stage) for e in state.entries.values()}
+            out.append(
+                f"{name} closer: {state.phase} round {state.round}, entries {entries},"
+                f" leases {sorted(state.leases)}, dead {sorted(state.dead)}"
+            )
+        if node.learner is not None:
+            lrn = node.learner
+            out.append(
+                f"{name} learner: {lrn.phase} aligned {lrn.aligned_round} next {lrn.next_round}"
+                f" outgoing {sorted(lrn.outgoing)} poison {node.poison}"
+            )
+    return "\n".join(out)
+
+
 def participants(c: cl.Cluster) -> list[int]:
     return [len(r.participants) for r in cl.records(c)]
 
@@ -205,6 +233,20 @@ def test_poisoned_learner_is_rejected_by_name_and_the_run_goes_on() -> None:
     assert any(
         (x.learner, x.reason) == ("n2", Reason.NONFINITE) for r in records for x in r.rejections
     )
+
+
+@pytest.mark.parametrize("sync_every", [4, 5])
+def test_a_poisoned_learner_does_not_stall_a_single_closer(sync_every: int) -> None:
+    """n2's deltas are all non-finite and nobody un-poisons it. With quorum 3 the one
+    closer waits for n2's verdict every round (``nonfinite``), so n2 must keep
+    publishing every round, in flight 2 as well, or stop being waited for."""
+    config = AlgorithmConfig(
+        sync_every=sync_every, fragments=2, quorum=3, in_flight=2, lease_timeout_s=4.0
+    )
+    c = run_fair(cl.set_poison(make(config, SINGLE_CLOSER), "n2", True), 200)
+    records = cl.records(c)
+    assert len(records) >= 30, _stuck(c)
+    assert all("n2" not in {p.learner for p in r.participants} for r in records)
 
 
 def test_dead_learner_is_waited_for_at_most_the_lease_timeout() -> None:
