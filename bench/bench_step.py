@@ -1,6 +1,6 @@
 """What ``Session.step()`` adds to a training step: with no round due, and with rounds due.
 
-Run: ``.venv/bin/python -m bench.bench_step [--steps 20000] [--due-steps 2000] [--step-ms 1]``
+Run: ``.venv/bin/python -m bench.bench_step [--steps 20000] [--due-steps 1000] [--repeat 3]``
 
 The figure is the gap between one training call's return and the next one's start,
 in microseconds (median, p90, p99, mean), for the loop
@@ -13,32 +13,40 @@ what the session adds, and a bare loop over the same ``train`` is shown beside i
 * **Rounds due**: a tiny model (8 tensors of 4096 floats, 128 KiB), H=8 and P=2, so a
   round falls due every 4 steps; ``train`` sleeps ``--step-ms`` (a stand-in for a
   training step that releases the GIL, as torch's kernels do). One node is learner and
-  closer over ``memory://``, polling every ``--poll-ms``: on due steps ``step()`` reports
-  to the loop thread, copies the fragment's delta and hands it over, and on the steps
-  after a commit it folds the commit in; the closer merges and commits meanwhile. A
-  quarter of the steps are due, so p90 and p99 are due steps; they include the GIL
-  handoffs with the loop thread (whose Python work holds the GIL for 0.1-0.7 ms per
-  event) and, with ``in_flight`` 2, any wait for a commit that fell behind.
+  closer over ``memory://``, polling every ``--poll-ms``: on due steps ``step()`` copies
+  the fragment the loop planned for that step and signals the loop, and on the steps
+  after a commit it folds the commit in; the closer merges and commits meanwhile. The
+  figures are given for all steps and for the **due steps** alone (those at which a
+  fragment was captured: gm's by its schedule, the reference's where its learner
+  queued a snapshot). With ``in_flight`` 2, a gm due step also waits for a commit that
+  fell behind (the core stalls training there; the reference instead postpones the
+  round): on a loaded machine, where the closer's round takes longer than two rounds
+  of steps, those waits are in gm's tail, so the due steps at which gm waited for
+  no commit are shown apart too (for the reference, that row is all its due steps).
+
+The two sides run ``--repeat`` times each, alternately (gm, reference, gm, …), and the
+samples of each side are pooled, so a change of load during the run falls on both; the
+load average is printed at the start and the end.
 
 The reference package (``gradientmail`` 0.0.2) runs the same loops inside its
 ``Session.run`` when ``bench/.venv-ref`` exists (``bash bench/setup_reference.sh``);
-its figures print beside gm's. The issue quoted 8.5 µs (no round due) and 12.7 µs
-(rounds due) for it on this machine.
+its figures print beside gm's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
+IN_FLIGHT = 2
 REFERENCE_PYTHON = HERE / ".venv-ref" / "bin" / "python"
 
 
@@ -71,50 +79,74 @@ def timed_train(step_s: float) -> tuple[Callable[[int], None], list[int], list[i
 
 
 def gaps(enter: list[int], leave: list[int]) -> list[int]:
+    """Gap ``i`` holds ``step()`` number ``i + 1`` (the step count it brings the session to)."""
     return [enter[i + 1] - leave[i] for i in range(len(enter) - 1)]
+
+
+Sample = tuple[list[int], list[str]]
+"""Gaps in nanoseconds, and what each step was: ``other``, ``due``, or ``waited`` (a gm due
+step at which the core stalled training until a commit was folded in)."""
 
 
 def gm_loop(
     steps: int, sync_every: int, fragments: int, step_s: float, poll_s: float
-) -> dict[str, float]:
+) -> tuple[Sample, int]:
+    """gm's gaps and what each step was, and the rounds committed.
+
+    A lone learner on a fresh run never skips ahead, so round ``r`` is due at
+    ``step_of(r)``; the core stalls that step while ``r > aligned + in_flight``, which
+    ``Session.round`` (the newest round folded in) shows just before the call.
+    """
     import torch
 
+    from gm_core import schedule
     from gm_shell import DiLoCo, Session, SessionOptions
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*(torch.nn.Linear(64, 64, bias=False) for _ in range(8)))
     session = Session(
         model,
-        algorithm=DiLoCo(sync_every=sync_every, fragments=fragments, in_flight=2),
+        algorithm=DiLoCo(sync_every=sync_every, fragments=fragments, in_flight=IN_FLIGHT),
         mailbox="memory://",
         node="solo",
         options=SessionOptions(poll_s=poll_s, compute="numpy"),
     )
+    due = {schedule.step_of(r, sync_every, fragments): r for r in range(steps)}
+    kinds: list[str] = []
     train, enter, leave = timed_train(step_s)
     with session:
         for batch in range(steps):
             train(batch)
+            round_ = due.get(batch + 1)
+            if round_ is None:
+                kinds.append("other")
+            else:
+                kinds.append("waited" if round_ > session.round + IN_FLIGHT else "due")
             session.step(samples=1)
-        rounds = session.round
-    result = summary(gaps(enter, leave))
-    result["rounds_committed"] = rounds + 1
-    return result
+        rounds = session.round + 1
+    return (gaps(enter, leave), kinds[:-1]), rounds  # gap i holds the step() of iteration i
 
 
-def bare_loop(steps: int, step_s: float) -> dict[str, float]:
+def bare_loop(steps: int, step_s: float) -> list[int]:
     train, enter, leave = timed_train(step_s)
     for batch in range(steps):
         train(batch)
-    return summary(gaps(enter, leave))
+    return gaps(enter, leave)
 
 
 REFERENCE_CODE = """
 import json, sys, time
 sys.path.insert(0, {refdir!r})
 from gradientmail import DiLoCo, MemoryAdapter, MemoryMailbox, Session
+from gradientmail.learner import Learner
 from numpy_adapter import NumpyBackend, tensors_of
 from refkit import model_arrays
-enter, leave = [], []
+enter, leave, due = [], [], set()
+queue_snapshot = Learner._publish
+def publish(self, run, state, round, *, final):
+    due.add(len(leave))  # the step count this step() brings the learner to
+    return queue_snapshot(self, run, state, round, final=final)
+Learner._publish = publish
 def step(_batch):
     enter.append(time.perf_counter_ns())
     if {step_s!r}:
@@ -125,17 +157,25 @@ session = Session(
     MemoryAdapter(tensors_of(model_arrays(8, 4096))),
     algorithm=DiLoCo(sync_every={sync_every!r}, fragments={fragments!r}),
     mailbox=MemoryMailbox(), node_id="solo", backend=NumpyBackend(), callbacks=(),
+    poll_interval={poll_s!r},
 )
 session.join()
 session.run(step, range({steps!r}))
-print(json.dumps([enter[i + 1] - leave[i] for i in range(len(enter) - 1)]))
+gaps = [enter[i + 1] - leave[i] for i in range(len(enter) - 1)]
+print(json.dumps([gaps, ["due" if i + 1 in due else "other" for i in range(len(gaps))]]))
 """
 
 
 def reference_loop(
-    steps: int, sync_every: int, fragments: int, step_s: float
-) -> dict[str, float] | str:
-    """The reference's Session.run over the same loop, or why it could not run."""
+    steps: int, sync_every: int, fragments: int, step_s: float, poll_s: float
+) -> Sample | str:
+    """The reference's Session.run over the same loop, or why it could not run.
+
+    It polls every ``poll_s`` as gm does (its default, 1 s, would let it commit a round
+    only every few seconds, and skip the captures in between). Its due steps are those
+    at which its learner queued a snapshot (``Learner._publish``
+    is wrapped to note the step; the wrapper adds a call to those steps only).
+    """
     if not REFERENCE_PYTHON.exists():
         return "bench/.venv-ref is missing (bash bench/setup_reference.sh)"
     code = REFERENCE_CODE.format(
@@ -144,6 +184,7 @@ def reference_loop(
         sync_every=sync_every,
         fragments=fragments,
         step_s=step_s,
+        poll_s=poll_s,
     )
     try:
         done = subprocess.run(
@@ -153,23 +194,62 @@ def reference_loop(
             timeout=900,
             check=True,
         )
-        return summary(json.loads(done.stdout.strip().splitlines()[-1]))
+        measured, kinds = json.loads(done.stdout.strip().splitlines()[-1])
+        return list(measured), list(kinds)
     except (subprocess.SubprocessError, ValueError, IndexError) as error:
         return f"reference failed: {type(error).__name__}: {str(error)[:300]}"
 
 
-def table(title: str, gm: dict[str, float], ref: dict[str, float] | str, bare: Any) -> None:
+def pool(samples: list[Sample]) -> Sample:
+    """The samples of one side's repeats together."""
+    gathered: list[int] = []
+    kinds: list[str] = []
+    for measured, kind in samples:
+        gathered += measured
+        kinds += kind
+    return gathered, kinds
+
+
+def pool_reference(samples: list[Sample | str]) -> Sample | str:
+    """The reference's samples together, or the first reason a run of it failed."""
+    reasons = [s for s in samples if isinstance(s, str)]
+    return reasons[0] if reasons else pool([s for s in samples if not isinstance(s, str)])
+
+
+def table(title: str, gm: Sample, ref: Sample | str, bare: list[int], note: str = "") -> None:
     print(f"\n{title}")
     if isinstance(ref, str):
         print(f"  reference: {ref}")
-    print(f"  {'us per step':<16}{'gm':>10}{'reference':>12}{'ref/gm':>9}{'bare loop':>12}")
-    for key in ("median_us", "p90_us", "p99_us", "mean_us"):
-        theirs = ref[key] if isinstance(ref, dict) else float("nan")
-        ratio = theirs / gm[key] if gm[key] > 0 else float("nan")
-        label = key.removesuffix("_us")
-        print(f"  {label:<16}{gm[key]:>10.2f}{theirs:>12.2f}{ratio:>8.1f}x{bare[key]:>12.2f}")
-    if "rounds_committed" in gm:
-        print(f"  gm rounds committed during the run: {gm['rounds_committed']:.0f}")
+    print(f"  {'us per step':<22}{'gm':>10}{'reference':>12}{'ref/gm':>9}{'bare loop':>12}")
+    rows = [
+        ("all steps", {"other", "due", "waited"}),
+        ("due steps", {"due", "waited"}),
+        ("due steps, no commit waited for", {"due"}),
+    ]
+    if set(gm[1]) == {"other"}:
+        rows = rows[:1]
+    bare_figures = summary(bare)
+    for label, kinds in rows:
+        ours = summary([g for g, k in zip(*gm, strict=True) if k in kinds])
+        theirs = None
+        if not isinstance(ref, str):
+            theirs = summary([g for g, k in zip(*ref, strict=True) if k in kinds])
+        count = sum(1 for k in gm[1] if k in kinds)
+        ref_count = "-" if theirs is None else sum(1 for k in ref[1] if k in kinds)
+        print(f"  {label} (gm {count}, reference {ref_count})")
+        for key in ("median_us", "p90_us", "p99_us", "mean_us"):
+            value = theirs[key] if theirs is not None else float("nan")
+            ratio = value / ours[key] if ours[key] > 0 else float("nan")
+            name = "  " + key.removesuffix("_us")
+            line = f"  {name:<22}{ours[key]:>10.2f}{value:>12.2f}{ratio:>8.1f}x"
+            print(line + (f"{bare_figures[key]:>12.2f}" if label == "all steps" else ""))
+    if note:
+        print(f"  {note}")
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cpus"
 
 
 def main() -> None:
@@ -177,36 +257,49 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20000, help="no-round-due steps")
     parser.add_argument("--due-steps", type=int, default=1000, help="steps with rounds due")
     parser.add_argument("--step-ms", type=float, default=10.0, help="sleep per step, rounds due")
-    parser.add_argument("--poll-ms", type=float, default=10.0, help="gm poll, rounds due")
+    parser.add_argument("--poll-ms", type=float, default=10.0, help="poll, rounds due")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each side, alternately")
     parser.add_argument("--no-reference", action="store_true")
     args = parser.parse_args()
     step_s = args.step_ms / 1e3
     started = time.monotonic()
+    print(f"start: {load()}")
 
-    def ref(steps: int, sync_every: int, fragments: int, s: float) -> dict[str, float] | str:
+    def ref(steps: int, sync_every: int, fragments: int, s: float, poll_s: float) -> Sample | str:
         if args.no_reference:
             return "skipped (--no-reference)"
-        return reference_loop(steps, sync_every, fragments, s)
+        return reference_loop(steps, sync_every, fragments, s, poll_s)
 
-    idle_gm = gm_loop(args.steps, 10**9, 4, 0.0, poll_s=1.0)
-    idle_ref = ref(args.steps, 10**9, 4, 0.0)
+    idle_gm: list[Sample] = []
+    idle_ref: list[Sample | str] = []
+    due_gm: list[Sample] = []
+    due_ref: list[Sample | str] = []
+    rounds = 0
+    for _ in range(args.repeat):
+        idle_gm.append(gm_loop(args.steps, 10**9, 4, 0.0, poll_s=1.0)[0])
+        idle_ref.append(ref(args.steps, 10**9, 4, 0.0, 1.0))
+    for _ in range(args.repeat):
+        sample, committed = gm_loop(args.due_steps, 8, 2, step_s, poll_s=args.poll_ms / 1e3)
+        due_gm.append(sample)
+        rounds += committed
+        due_ref.append(ref(args.due_steps, 8, 2, step_s, args.poll_ms / 1e3))
     table(
-        f"step() with no round due: {args.steps} no-op steps, H far beyond the run",
-        idle_gm,
-        idle_ref,
+        f"step() with no round due: {args.steps} no-op steps x {args.repeat}, H far beyond the run",
+        pool(idle_gm),
+        pool_reference(idle_ref),
         bare_loop(args.steps, 0.0),
     )
-    due_gm = gm_loop(args.due_steps, 8, 2, step_s, poll_s=args.poll_ms / 1e3)
-    due_ref = ref(args.due_steps, 8, 2, step_s)
     table(
-        f"step() with rounds due: {args.due_steps} steps of {args.step_ms:g} ms, H=8, P=2 "
-        f"(a round every 4 steps), 128 KiB model, learner+closer over memory://, "
-        f"gm polls every {args.poll_ms:g} ms",
-        due_gm,
-        due_ref,
+        f"step() with rounds due: {args.due_steps} steps of {args.step_ms:g} ms x "
+        f"{args.repeat}, H=8, P=2 (a round every 4 steps), 128 KiB model, learner+closer "
+        f"over memory://, both poll every {args.poll_ms:g} ms",
+        pool(due_gm),
+        pool_reference(due_ref),
         bare_loop(args.due_steps, step_s),
+        note=f"gm rounds committed during its runs: {rounds}",
     )
-    print(f"\n(python {sys.version.split()[0]}, done in {time.monotonic() - started:.0f} s)")
+    print(f"\nend: {load()}")
+    print(f"(python {sys.version.split()[0]}, done in {time.monotonic() - started:.0f} s)")
 
 
 if __name__ == "__main__":

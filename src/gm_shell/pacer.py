@@ -29,9 +29,11 @@ note meets exactly the state its plan was made from, and ``advance`` is a
 function. The loop checks it all the same: a note whose captures or pace differ
 from what the core then says stops the runtime (a bug, never a guess).
 
-Where no plan fits — the core will stall training at that step, the step is
-past the planned one (the pace arrived late), or a plan is being remade — the
-slow path, :meth:`Pacer.serve`, does what it always did:
+A step that is not due but has commits to fold in does them and leaves an
+:class:`AppliedNote`, also without waiting. Where no plan fits — the core will
+stall training at that step, the step is past the planned one (the pace arrived
+late) — or training is stalled, the slow path, :meth:`Pacer.serve`, does what
+it always did:
 
 1. if the step reached the barrier, report the step and tokens to the core and
    wait for it to digest them (a round trip to the loop), so any capture it asks
@@ -58,7 +60,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import attrs
 
@@ -108,9 +110,10 @@ class Plan:
     """The step it will wait for next (a plan exists only where training goes on)."""
 
 
-@attrs.frozen(eq=False)
-class StepNote:
-    """Training reached ``plan.step``: the copies ``plan`` asked for, made at that step."""
+class StepNote(NamedTuple):
+    """Training reached ``plan.step``: the copies ``plan`` asked for, made at that step.
+
+    Notes are named tuples, made on the training thread (see :class:`Taken`)."""
 
     step: int
     tokens: int
@@ -118,16 +121,14 @@ class StepNote:
     taken: tuple[Taken, ...]
 
 
-@attrs.frozen(eq=False)
-class CaptureNote:
+class CaptureNote(NamedTuple):
     """A capture the core asked for by command (``req``), made at the training step."""
 
     req: int
     taken: Taken
 
 
-@attrs.frozen(eq=False)
-class AppliedNote:
+class AppliedNote(NamedTuple):
     """A commit folded into the model at ``step``."""
 
     req: int
@@ -160,7 +161,8 @@ class Pacer:
         self._replica = replica
         self._link = link
         self._keep_copies = keep_copies
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._work: list[Work] = []
         self._notes: list[Note] = []
         self._signalled = False
@@ -171,10 +173,11 @@ class Pacer:
         self._reported = (-1, -1)
 
     @property
-    def lock(self) -> threading.Condition:
+    def lock(self) -> threading.RLock:
         """Held by the loop for each whole feed (reentrant), by the training thread to
-        take a plan and leave notes."""
-        return self._cond
+        take a plan and leave notes. (The training thread's fast paths take it directly,
+        not through the condition: one Python call less, which counts on a due step.)"""
+        return self._lock
 
     # -- the loop's side --------------------------------------------------------------------
 
@@ -220,23 +223,30 @@ class Pacer:
     # -- the training thread's side -----------------------------------------------------------
 
     def stepped(self, timeout_s: float, why: Callable[[], str]) -> None:
-        """A step that reached the barrier: the planned due step, or :meth:`serve`."""
-        if not self._claim():
+        """A step that reached the barrier: done here without waiting for the loop where
+        the core need not hear of it first (its planned due step, commits to fold in),
+        else :meth:`serve`."""
+        if not self._go_on():
             self.serve(self.running, timeout_s, why)
 
-    def _claim(self) -> bool:
-        """Carry out the plan for this step, if it is this step's; never waits for the loop."""
-        with self._cond:
+    def _go_on(self) -> bool:
+        """Carry out this step's plan and the queued work, unless the loop must answer first."""
+        with self._lock:
             plan = self._plan
-            if plan is None or plan.step != self.step or self._failure is not None:
+            if plan is not None and plan.step != self.step:
+                plan = None
+            if self._failure is not None or self._stalled:
                 return False
-            assert plan.step == self._next_step, "a plan outlived its pace"
-            assert not self._stalled, "a plan outlived its pace"
-            taken = tuple(self._replica.take(r, f, self._keep_copies) for r, f in plan.captures)
-            self._notes.append(StepNote(step=self.step, tokens=self.tokens, plan=plan, taken=taken))
-            self._plan = None
-            self._next_step = plan.next_step
-            self._reported = (self.step, self.tokens)
+            if plan is None and self.step >= self._next_step:
+                return False  # due, and nobody knows what the core will say: ask it
+            if plan is not None:
+                assert plan.step == self._next_step, "a plan outlived its pace"
+                take, keep = self._replica.take, self._keep_copies
+                taken = tuple([take(r, f, keep) for r, f in plan.captures])
+                self._notes.append(StepNote(self.step, self.tokens, plan, taken))
+                self._plan = None
+                self._next_step = plan.next_step
+                self._reported = (self.step, self.tokens)
             work, self._work = self._work, []
             self._refresh()
         self._perform(work)
@@ -283,7 +293,8 @@ class Pacer:
         return not self._stalled
 
     def _perform(self, work: list[Work]) -> None:
-        """Forget, capture, then apply (see the module doc), and signal the loop once."""
+        """Forget, capture, then apply (see the module doc); signal the loop once if notes
+        wait (a step's note included)."""
         notes: list[Note] = []
         for item in work:
             if isinstance(item, ForgetWork):
@@ -298,7 +309,7 @@ class Pacer:
                     item.round, item.fragment, item.committed, item.mode, item.mixing
                 )
                 notes.append(AppliedNote(req=item.req, step=self.step, tokens=self.tokens))
-        with self._cond:
+        with self._lock:
             self._notes.extend(notes)
             signal = bool(self._notes) and not self._signalled
             self._signalled = self._signalled or signal

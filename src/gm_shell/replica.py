@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
-import attrs
 import numpy as np
 
 from gm_core.numerics import align
@@ -48,12 +48,13 @@ POOLED = 1
 after the worker gave the last one back; more would only hold memory."""
 
 
-@attrs.frozen(eq=False)
-class Taken:
+class Taken(NamedTuple):
     """θ of one fragment copied at a due step, and the anchor its delta is taken from.
 
     The anchor is the committed array the model was aligned with at that step (anchors
-    are replaced, never written, so a reference is enough).
+    are replaced, never written, so a reference is enough). A named tuple, not an attrs
+    value: it is made on the training thread's due step, where each field set through
+    a frozen attrs ``__init__`` costs about as much as copying a small fragment.
     """
 
     round: int
@@ -95,7 +96,7 @@ class Replica:
         self.fragments[fragment].gather(theta)
         if keep_copy:
             self._taken[round_] = theta
-        return Taken(round=round_, fragment=fragment, anchor=anchor, theta=theta, kept=keep_copy)
+        return Taken(round_, fragment, anchor, theta, keep_copy)
 
     def recycle(self, taken: Taken) -> None:
         """``taken``'s buffer is free again (its delta was encoded); any thread may call."""

@@ -209,7 +209,10 @@ class Runtime:
         )
 
     def wake(self) -> None:
-        self._loop.post(lambda: self._feed(Machine.LEARNER, None))
+        self._loop.post(self._drain)
+
+    def _drain(self) -> None:
+        self._feed(Machine.LEARNER, None)
 
     # -- feeding the machines (loop thread only) ------------------------------------------------
 

@@ -17,18 +17,18 @@ the core's next barrier (:mod:`gm_shell.pacer`); there it copies a fragment
 when a round is due (the loop told it beforehand which one, so it does not wait
 for the loop), folds in commits that have arrived, and blocks only where
 ``in_flight`` / ``overlap_steps`` say so, raising :class:`StalledError` if the
-run makes no progress for ``stall_timeout_s``.
-
-The model belongs to the training thread: its parameters are read and written
-only inside ``start()``, ``step()`` and ``close()``, on the thread that calls
-them, between optimizer steps. The session's event loop and worker threads
-never touch them; they get copies (see :mod:`gm_shell.pacer`). So ``step()``
-and ``close()`` must be called from the thread that trains. Closing flushes this learner's
+run makes no progress for ``stall_timeout_s``. Closing flushes this learner's
 last deltas (``flush_on_close``), waits for its rounds in flight (bounded),
 releases its lease, stops the closer, and leaves the model at the newest commit.
 An exception escaping the ``with`` block, SIGTERM, or an interpreter exit with
 the session still open makes it *leave* instead: stop at once and delete the
 lease, so peers do not wait a lease timeout for it (:mod:`gm_shell.leaving`).
+
+The model belongs to the training thread: its parameters are read and written
+only inside ``start()``, ``step()`` and ``close()``, on the thread that calls
+them, between optimizer steps. The session's event loop and worker threads
+never touch them; they get copies (see :mod:`gm_shell.pacer`). So ``step()``
+and ``close()`` must be called from the thread that trains.
 
 Roles: ``both`` (the default: learner and closer-capable), ``learner`` and
 ``closer`` (no training loop; the model, if given, only serves to create the
