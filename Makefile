@@ -25,12 +25,13 @@ LINT_PATHS := $(wildcard src tests bench examples)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv install test test-long lint format demo bench clean distclean
+.PHONY: help venv install test test-long check-long lint format demo bench clean distclean
 
 help:
 	@echo "make install    create .venv (torch CPU, the project with dev/torch/mlx extras) and Azurite"
 	@echo "make test       lint, then the test suite without slow tests (pytest -n $(PYTEST_WORKERS))"
 	@echo "make test-long  the whole suite, slow tests included, hypothesis profile 'long'"
+	@echo "make check-long the model checker's CI and long bound sets (gm check --long), niced"
 	@echo "make lint       ruff check, ruff format --check, mypy --strict"
 	@echo "make format     ruff format and ruff check --fix"
 	@echo "make demo       the demo run (installs only what it needs: torch CPU, matplotlib, gm)"
@@ -56,6 +57,10 @@ test: lint
 
 test-long: lint
 	GM_HYPOTHESIS_PROFILE=$${GM_HYPOTHESIS_PROFILE:-long} $(PYTEST) $(PYTEST_ARGS) || { rc=$$?; [ $$rc -eq 5 ] && echo "make test-long: WARNING: no tests collected" || exit $$rc; }
+
+# The model checker's larger bound sets, niced so that the machine stays usable.
+check-long: install
+	nice -n 10 $(BIN)/gm check --long
 
 lint: install
 	$(BIN)/ruff check $(LINT_PATHS)

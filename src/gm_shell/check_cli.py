@@ -8,7 +8,7 @@ states, states per second — the only place a clock is read), and a verdict. A
 counterexample is printed as a numbered trace with the command that replays it
 (``--replay`` with the same bounds re-runs the actions one by one, narrating
 each, and judges every invariant at the end).
-``--ci`` runs the bound sets that ``make test`` pins (:data:`CI_BOUNDS`) and ends
+``--ci`` runs the bound sets that ``make test`` pins (``gm_core.check.bounds``) and ends
 with one summary line (``6/6 bound sets PASS, N states``). Flag values are
 checked by argparse (exit status 2, like an unreadable ``--replay``).
 
@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 
 from gm_core import cluster
 from gm_core.check import actions
+from gm_core.check.bounds import CI_BOUNDS, LONG_BOUNDS
 from gm_core.check.explore import ROLE_CODES, Bounds, ExploreProgress, Outcome, explore, narrate
 from gm_core.records import Alignment
 from gm_core.sim import checks
@@ -39,23 +40,6 @@ from gm_shell.argtypes import (
     progress_wanted,
     usage_error,
 )
-
-CI_BOUNDS: dict[str, Bounds] = {
-    "one node, one fault": Bounds(roles=("lc",), rounds=1, max_time_s=1.0, faults=1),
-    "one node, one crash": Bounds(roles=("lc",), rounds=1, max_time_s=1.0, crashes=1),
-    "learner and closer apart": Bounds(roles=("l", "c"), rounds=1, max_time_s=1.0),
-    "two learners, one closes": Bounds(roles=("lc", "l"), rounds=1, max_time_s=0.5),
-    "two closers race for round 0": Bounds(roles=("lc", "c"), rounds=1, max_time_s=0.5),
-    "two closers race, one fault": Bounds(roles=("lc", "c"), rounds=1, max_time_s=0.5, faults=1),
-}
-"""The bounds ``make test`` checks (and pins the state counts of): about 15,000 states."""
-
-LONG_BOUNDS: dict[str, Bounds] = {
-    "two closers race through a poll": Bounds(roles=("lc", "c"), rounds=1, max_time_s=1.0),
-    "two learners, one closes, through a poll": Bounds(roles=("lc", "l"), rounds=1, max_time_s=1.0),
-    "one node, two rounds": Bounds(roles=("lc",), rounds=2, max_time_s=2.0),
-}
-"""Larger bounds for ``make test-long`` and ``gm check --long`` (about 140,000 states)."""
 
 _D = Bounds()
 
@@ -70,11 +54,26 @@ def _roles(text: str) -> str:
     return text
 
 
+def _node_names(text: str) -> str:
+    """Comma-separated node names such as ``n0,n1`` (empty: every node)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if any(not n.startswith("n") or not n[1:].isdigit() for n in names):
+        raise argparse.ArgumentTypeError(f"expected node names such as n0,n1; got {text!r}")
+    return text
+
+
 FLAGS: tuple[tuple[str, str, Callable[[str], object], object, str], ...] = (
     ("--roles", "roles", _roles, ",".join(_D.roles), "nodes: l=learner c=closer, e.g. lc,lc,l"),
     ("--rounds", "rounds", positive_int, _D.rounds, "stop once this many records exist"),
     ("--max-time", "max_time_s", positive_float, _D.max_time_s, "virtual seconds to reach"),
     ("--crashes", "crashes", non_negative_int, _D.crashes, "crashes on any path"),
+    (
+        "--crashable",
+        "crashable",
+        _node_names,
+        "",
+        "nodes that may crash, e.g. n0,n1 (default: all)",
+    ),
     ("--faults", "faults", non_negative_int, _D.faults, "failed/lost requests on any path"),
     ("--sync-every", "sync_every", positive_int, _D.sync_every, "H"),
     ("--fragments", "fragments", positive_int, _D.fragments, "P"),
@@ -91,11 +90,25 @@ FLAGS: tuple[tuple[str, str, Callable[[str], object], object, str], ...] = (
         _D.progress_every,
         "also judge progress from every N-th state (0: only where exploration stops)",
     ),
+    (
+        "--progress-within",
+        "progress_within_s",
+        positive_float,
+        _D.progress_within_s,
+        "virtual seconds a fair run has to commit (progress and liveness)",
+    ),
     ("--max-states", "max_states", positive_int, _D.max_states, "give up after this many states"),
 )
 """The bound flags: flag, Bounds field, parser, default, help."""
 
-EXIT = {"pass": 0, "violation": 1, "no progress": 1, "exception": 1, "incomplete": 3}
+EXIT = {
+    "pass": 0,
+    "violation": 1,
+    "no progress": 1,
+    "not live": 1,
+    "exception": 1,
+    "incomplete": 3,
+}
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -113,6 +126,21 @@ def register(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="interleave payload work (capture, verify, merge, align) too",
     )
+    p.add_argument(
+        "--capture-faults",
+        action="store_true",
+        help="let a learner's Capture fail too (it gives the round up)",
+    )
+    p.add_argument(
+        "--no-store-faults",
+        action="store_true",
+        help="spend the fault budget on captures only (with --capture-faults)",
+    )
+    p.add_argument(
+        "--liveness",
+        action="store_true",
+        help="from every state, the healed fair run must commit within --progress-within",
+    )
     p.add_argument("--replay", metavar="ACTIONS", help="replay a counterexample's actions")
     p.add_argument("--ci", action="store_true", help="check the bound sets make test pins")
     p.add_argument("--long", action="store_true", help="check the larger bound sets too")
@@ -122,9 +150,13 @@ def register(p: argparse.ArgumentParser) -> None:
 
 def bounds_of(args: argparse.Namespace) -> Bounds:
     values = {dest: getattr(args, dest) for _, dest, *_ in FLAGS}
-    values["roles"] = tuple(r.strip() for r in str(values["roles"]).split(",") if r.strip())
+    for listed in ("roles", "crashable"):
+        values[listed] = tuple(r.strip() for r in str(values[listed]).split(",") if r.strip())
     return Bounds(
         **values,
+        capture_faults=args.capture_faults,
+        store_faults=not args.no_store_faults,
+        liveness=args.liveness,
         alignment=Alignment(args.alignment),
         fifo=not args.reorder,
         atomic_payloads=not args.no_atomic_payloads,
@@ -189,7 +221,7 @@ def format_outcome(name: str, bounds: Bounds, o: Outcome, elapsed_s: float) -> s
     rate = o.states / elapsed_s if elapsed_s > 0 else 0.0
     lines = [
         f"{name}: {o.verdict.upper()}  {o.states:,} states, {o.transitions:,} transitions,"
-        f" depth {o.depth}, {o.progress_checks:,} progress checks,"
+        f" depth {o.depth}, {o.progress_checks:,} progress checks, {o.fair_runs:,} fair runs,"
         f" up to {o.max_records} records; {elapsed_s:.1f} s ({rate:,.0f} states/s)",
         f"  bounds: {describe_bounds(bounds)}",
     ]
@@ -206,6 +238,10 @@ def describe_bounds(b: Bounds) -> str:
         f"roles={','.join(b.roles)} rounds={b.rounds} max_time={b.max_time_s:g}s"
         f" crashes={b.crashes} faults={b.faults} H={b.sync_every} P={b.fragments}"
         f" quorum={b.quorum} in_flight={b.in_flight} {b.alignment}; requests complete {order}"
+        + (f"; only {','.join(b.crashable)} may crash" if b.crashable else "")
+        + ("; captures may fail" if b.capture_faults else "")
+        + ("" if b.store_faults else "; store requests do not fail")
+        + ("; liveness from every state" if b.liveness else "")
     )
 
 
@@ -215,9 +251,15 @@ def replay_command(b: Bounds, tokens: str) -> str:
     for flag, dest, *_ in FLAGS:
         value = getattr(b, dest)
         if value != getattr(defaults, dest):
-            words += [flag, ",".join(value) if dest == "roles" else str(value)]
+            words += [flag, ",".join(value) if isinstance(value, tuple) else str(value)]
     if b.alignment is not defaults.alignment:
         words += ["--alignment", b.alignment.value]
+    if b.capture_faults:
+        words.append("--capture-faults")
+    if not b.store_faults:
+        words.append("--no-store-faults")
+    if b.liveness:
+        words.append("--liveness")
     if not b.fifo:
         words.append("--reorder")
     if not b.atomic_payloads:

@@ -104,31 +104,41 @@ def _req(cmd: Command) -> int:
 
 
 PAYLOAD = (Capture, Verify, Merge, Align)
+PAYLOAD_BUT_CAPTURE = (Verify, Merge, Align)
 
 
-def settle_payloads(c: cluster.Cluster) -> cluster.Cluster:
+def settle_payloads(c: cluster.Cluster, hold_captures: bool = False) -> cluster.Cluster:
     """Carry out every payload command in flight at once (for ``atomic_payloads``).
 
     Payload work reads and writes content-addressed keys that no other node can
     name until a record or snapshot written *after* it points at them, so when it
     completes relative to other nodes' actions is unobservable; only garbage
     collection could race it, and it never touches the rounds of a small bound.
+    With ``hold_captures`` a :class:`Capture` stays in flight, to be delivered (and
+    possibly failed) like a request: how a learner comes to give up a round.
     """
+    kinds = PAYLOAD_BUT_CAPTURE if hold_captures else PAYLOAD
     while True:
-        index = next((i for i, f in enumerate(c.inflight) if isinstance(f.command, PAYLOAD)), None)
+        index = next((i for i, f in enumerate(c.inflight) if isinstance(f.command, kinds)), None)
         if index is None:
             return c
         c = cluster.deliver(c, index)
 
 
 def deliveries(
-    c: cluster.Cluster, faults_left: int, store_only: bool, fifo: bool = False
+    c: cluster.Cluster,
+    faults_left: int,
+    store_only: bool,
+    fifo: bool = False,
+    capture_faults: bool = False,
+    store_faults: bool = True,
 ) -> list[Action]:
     """Each command in flight, as it is, and (budget allowing) failed or response-lost.
 
-    With ``fifo``, only the oldest command of each machine may land next: requests
-    of one machine complete in the order it issued them, while machines still
-    interleave arbitrarily.
+    ``store_only`` lets only store requests fail (none without ``store_faults``),
+    and a :class:`Capture` too with ``capture_faults``. With ``fifo``, only the
+    oldest command of each machine may land next: requests of one machine complete
+    in the order it issued them, while machines still interleave arbitrarily.
     """
     out = []
     heads: set[tuple[str, cluster.Machine, int]] = set()
@@ -145,7 +155,10 @@ def deliveries(
             req=_req(item.command),
         )
         out.append(base)
-        if faults_left <= 0 or (store_only and not _is_store(item.command)):
+        faultable = (store_faults and _is_store(item.command)) or (
+            capture_faults and isinstance(item.command, Capture)
+        )
+        if faults_left <= 0 or (store_only and not faultable):
             continue
         out.append(attrs.evolve(base, fault=cluster.Fault.FAIL))
         if is_write(item.command):
@@ -165,9 +178,15 @@ def enabled(
     store_faults_only: bool,
     max_time_s: float,
     fifo: bool = False,
+    crashable: frozenset[str] | None = None,
+    capture_faults: bool = False,
+    store_faults: bool = True,
 ) -> list[Action]:
-    """Every action the state allows, in order: deliver, fire, train, crash, restart, tick."""
-    out = deliveries(c, faults_left, store_faults_only, fifo)
+    """Every action the state allows, in order: deliver, fire, train, crash, restart, tick.
+
+    ``crashable`` names the nodes that may crash (None: every node).
+    """
+    out = deliveries(c, faults_left, store_faults_only, fifo, capture_faults, store_faults)
     out.extend(
         Action(kind=Kind.FIRE, node=name, machine=machine)
         for name, machine in cluster.due_timers(c)
@@ -175,7 +194,11 @@ def enabled(
     names = sorted(c.nodes)
     out.extend(Action(kind=Kind.TRAIN, node=n) for n in names if cluster.can_train(c, n))
     if crashes_left > 0:
-        out.extend(Action(kind=Kind.CRASH, node=n) for n in names if c.nodes[n].alive)
+        out.extend(
+            Action(kind=Kind.CRASH, node=n)
+            for n in names
+            if c.nodes[n].alive and (crashable is None or n in crashable)
+        )
     out.extend(Action(kind=Kind.RESTART, node=n) for n in names if not c.nodes[n].alive)
     upcoming = next_deadline(c)
     if upcoming is not None and upcoming <= max_time_s:

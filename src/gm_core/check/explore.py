@@ -36,6 +36,8 @@ from gm_core import closer, cluster, invariants, learner
 from gm_core.check import progress
 from gm_core.check.actions import Action, Kind, apply, describe, enabled, settle_payloads
 from gm_core.check.fingerprint import Fingerprinter
+from gm_core.check.progress import FairRuns
+from gm_core.check.transitions import Transitions
 from gm_core.records import AlgorithmConfig, Alignment
 from gm_core.sim import checks
 
@@ -58,14 +60,22 @@ class Bounds:
     renew_s: float = 2.0
     rounds: int = 2
     crashes: int = 0
+    crashable: tuple[str, ...] = ()
+    """The nodes that may crash (empty: every node)."""
     faults: int = 0
     store_faults_only: bool = True
+    capture_faults: bool = False
+    """A learner's Capture may fail too (it then gives the round up, §7.5)."""
+    store_faults: bool = True
+    """Store requests may fail (with ``store_faults_only``, turn off to fail captures alone)."""
     fifo: bool = True
     atomic_payloads: bool = True
     max_time_s: float = 4.0
     max_states: int = 2_000_000
     progress_every: int = 0
     progress_within_s: float = 30.0
+    liveness: bool = False
+    """Also judge, from every state, that the healed fair run commits in ``progress_within_s``."""
 
     def config(self) -> AlgorithmConfig:
         return AlgorithmConfig(
@@ -96,7 +106,7 @@ def initial_state(bounds: Bounds) -> cluster.Cluster:
     )
     for name in sorted(c.nodes):
         c = cluster.start(c, name)
-    return settle_payloads(c) if bounds.atomic_payloads else c
+    return settle(c, bounds)
 
 
 @attrs.frozen(kw_only=True)
@@ -114,11 +124,12 @@ class Counterexample:
 
 @attrs.frozen(kw_only=True)
 class Outcome:
-    verdict: str  # "pass", "violation", "no progress" or "incomplete"
+    verdict: str  # "pass", "violation", "no progress", "not live", "exception" or "incomplete"
     states: int
     transitions: int
     depth: int
     progress_checks: int
+    fair_runs: int
     max_records: int
     counterexample: Counterexample | None = None
 
@@ -137,7 +148,8 @@ def explore(
     bounds: Bounds, on_progress: Callable[[ExploreProgress], None] | None = None
 ) -> Outcome:
     """Explore every state within ``bounds``; stop at the first (shortest) counterexample."""
-    return _Search(bounds, on_progress).run()
+    with Transitions().installed():
+        return _Search(bounds, on_progress).run()
 
 
 class _Search:
@@ -154,6 +166,7 @@ class _Search:
         self.max_records = 0
         self.depth = 0
         self.prints = Fingerprinter()
+        self.fair = FairRuns(self.prints.state, bounds.max_time_s + bounds.progress_within_s)
 
     def run(self) -> Outcome:
         c0 = initial_state(self.b)
@@ -194,14 +207,19 @@ class _Search:
                 store_faults_only=self.b.store_faults_only,
                 max_time_s=self.b.max_time_s,
                 fifo=self.b.fifo,
+                crashable=frozenset(self.b.crashable) or None,
+                capture_faults=self.b.capture_faults,
+                store_faults=self.b.store_faults,
             )
         stuck = not actions and records < self.b.rounds
         if (stuck or self._sampled(key)) and not self._progresses(c):
             return self._fail("no progress", key, [])
+        if self.b.liveness and not self._live(c):
+            return self._fail("not live", key, [])
         for action in actions:
             self.transitions += 1
             try:
-                after = step(c, action, self.b.atomic_payloads)
+                after = step(c, action, self.b)
             except Exception as error:  # the core is total: a transition that raises is a bug
                 return self._fail("exception", key, [], then=action, error=error)
             spent = (key[1] + (action.fault is not cluster.Fault.NONE), key[2])
@@ -228,6 +246,13 @@ class _Search:
         except Exception:  # reported with its trace by counterexample()
             return False
         return committed
+
+    def _live(self, c: cluster.Cluster) -> bool:
+        try:
+            commit_s = self.fair.next_commit_s(c)
+        except Exception:  # reported with its trace by counterexample()
+            return False
+        return commit_s is not None and commit_s - c.now_s <= self.b.progress_within_s
 
     def _dominated(self, key: Key) -> bool:
         """Seen with at most this much budget spent: nothing new can happen from here."""
@@ -260,6 +285,7 @@ class _Search:
             transitions=self.transitions,
             depth=self.depth,
             progress_checks=self.progress_checks,
+            fair_runs=self.fair.runs,
             max_records=self.max_records,
             counterexample=example,
         )
@@ -284,10 +310,15 @@ class _Search:
         return self._outcome(kind, example)
 
 
-def step(c: cluster.Cluster, action: Action, atomic_payloads: bool) -> cluster.Cluster:
+def step(c: cluster.Cluster, action: Action, bounds: Bounds) -> cluster.Cluster:
     """Apply one action, then (with ``atomic_payloads``) the payload work it started."""
-    after = apply(c, action)
-    return settle_payloads(after) if atomic_payloads else after
+    return settle(apply(c, action), bounds)
+
+
+def settle(c: cluster.Cluster, bounds: Bounds) -> cluster.Cluster:
+    if not bounds.atomic_payloads:
+        return c
+    return settle_payloads(c, hold_captures=bounds.capture_faults)
 
 
 def counterexample(
@@ -300,6 +331,11 @@ def counterexample(
     lines, c = narrate(bounds, path)
     if kind == "no progress" and c is not None:
         lines.extend(_stall(bounds, c))
+    if kind == "not live" and c is not None:
+        healed = progress.healed(c)
+        if healed is not c:
+            lines.append("then every crashed node restarts")
+        lines.extend(_stall(bounds, healed))
     lines.extend(f"VIOLATED {v.invariant}: {v.message}" for v in bad)
     return Counterexample(
         kind=kind, tokens=tuple(a.token() for a in path), lines=tuple(lines), violations=bad
@@ -326,7 +362,7 @@ def narrate(bounds: Bounds, path: tuple[Action, ...]) -> tuple[list[str], cluste
     for i, action in enumerate(path, 1):
         lines.append(f"{i:3d}. t={c.now_s:<6g} {describe(c, action)}")
         try:
-            c = step(c, action, bounds.atomic_payloads)
+            c = step(c, action, bounds)
         except Exception as error:  # the core is total: a transition that raises is the bug
             lines.append(f"RAISED {type(error).__name__}: {error}")
             return lines, None

@@ -4,9 +4,11 @@ Theory of operation
 -------------------
 The checker must recognise a state it has seen, whatever path led there. A
 :class:`~gm_core.cluster.Cluster` is a tree of frozen attrs values, mappings,
-tuples and scalars; :func:`canonical` maps it to nested tuples in a fixed order
-(mappings and sets sorted by key), and :func:`fingerprint` hashes their ``repr``
-with blake2b (never ``hash()``, which is salted per process).
+tuples and scalars; :class:`Digests` hashes it bottom up, each compound part
+once (its scalars and its parts' digests, in a fixed order: mappings and sets
+sorted), remembering each part's digest by identity, since successive states
+share almost every part. A state's fingerprint costs only the parts the last
+action made new.
 
 What is left out is what cannot influence any future transition or invariant:
 
@@ -47,71 +49,108 @@ SKIPPED_FIELDS = frozenset({"manifest", "options", "schema_digest", "notes"})
 
 _SCALARS = frozenset({type(None), bool, int, float, str, bytes})
 
+Form = Callable[["Digests", Any], Any]
+"""How one type is reduced to a tuple of scalars and the digests of its parts."""
 
-def _store(store: ModelStore) -> Any:
+
+def _store(d: Digests, store: ModelStore) -> Any:
     """Objects by content only; the create-once history as a multiset; no write counter."""
     objects = tuple(sorted((k, v.data) for k, v in store.objects.items()))
     return ("store", objects, tuple(sorted(store.created)))
 
 
-def _lease_view(view: liveness.LeaseView) -> Any:
+def _lease_view(d: Digests, view: liveness.LeaseView) -> Any:
     """When it changed and whether it was absent; which etag it holds is judged per state."""
     return ("lease", view.changed_at_s, view.etag is None)
 
 
-_SPECIAL: dict[type, Callable[[Any], Any]] = {
-    ModelStore: _store,
-    liveness.LeaseView: _lease_view,
-}
-
-
-def _attrs_form(t: type) -> Callable[[Any], Any]:
-    names = tuple(f.name for f in attrs.fields(t) if f.name not in SKIPPED_FIELDS)
+def _attrs_form(t: type, skipped: frozenset[str]) -> Form:
+    names = tuple(f.name for f in attrs.fields(t) if f.name not in skipped)
     label = t.__name__
-    return lambda v: (label, *(canonical(getattr(v, n)) for n in names))
+    return lambda d, v: (label, *(d.part(getattr(v, n)) for n in names))
 
 
-def _mapping_form(v: Any) -> Any:
-    return ("{", *sorted((canonical(k), canonical(x)) for k, x in v.items()))
+def _mapping_form(d: Digests, v: Any) -> Any:
+    return ("{", *sorted((d.part(k), d.part(x)) for k, x in v.items()))
 
 
-def _set_form(v: Any) -> Any:
-    return ("set", *sorted(canonical(x) for x in v))
+def _set_form(d: Digests, v: Any) -> Any:
+    return ("set", *sorted(d.part(x) for x in v))
 
 
-def _sequence_form(v: Any) -> Any:
-    return tuple(canonical(x) for x in v)
+def _sequence_form(d: Digests, v: Any) -> Any:
+    return ("(", *(d.part(x) for x in v))
 
 
-def _form_of(t: type) -> Callable[[Any], Any]:
-    """How to canonicalize a value of type ``t`` (decided once per type)."""
-    if t in _SPECIAL:
-        return _SPECIAL[t]
-    if attrs.has(t):
-        return _attrs_form(t)
-    if issubclass(t, enum.Enum):
-        return lambda v: v.value
-    if issubclass(t, Mapping):
-        return _mapping_form
-    if issubclass(t, frozenset | set):
-        return _set_form
-    if issubclass(t, tuple | list):
-        return _sequence_form
-    raise TypeError(f"cannot fingerprint a {t.__name__}")
+def _enum_form(d: Digests, v: Any) -> Any:
+    return v.value
 
 
-_FORMS: dict[type, Callable[[Any], Any]] = {}
+class Digests:
+    """Digests of values, each compound part hashed once while it is held here.
 
+    A compound value (attrs instance, mapping, set, sequence) is reduced to a
+    tuple of its scalar fields and the digests of its compound fields, and that
+    tuple's ``repr`` is hashed with blake2b (never ``hash()``, which is salted per
+    process). Successive states share most of their parts — one action changes one
+    machine, and the store only on writes — so each part's digest is remembered by
+    object identity (the memo holds the object, so its id is not reused). The
+    memo has two generations: when the young one is full the old one is dropped,
+    and parts still in use are promoted on their next lookup.
 
-def canonical(value: Any) -> Any:
-    """Nested tuples of scalars, equal for values that behave alike."""
-    t = type(value)
-    if t in _SCALARS:
-        return value
-    form = _FORMS.get(t)
-    if form is None:
-        form = _FORMS[t] = _form_of(t)
-    return form(value)
+    ``abstract`` selects the state fingerprint's view (etags of stored objects and
+    leases folded, the store's create-once history as a multiset, the fields of
+    :data:`SKIPPED_FIELDS` left out); otherwise every field counts, which is what a
+    cache of transitions must key on.
+    """
+
+    def __init__(self, *, abstract: bool = True, memo_limit: int = 400_000) -> None:
+        self._young: dict[int, tuple[object, Any]] = {}
+        self._old: dict[int, tuple[object, Any]] = {}
+        self._limit = memo_limit
+        self._abstract = abstract
+        self._forms: dict[type, Form] = {}
+        if abstract:
+            self._forms[ModelStore] = _store
+            self._forms[liveness.LeaseView] = _lease_view
+
+    def part(self, value: object) -> Any:
+        """A scalar as itself; anything else as the 16-byte digest of its reduction."""
+        t = type(value)
+        if t in _SCALARS:
+            return value
+        key = id(value)
+        hit = self._young.get(key)
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        hit = self._old.get(key)
+        if hit is not None and hit[0] is value:
+            self._young[key] = hit
+            return hit[1]
+        form = self._forms.get(t)
+        if form is None:
+            form = self._forms[t] = self._form_of(t)
+        reduced = form(self, value)
+        digest = reduced if type(reduced) in _SCALARS else _digest(reduced)
+        if len(self._young) >= self._limit:
+            self._old = self._young
+            self._young = {}
+        self._young[key] = (value, digest)
+        return digest
+
+    def _form_of(self, t: type) -> Form:
+        """How to reduce a value of type ``t`` (decided once per type)."""
+        if attrs.has(t):
+            return _attrs_form(t, SKIPPED_FIELDS if self._abstract else frozenset())
+        if issubclass(t, enum.Enum):
+            return _enum_form
+        if issubclass(t, Mapping):
+            return _mapping_form
+        if issubclass(t, frozenset | set):
+            return _set_form
+        if issubclass(t, tuple | list):
+            return _sequence_form
+        raise TypeError(f"cannot fingerprint a {t.__name__}")
 
 
 def _digest(value: Any) -> bytes:
@@ -119,37 +158,23 @@ def _digest(value: Any) -> bytes:
 
 
 class Fingerprinter:
-    """Fingerprints of cluster states, reusing the digests of parts states share.
+    """Fingerprints of cluster states, reusing the digests of the parts states share."""
 
-    Successive states share most of their parts (one action changes one node, and
-    the store only on writes); each part's digest is remembered by object identity
-    while the object is held here, and the memo is dropped when it grows large.
-    """
-
-    def __init__(self, memo_limit: int = 200_000) -> None:
-        self._memo: dict[int, tuple[object, bytes]] = {}
-        self._limit = memo_limit
-
-    def part(self, value: object) -> bytes:
-        hit = self._memo.get(id(value))
-        if hit is not None and hit[0] is value:
-            return hit[1]
-        if len(self._memo) >= self._limit:
-            self._memo.clear()
-        digest = _digest(canonical(value))
-        self._memo[id(value)] = (value, digest)
-        return digest
+    def __init__(self, memo_limit: int = 400_000) -> None:
+        self.digests = Digests(memo_limit=memo_limit)
 
     def state(self, c: cluster.Cluster) -> bytes:
         """A 128-bit fingerprint of a cluster state, with in-flight commands as a multiset."""
-        nodes = tuple(self.part(c.nodes[name]) for name in sorted(c.nodes))
-        inflight = tuple(sorted(self.part(f) for f in c.inflight))
-        rest = (c.now_s, canonical(c.hostile), canonical(c.violations), lease_etags(c))
-        return _digest((nodes, self.part(c.store), inflight, rest))
+        part = self.digests.part
+        nodes = tuple(part(c.nodes[name]) for name in sorted(c.nodes))
+        inflight = tuple(sorted(part(f) for f in c.inflight))
+        rest = (c.now_s, part(c.hostile), part(c.violations), lease_etags(c))
+        return _digest((nodes, part(c.store), inflight, rest))
 
     def store(self, store: ModelStore) -> bytes:
         """What the store-only invariants see: objects and the create-once history."""
-        return self.part(store)
+        digest: bytes = self.digests.part(store)
+        return digest
 
 
 def _watched(state: closer.CloserState) -> str:

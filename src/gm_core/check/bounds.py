@@ -1,0 +1,68 @@
+"""The bound sets the project checks: in ``make test`` (CI), and in ``make check-long``.
+
+Theory of operation
+-------------------
+Each bound set is a small cluster and how far to explore it, named for the
+behaviour it is there to cover. :data:`CI_BOUNDS` is what ``gm check --ci`` and
+``tests/check`` explore on every ``make test`` (their state counts are pinned
+there, as a change detector); :data:`PENDING_BOUNDS` are sets that fail today
+because of an open protocol defect (spec/protocol.md §15), kept so that the fix
+is checked the moment it lands and moved into :data:`CI_BOUNDS` then;
+:data:`LONG_BOUNDS` are the larger sets of ``make check-long``. The planted bugs
+(:mod:`gm_core.check.plants`) are judged in these same sets where they can be.
+"""
+
+from __future__ import annotations
+
+from gm_core.check.explore import Bounds
+
+CI_BOUNDS: dict[str, Bounds] = {
+    "one node, one fault": Bounds(roles=("lc",), rounds=1, max_time_s=1.0, faults=1),
+    "one node, one crash": Bounds(
+        roles=("lc",), rounds=1, max_time_s=1.0, crashes=1, liveness=True
+    ),
+    "learner and closer apart": Bounds(roles=("l", "c"), rounds=1, max_time_s=1.0),
+    "two learners, one closes": Bounds(roles=("lc", "l"), rounds=1, max_time_s=0.5),
+    "two closers race for round 0": Bounds(roles=("lc", "c"), rounds=1, max_time_s=0.5),
+    "two closers race, one fault": Bounds(roles=("lc", "c"), rounds=1, max_time_s=0.5, faults=1),
+    "three closers contend for round 0": Bounds(roles=("lc", "c", "c"), rounds=1, max_time_s=0.5),
+    "three nodes, two fragments": Bounds(
+        roles=("lc", "l", "l"), fragments=2, rounds=1, max_time_s=0.5
+    ),
+    "the closer crashes and restarts across two rounds": Bounds(
+        roles=("l", "c"), rounds=2, max_time_s=1.0, crashes=1, crashable=("n1",), liveness=True
+    ),
+    "a learner dies for good, quorum 2": Bounds(
+        roles=("lc", "l"),
+        quorum=2,
+        rounds=1,
+        max_time_s=0.5,
+        crashes=1,
+        crashable=("n1",),
+        liveness=True,
+    ),
+    "one node two rounds in flight": Bounds(roles=("lc",), in_flight=2, rounds=2, max_time_s=1.0),
+}
+"""The bounds ``make test`` checks and pins the state counts of."""
+
+PENDING_BOUNDS: dict[str, Bounds] = {
+    "one closer, a learner gives a round up": Bounds(
+        roles=("lc", "l"),
+        quorum=2,
+        rounds=1,
+        max_time_s=0.5,
+        faults=1,
+        capture_faults=True,
+        store_faults=False,
+        liveness=True,
+    ),
+}
+"""Bound sets an open protocol defect fails today (spec/protocol.md §15.2): a learner whose
+``Capture`` failed gives the round up yet stays live, and the only closer waits for it."""
+
+LONG_BOUNDS: dict[str, Bounds] = {
+    "two closers race through a poll": Bounds(roles=("lc", "c"), rounds=1, max_time_s=1.0),
+    "two learners, one closes, through a poll": Bounds(roles=("lc", "l"), rounds=1, max_time_s=1.0),
+    "one node, two rounds": Bounds(roles=("lc",), rounds=2, max_time_s=2.0),
+}
+"""Larger bounds for ``make check-long`` and ``gm check --long``."""
