@@ -19,7 +19,10 @@ feeds a hypothetical ``Stepped`` to the pure ``advance`` and keeps only its
 captures and its next pace — and hands the answer over as a :class:`Plan`. At
 that step :meth:`Pacer.stepped` copies the planned fragments into buffers
 (:meth:`Replica.take`), leaves a :class:`StepNote` for the loop, adopts the
-planned pace, and returns; it signals the loop without waiting for it.
+planned pace, and returns; it signals the loop without waiting for it. Where
+the core would stall that step only until a commit the training thread already
+holds is folded in, the plan says so (:attr:`Plan.applied`): the step folds it
+in and then copies, the order the slow path would take, minus its waits.
 
 Why the plan is what the core will say: the loop holds :attr:`Pacer.lock` for
 the whole of every feed, makes the plan at the end of a feed from the state it
@@ -108,6 +111,9 @@ class Plan:
     """(round, fragment) of every capture it will ask for, in its order."""
     next_step: int
     """The step it will wait for next (a plan exists only where training goes on)."""
+    applied: tuple[int, ...] = ()
+    """Commits queued for the training thread (their ``req``) that it folds in at this
+    step before the copies: the core would stall the step until they were."""
 
 
 class StepNote(NamedTuple):
@@ -195,6 +201,14 @@ class Pacer:
         with self._cond:
             self._plan = plan
 
+    def queued_applies(self) -> tuple[int, ...]:
+        """The commits queued for the training thread, if nothing else is queued."""
+        with self._lock:
+            work = self._work
+            if all(isinstance(item, ApplyWork) for item in work):
+                return tuple(item.req for item in work if isinstance(item, ApplyWork))
+            return ()
+
     def take_notes(self) -> list[Note]:
         """The notes the training thread left, oldest first."""
         with self._cond:
@@ -235,12 +249,17 @@ class Pacer:
             plan = self._plan
             if plan is not None and plan.step != self.step:
                 plan = None
+            if plan is not None and plan.applied and self.queued_applies() != plan.applied:
+                plan = None  # the queue changed since (a forgotten snapshot): ask the core
             if self._failure is not None or self._stalled:
                 return False
             if plan is None and self.step >= self._next_step:
                 return False  # due, and nobody knows what the core will say: ask it
             if plan is not None:
                 assert plan.step == self._next_step, "a plan outlived its pace"
+                if plan.applied:  # the queue holds exactly these commits (checked above)
+                    self._fold_in(self._work)
+                    self._work = []
                 take, keep = self._replica.take, self._keep_copies
                 taken = tuple([take(r, f, keep) for r, f in plan.captures])
                 self._notes.append(StepNote(self.step, self.tokens, plan, taken))
@@ -303,15 +322,18 @@ class Pacer:
             if isinstance(item, CaptureWork):
                 taken = self._replica.take(item.round, item.fragment, self._keep_copies)
                 notes.append(CaptureNote(req=item.req, taken=taken))
-        for item in work:
-            if isinstance(item, ApplyWork):
-                self._replica.apply(
-                    item.round, item.fragment, item.committed, item.mode, item.mixing
-                )
-                notes.append(AppliedNote(req=item.req, step=self.step, tokens=self.tokens))
+        for item in self._fold_in(work):
+            notes.append(AppliedNote(req=item.req, step=self.step, tokens=self.tokens))
         with self._lock:
             self._notes.extend(notes)
             signal = bool(self._notes) and not self._signalled
             self._signalled = self._signalled or signal
         if signal:
             self._link.wake()
+
+    def _fold_in(self, work: list[Work]) -> list[ApplyWork]:
+        """Apply the commits in ``work``, in order; the ones applied."""
+        applied = [item for item in work if isinstance(item, ApplyWork)]
+        for item in applied:
+            self._replica.apply(item.round, item.fragment, item.committed, item.mode, item.mixing)
+        return applied

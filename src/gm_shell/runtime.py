@@ -161,7 +161,8 @@ class Runtime:
         """Learners of the newest round this learner aligned with, itself included."""
         self._replica = replica
         self._planned: learner.LearnerState | None = None
-        """The learner state the pacer's plan was made from."""
+        self._planned_applies: tuple[int, ...] = ()
+        """The learner state and queued commits the pacer's plan was made from."""
         self._mailbox = mailbox
         self._codec = codec
         self._hub = hub
@@ -225,8 +226,7 @@ class Runtime:
         with self.pacer.lock:
             for note in self.pacer.take_notes():
                 if isinstance(note, StepNote):
-                    stepped = Stepped(now_s=now(), step=note.step, tokens=note.tokens)
-                    self._step(Machine.LEARNER, stepped, note)
+                    self._feed_step(note)
                 elif isinstance(note, CaptureNote):
                     self._spawn(Machine.LEARNER, note.req, self._publish(note.req, note.taken))
                 else:
@@ -234,19 +234,28 @@ class Runtime:
                     self._step(Machine.LEARNER, aligned)
             if event is not None:
                 self._step(machine, event)
-            if self.learner is not self._planned:
-                self._planned = self.learner
-                self.pacer.plan(self._forecast())
+            self._replan()
 
-    def _step(self, machine: Machine, event: Event, note: StepNote | None = None) -> None:
-        """One transition; its captures go to the training thread, or were made (``note``)."""
+    def _feed_step(self, note: StepNote) -> None:
+        """A planned step: ``Stepped``, then the commits folded in first, then the copies."""
+        stepped = Stepped(now_s=now(), step=note.step, tokens=note.tokens)
+        captures = self._step(Machine.LEARNER, stepped, made=True)
+        for req in note.plan.applied:
+            aligned = Aligned(now_s=now(), req=req, step=note.step, tokens=note.tokens)
+            captures += self._step(Machine.LEARNER, aligned, made=True)
+        if self.failure is None:
+            self._publish_taken(note, captures)
+
+    def _step(self, machine: Machine, event: Event, *, made: bool = False) -> list[Capture]:
+        """One transition. Its captures go to the training thread, unless ``made`` says
+        that thread made them already at a planned step: then they are returned."""
         if self.failure is not None:
-            return
+            return []
         try:
             cmds = self._advance(machine, event)
         except Exception as error:
             self._fail(error)
-            return
+            return []
         captures: list[Capture] = []
         pace: Pace | None = None
         for cmd in cmds:
@@ -257,35 +266,60 @@ class Runtime:
             else:
                 self._interpret(machine, cmd)
         work: list[Work] = []
-        if note is not None:
-            self._publish_taken(note, captures)
-        else:
+        if not made:
             work = [CaptureWork(req=c.req, round=c.round, fragment=c.fragment) for c in captures]
         if self.pacer is not None and (work or pace is not None):
             self.pacer.publish(work, pace)
         self._note_closed()
+        return captures if made else []
 
-    def _forecast(self) -> Plan | None:
+    def _replan(self) -> None:
+        """Remake the pacer's plan if the learner or the commits queued for it changed
+        (loop thread, under the pacer's lock)."""
+        assert self.pacer is not None
+        applies = self.pacer.queued_applies()
+        if self.learner is self._planned and applies == self._planned_applies:
+            return
+        self._planned, self._planned_applies = self.learner, applies
+        self.pacer.plan(self._forecast(applies))
+
+    def _forecast(self, applies: tuple[int, ...]) -> Plan | None:
         """What the learner will answer to the step its pace waits for, asked of the core.
 
         ``advance`` is pure, so feeding it a ``Stepped`` that has not happened costs
         nothing but the time; only the captures and the pace it answers with are kept
-        (neither depends on the clock or the tokens). None where training will stall
-        there or the runtime has failed: the training thread then asks at that step.
+        (neither depends on the clock or the tokens). Where the core would stall that
+        step until a commit is folded in, and the training thread already holds every
+        commit queued (``applies``), the plan folds them in first and asks the core what
+        it then says — the order the slow path takes (report, stall, fold in, capture),
+        minus the waits. None where training will stall there anyway or the runtime has
+        failed: the training thread then asks at that step.
         """
         state = self.learner
         pace = state.pace if state is not None else None
         if state is None or pace is None or pace.stalled or self.failure is not None:
             return None
-        event = Stepped(now_s=now(), step=pace.next_step, tokens=state.tokens)
+        step, tokens, at_s = pace.next_step, state.tokens, now()
+        applied: tuple[int, ...] = ()
         try:
-            after, cmds = learner.advance(state, event)
+            after, cmds = learner.advance(state, Stepped(now_s=at_s, step=step, tokens=tokens))
+            captures = [c for c in cmds if isinstance(c, Capture)]
+            if after.pace is not None and after.pace.stalled and applies and not captures:
+                for req in applies:
+                    aligned = Aligned(now_s=at_s, req=req, step=step, tokens=tokens)
+                    after, cmds = learner.advance(after, aligned)
+                    captures += [c for c in cmds if isinstance(c, Capture)]
+                applied = applies
         except Exception:
             return None  # the real step will raise it where it belongs
         if after.pace is None or after.pace.stalled:
             return None
-        captures = tuple((c.round, c.fragment) for c in cmds if isinstance(c, Capture))
-        return Plan(step=pace.next_step, captures=captures, next_step=after.pace.next_step)
+        return Plan(
+            step=step,
+            captures=tuple((c.round, c.fragment) for c in captures),
+            next_step=after.pace.next_step,
+            applied=applied,
+        )
 
     def _publish_taken(self, note: StepNote, captures: list[Capture]) -> None:
         """Publish the copies made at a planned step, once the core has asked for them."""
@@ -454,7 +488,9 @@ class Runtime:
             mode=cmd.mode,
             mixing=cmd.mixing,
         )
-        self.pacer.publish([work], None)
+        with self.pacer.lock:  # a commit in hand may spare a stall: plan with it
+            self.pacer.publish([work], None)
+            self._replan()
 
     async def _verify(self, cmd: Verify) -> Event:
         fragment = schedule.fragment_of(cmd.round, self.manifest.config.fragments)

@@ -1,13 +1,14 @@
 """The due step without a round trip: what it hands over is still exactly that step's.
 
 ``Session.step()`` at a due step copies the fragment the loop planned for it and
-returns without waiting for the loop (:mod:`gm_shell.pacer`). These tests train a
-real torch model and go straight on with the next optimizer step after every
-``step()``, then read each published delta back from the bucket and compare it
-with ``anchor − θ`` as the parameters were at that round's due step. They also
-pin down the pieces the due step is made of: the direct copy of CPU fp32
-parameters (following a parameter whose storage was replaced) and the loop's
-forwarding of posts.
+returns without waiting for the loop (:mod:`gm_shell.pacer`); where the core would
+stall that step until a commit the training thread already holds is folded in, the
+plan folds it in first. These tests train a real torch model and go straight on
+with the next optimizer step after every ``step()``, then read each published delta
+back from the bucket and compare it with ``anchor − θ`` as the parameters were at
+that round's due step. They also pin down the pieces the due step is made of: the
+direct copy of CPU fp32 parameters (following a parameter whose storage was
+replaced) and the loop's forwarding of posts.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from runtime_worker import IN, TEACHER, torch_model
 
 from gm_core import codec, keys, schedule
-from gm_core.records import Snapshot
+from gm_core.records import RoundRecord, Snapshot
 from gm_shell import DiLoCo, Session, SessionOptions
 from gm_shell.fragments import FragmentCodec, Role
 from gm_shell.loopthread import LoopThread
@@ -104,6 +105,66 @@ def test_each_delta_is_the_parameters_at_its_due_step_though_training_goes_strai
     finally:
         loop.stop()
         mailbox.close()
+
+
+def test_with_commits_folded_in_at_due_steps_each_delta_is_from_the_anchor_it_names() -> None:
+    """Two fragments, ``in_flight`` 1: round r's due step waits for round r−1's commit
+    (the other fragment), which often arrives between steps and is then folded in at
+    that very step, before the copy, without asking the loop; otherwise the step waits
+    for it, or it came earlier. In every case the snapshot's ``base_version`` names the
+    anchor and the delta is that anchor minus θ at the due step. Each round is read as
+    soon as its record is there: round r is swept only once r+4 commits, which needs
+    snapshots that later steps make."""
+    mailbox = Mailbox.open(f"memory://due-{uuid.uuid4().hex[:10]}/run")
+    model, train_step = torch_model(seed=5)
+    algorithm = DiLoCo(sync_every=4, fragments=2, in_flight=1)
+    rng = np.random.default_rng(11)
+    loop = LoopThread("due-step-test")
+    seen: dict[int, list[np.ndarray]] = {}
+    checked = 0
+    try:
+        with Session(
+            model, algorithm=algorithm, mailbox=mailbox, node="solo", options=OPTIONS
+        ) as session:
+            assert session.manifest is not None
+            manifest = session.manifest
+            replica = Replica(adapt(model), manifest.plan)
+            fragments = FragmentCodec(manifest)
+
+            def payload(fragment: int, ref: Any, role: Role) -> np.ndarray:
+                got = loop.run(mailbox.get(ref.key))
+                assert got is not None, ref.key
+                return fragments.load(fragment, role, ref, got.data)
+
+            thetas = {
+                (f, fs.version): payload(f, fs.theta, Role.THETA)
+                for f, fs in enumerate(manifest.init)
+            }
+            for step in range(1, 81):
+                x = rng.normal(size=(16, IN)).astype(np.float32)
+                train_step(x, x @ TEACHER)
+                seen[step] = [replica.read(f) for f in range(2)]
+                session.step(samples=16)
+                while got := loop.run(mailbox.get(keys.round_record(checked))):
+                    record = codec.decode(RoundRecord, got.data)
+                    version = (record.fragment, record.version)
+                    thetas.setdefault(version, payload(record.fragment, record.theta, Role.THETA))
+                    snap = loop.run(mailbox.get(keys.snapshot(checked, "solo")))
+                    assert snap is not None, f"round {checked} has no snapshot of ours"
+                    snapshot = codec.decode(Snapshot, snap.data)
+                    fragment = snapshot.fragment
+                    anchor = thetas[(fragment, snapshot.base_version)]
+                    delta = payload(fragment, snapshot.payload, Role.DELTA)
+                    due = schedule.step_of(checked, 4, 2)
+                    np.testing.assert_array_equal(
+                        delta, anchor - seen[due][fragment], err_msg=f"round {checked}"
+                    )
+                    checked += 1
+                time.sleep(0.02)
+    finally:
+        loop.stop()
+        mailbox.close()
+    assert checked >= 20, checked
 
 
 def test_the_direct_copy_follows_a_parameter_whose_storage_was_replaced() -> None:
