@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 from gm_core import cluster
 from gm_core.check import actions
-from gm_core.check.bounds import CI_BOUNDS, LONG_BOUNDS
+from gm_core.check.bounds import CI_BOUNDS, DEEP_BOUNDS, LONG_BOUNDS
 from gm_core.check.explore import ROLE_CODES, Bounds, ExploreProgress, Outcome, explore, narrate
 from gm_core.records import Alignment
 from gm_core.sim import checks
@@ -166,7 +166,7 @@ def bounds_of(args: argparse.Namespace) -> Bounds:
 def main(args: argparse.Namespace) -> int:
     quiet = not progress_wanted(args)
     if args.ci or args.long:
-        sets = {**CI_BOUNDS, **(LONG_BOUNDS if args.long else {})}
+        sets = {**CI_BOUNDS, **({**LONG_BOUNDS, **DEEP_BOUNDS} if args.long else {})}
         results = [run(name, b, quiet=quiet) for name, b in sets.items()]
         print(summary_line(results))
         return max(EXIT[o.verdict] for o in results)

@@ -8,8 +8,9 @@ behaviour it is there to cover. :data:`CI_BOUNDS` is what ``gm check --ci`` and
 there, as a change detector); :data:`PENDING_BOUNDS` are sets that fail today
 because of an open protocol defect (spec/protocol.md §15), kept so that the fix
 is checked the moment it lands and moved into :data:`CI_BOUNDS` then;
-:data:`LONG_BOUNDS` are the larger sets of ``make check-long``. The planted bugs
-(:mod:`gm_core.check.plants`) are judged in these same sets where they can be.
+:data:`LONG_BOUNDS` and :data:`DEEP_BOUNDS` are the larger sets of
+``make check-long``. The planted bugs (:mod:`gm_core.check.plants`) are judged
+in these same sets where they can be.
 """
 
 from __future__ import annotations
@@ -65,4 +66,17 @@ LONG_BOUNDS: dict[str, Bounds] = {
     "two learners, one closes, through a poll": Bounds(roles=("lc", "l"), rounds=1, max_time_s=1.0),
     "one node, two rounds": Bounds(roles=("lc",), rounds=2, max_time_s=2.0),
 }
-"""Larger bounds for ``make check-long`` and ``gm check --long``."""
+"""Larger bounds for ``make check-long`` and ``gm check --long`` (pinned by slow tests)."""
+
+DEEP_BOUNDS: dict[str, Bounds] = {
+    "three nodes, two fragments, four rounds, the closer crashes": Bounds(
+        roles=("lc", "l", "l"),
+        fragments=2,
+        rounds=4,
+        max_time_s=3.0,
+        crashes=1,
+        crashable=("n0",),
+        max_states=1_000_000,
+    ),
+}
+"""The deepest set ``make check-long`` explores, as far as ``max_states`` lets it (not pinned)."""

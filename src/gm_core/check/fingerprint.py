@@ -22,14 +22,15 @@ driver may deliver any of them next, so their order in the tuple is not state.
 The store's create-once history is a multiset too: the invariants count and look
 up what was created, never in which order, so two creations by different nodes
 commute. And etags are abstracted: the store hands out a fresh etag per write
-(numbered by a global counter, so two writes to different keys would otherwise not
-commute), and the protocol only ever compares a held etag for equality with the
-one the store reports later; so a state keeps, per lease a closer watches, only
-whether the etag it holds is the lease's current one (:func:`lease_etags`). Node
-names are not permuted: they flow into snapshot keys, payload bytes and the
-digests of those bytes, and into sorted orders, so two states that differ by a
-renaming are not identical values, and folding them would need every digest
-recomputed; the checker stays sound by not doing it.
+(numbered by a global counter, so two writes to different keys would otherwise
+not commute), and the protocol only ever compares a held etag for equality with
+the one the store reports later; so a state keeps, per lease a closer watches,
+only whether the etag it holds is the lease's current one
+(:meth:`Fingerprinter.lease_etags`). Node names are not permuted: they flow into
+snapshot keys, payload bytes and the digests of those bytes, and into sorted
+orders, so two states that differ by a renaming are not identical values, and
+folding them would need every digest recomputed; the checker stays sound by not
+doing it.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ def _enum_form(d: Digests, v: Any) -> Any:
     return v.value
 
 
+_INLINE = frozenset({_mapping_form, _set_form, _enum_form})
+"""Forms whose reduction is kept as it is (a scalar or a tuple) rather than hashed."""
+
+
 class Digests:
     """Digests of values, each compound part hashed once while it is held here.
 
@@ -131,7 +136,9 @@ class Digests:
         if form is None:
             form = self._forms[t] = self._form_of(t)
         reduced = form(self, value)
-        digest = reduced if type(reduced) in _SCALARS else _digest(reduced)
+        # A mapping or set stays a tuple inside its holder's digest: hashing it apart
+        # would cost a digest per new timer table for nothing.
+        digest = reduced if t in _SCALARS or form in _INLINE else _digest(reduced)
         if len(self._young) >= self._limit:
             self._old = self._young
             self._young = {}
@@ -162,14 +169,41 @@ class Fingerprinter:
 
     def __init__(self, memo_limit: int = 400_000) -> None:
         self.digests = Digests(memo_limit=memo_limit)
+        self._held: dict[int, tuple[closer.CloserState, HeldEtags]] = {}
 
     def state(self, c: cluster.Cluster) -> bytes:
         """A 128-bit fingerprint of a cluster state, with in-flight commands as a multiset."""
         part = self.digests.part
         nodes = tuple(part(c.nodes[name]) for name in sorted(c.nodes))
         inflight = tuple(sorted(part(f) for f in c.inflight))
-        rest = (c.now_s, part(c.hostile), part(c.violations), lease_etags(c))
+        rest = (c.now_s, part(c.hostile), part(c.violations), self.lease_etags(c))
         return _digest((nodes, part(c.store), inflight, rest))
+
+    def lease_etags(self, c: cluster.Cluster) -> tuple[tuple[str, str, str], ...]:
+        """For each lease etag a closer holds: is it the lease's current etag, or an old one?
+
+        Etags are compared only for equality, and every new write gets a fresh one, so
+        this is all of an etag that can matter: a held etag equal to the current one
+        stays equal until the next renewal; an old one never equals anything again.
+        Each closer state's held etags are listed once (:func:`held_etags`).
+        """
+        out: list[tuple[str, str, str]] = []
+        for name in sorted(c.nodes):
+            state = c.nodes[name].closer
+            if state is None:
+                continue
+            hit = self._held.get(id(state))
+            if hit is None or hit[0] is not state:
+                if len(self._held) >= 100_000:
+                    self._held.clear()
+                hit = self._held[id(state)] = (state, held_etags(state))
+            for who, key, etag in hit[1]:
+                current = c.store.get(key) if key is not None else None
+                held = "none" if etag is None else "old"
+                if current is not None and etag == current.etag:
+                    held = "current"
+                out.append((name, who, held))
+        return tuple(out)
 
     def store(self, store: ModelStore) -> bytes:
         """What the store-only invariants see: objects and the create-once history."""
@@ -183,29 +217,20 @@ def _watched(state: closer.CloserState) -> str:
     return election.rightful_closer(named, state.claims)[0]
 
 
-def lease_etags(c: cluster.Cluster) -> tuple[tuple[str, str, str], ...]:
-    """For each lease etag a closer holds: is it the lease's current etag, or an old one?
+HeldEtags = tuple[tuple[str, str | None, str | None], ...]
+"""Per lease view a closer holds: its name, the lease's key (None: not a node id), the etag."""
 
-    Etags are compared only for equality, and every new write gets a fresh one, so
-    this is all of an etag that can matter: a held etag equal to the current one
-    stays equal until the next renewal; an old one never equals anything again.
-    """
-    out: list[tuple[str, str, str]] = []
-    for name in sorted(c.nodes):
-        state = c.nodes[name].closer
-        if state is None:
-            continue
-        views = dict(state.leases)
-        watched = _watched(state)
-        if state.closer_lease is not None and watched:
-            views[f"closer:{watched}"] = state.closer_lease
-        for who, view in sorted(views.items()):
-            target = who.removeprefix("closer:")
-            current = c.store.get(keys.lease(target)) if keys.valid_id(target) else None
-            held = "none" if view.etag is None else "old"
-            if current is not None and view.etag == current.etag:
-                held = "current"
-            out.append((name, who, held))
+
+def held_etags(state: closer.CloserState) -> HeldEtags:
+    """The lease views a closer holds, in name order, with the key each one watches."""
+    views = dict(state.leases)
+    watched = _watched(state)
+    if state.closer_lease is not None and watched:
+        views[f"closer:{watched}"] = state.closer_lease
+    out = []
+    for who, view in sorted(views.items()):
+        target = who.removeprefix("closer:")
+        out.append((who, keys.lease(target) if keys.valid_id(target) else None, view.etag))
     return tuple(out)
 
 

@@ -1,0 +1,94 @@
+"""The model checker's speed: two checkouts' ``gm_core.check`` on the same bound sets, in one run.
+
+Speed figures here are ratios measured side by side, since the machine's load
+varies: for each bound set, each checkout explores it in a fresh process, one
+after the other, and the figure is states per CPU-second (CPU time, which load
+distorts less than wall time; wall time is printed too). The state counts must
+match: a change that speeds the checker up may not change what it explores.
+
+    git worktree add --detach /tmp/gm-before <commit>
+    .venv/bin/python bench/bench_check.py /tmp/gm-before/src src [set names...]
+
+The bound sets are those both checkouts can express (no crash-set or liveness
+options, which older checkers lack): the six original CI sets and two larger ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SETS: dict[str, dict[str, object]] = {
+    "one node, one fault": {"roles": ["lc"], "rounds": 1, "max_time_s": 1.0, "faults": 1},
+    "one node, one crash": {"roles": ["lc"], "rounds": 1, "max_time_s": 1.0, "crashes": 1},
+    "learner and closer apart": {"roles": ["l", "c"], "rounds": 1, "max_time_s": 1.0},
+    "two learners, one closes": {"roles": ["lc", "l"], "rounds": 1, "max_time_s": 0.5},
+    "two closers race for round 0": {"roles": ["lc", "c"], "rounds": 1, "max_time_s": 0.5},
+    "two closers race, one fault": {
+        "roles": ["lc", "c"],
+        "rounds": 1,
+        "max_time_s": 0.5,
+        "faults": 1,
+    },
+    "three closers contend for round 0": {
+        "roles": ["lc", "c", "c"],
+        "rounds": 1,
+        "max_time_s": 0.5,
+    },
+    "three nodes, two fragments": {
+        "roles": ["lc", "l", "l"],
+        "fragments": 2,
+        "rounds": 1,
+        "max_time_s": 0.5,
+    },
+}
+
+CHILD = """
+import json, sys, time
+from gm_core.check.explore import Bounds, explore
+kw = json.loads(sys.argv[1])
+kw["roles"] = tuple(kw["roles"])
+cpu, wall = time.process_time(), time.perf_counter()
+o = explore(Bounds(**kw))
+print(json.dumps([o.verdict, o.states, time.process_time() - cpu, time.perf_counter() - wall]))
+"""
+
+
+def measure(src: Path, bounds: dict[str, object]) -> tuple[str, int, float, float]:
+    """Explore ``bounds`` with the checker under ``src``: verdict, states, CPU s, wall s."""
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(bounds)],
+        env={"PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    verdict, states, cpu_s, wall_s = json.loads(out)
+    return str(verdict), int(states), float(cpu_s), float(wall_s)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("before", type=Path, help="the src folder of the checkout to compare against")
+    p.add_argument("after", type=Path, help="the src folder of this checkout")
+    p.add_argument("sets", nargs="*", help=f"bound sets (default: all): {', '.join(SETS)}")
+    args = p.parse_args()
+    if unknown := [n for n in args.sets if n not in SETS]:
+        p.error(f"unknown bound sets: {unknown}")
+    for name in args.sets or SETS:
+        before = measure(args.before, SETS[name])
+        after = measure(args.after, SETS[name])
+        rate_b, rate_a = before[1] / before[2], after[1] / after[2]
+        same = "" if before[:2] == after[:2] else f"  DIFFERENT: {before[:2]} vs {after[:2]}"
+        print(
+            f"{name:34s} {after[1]:>7,} states  before {rate_b:6,.0f}/cpu-s ({before[3]:5.1f} s)"
+            f"  after {rate_a:6,.0f}/cpu-s ({after[3]:5.1f} s)  x{rate_a / rate_b:.1f}{same}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
