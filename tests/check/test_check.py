@@ -23,10 +23,11 @@ from gm_core import closer, cluster, codec, learner, verdicts
 from gm_core.check import actions
 from gm_core.check.bounds import CI_BOUNDS, LONG_BOUNDS, PENDING_BOUNDS
 from gm_core.check.explore import Bounds, explore, initial_state, narrate
-from gm_core.check.fingerprint import Fingerprinter, fingerprint
+from gm_core.check.fingerprint import Digests, Fingerprinter, fingerprint
 from gm_core.check.plants import PLANTS, planted
 from gm_core.check.transitions import Transitions
 from gm_core.events import TimerFired
+from gm_core.liveness import LeaseView
 from gm_core.records import Manifest
 from gm_shell import check_cli
 
@@ -218,6 +219,16 @@ def test_cli_replay_command_round_trips_the_bounds() -> None:
     args = parser.parse_args(command.split()[2:])
     assert check_cli.bounds_of(args) == RACE
     assert args.replay == "w"
+
+
+def test_exact_digests_see_what_the_fingerprint_folds() -> None:
+    """The transition cache keys on exact digests: mapping order and etags count there."""
+    one, two = {"x": 1, "y": 2}, {"y": 2, "x": 1}
+    old, new = LeaseView(etag="e1", changed_at_s=0.0), LeaseView(etag="e2", changed_at_s=0.0)
+    assert Digests().part(one) == Digests().part(two)
+    assert Digests().part(old) == Digests().part(new)
+    assert Digests(abstract=False).part(one) != Digests(abstract=False).part(two)
+    assert Digests(abstract=False).part(old) != Digests(abstract=False).part(new)
 
 
 def test_fingerprint_ignores_in_flight_order_and_notes() -> None:

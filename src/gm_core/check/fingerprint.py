@@ -75,6 +75,11 @@ def _mapping_form(d: Digests, v: Any) -> Any:
     return ("{", *sorted((d.part(k), d.part(x)) for k, x in v.items()))
 
 
+def _ordered_mapping_form(d: Digests, v: Any) -> Any:
+    """Insertion order kept: a machine that iterates a mapping may act in that order."""
+    return ("[{", *((d.part(k), d.part(x)) for k, x in v.items()))
+
+
 def _set_form(d: Digests, v: Any) -> Any:
     return ("set", *sorted(d.part(x) for x in v))
 
@@ -87,7 +92,7 @@ def _enum_form(d: Digests, v: Any) -> Any:
     return v.value
 
 
-_INLINE = frozenset({_mapping_form, _set_form, _enum_form})
+_INLINE = frozenset({_mapping_form, _ordered_mapping_form, _set_form, _enum_form})
 """Forms whose reduction is kept as it is (a scalar or a tuple) rather than hashed."""
 
 
@@ -105,8 +110,9 @@ class Digests:
 
     ``abstract`` selects the state fingerprint's view (etags of stored objects and
     leases folded, the store's create-once history as a multiset, the fields of
-    :data:`SKIPPED_FIELDS` left out); otherwise every field counts, which is what a
-    cache of transitions must key on.
+    :data:`SKIPPED_FIELDS` left out, mappings as sets of items); otherwise every
+    field counts and mappings keep their order, which is what a cache of
+    transitions must key on.
     """
 
     def __init__(self, *, abstract: bool = True, memo_limit: int = 400_000) -> None:
@@ -152,7 +158,7 @@ class Digests:
         if issubclass(t, enum.Enum):
             return _enum_form
         if issubclass(t, Mapping):
-            return _mapping_form
+            return _mapping_form if self._abstract else _ordered_mapping_form
         if issubclass(t, frozenset | set):
             return _set_form
         if issubclass(t, tuple | list):
