@@ -1,0 +1,108 @@
+"""Defects of liveness and accounting found by measuring the runtime, replayed on the pure machines.
+
+Each test drives the model cluster (real ``advance`` functions, model store) with
+one node that both learns and closes, so no follower can rescue a stuck round by
+taking it over: whatever the protocol leaves open stays open.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from gm_core import closer, learner
+from gm_core import cluster as cl
+from gm_core.commands import Capture, Command, PutOnce
+from gm_core.records import AlgorithmConfig
+
+L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
+FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
+FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
+ONE_CLOSER = {"n0": frozenset({L, C}), "n1": frozenset({L}), "n2": frozenset({L})}
+
+FaultRule = Callable[[str, Command], cl.Fault]
+
+
+def no_fault(node: str, cmd: Command) -> cl.Fault:
+    return cl.Fault.NONE
+
+
+def run(
+    config: AlgorithmConfig,
+    seconds: float,
+    fault: FaultRule = no_fault,
+    roles: Mapping[str, frozenset[cl.Machine]] = ONE_CLOSER,
+    c: cl.Cluster | None = None,
+) -> cl.Cluster:
+    """Every node trains a step per 0.25 s; requests complete in order unless ``fault`` says."""
+    if c is None:
+        c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
+        for name in sorted(roles):
+            c = cl.start(c, name)
+    end_s = c.now_s + seconds
+    while c.now_s < end_s:
+        while c.inflight:
+            item = c.inflight[0]
+            c = cl.deliver(c, 0, fault(item.node, item.command))
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        for name in sorted(roles):
+            c = cl.train(c, name, 1)
+        c = cl.tick(c, 0.25)
+    assert not cl.check(c), cl.check(c)
+    return c
+
+
+def test_a_learner_whose_capture_failed_once_does_not_stall_a_single_closer_run() -> None:
+    """Spec §15.2: n2's capture of round 5 fails; quorum is every learner, one closer."""
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=3, in_flight=2)
+    failed: list[int] = []
+
+    def capture_of_round_5_fails(node: str, cmd: Command) -> cl.Fault:
+        if node == "n2" and isinstance(cmd, Capture) and cmd.round == 5 and not failed:
+            failed.append(cmd.round)
+            return cl.Fault.FAIL
+        return cl.Fault.NONE
+
+    c = run(config, 200.0, capture_of_round_5_fails)
+    assert failed == [5]
+    assert len(cl.records(c)) >= 20, f"the tape stopped at {len(cl.records(c))} records"
+
+
+def test_a_learner_whose_snapshot_writes_fail_for_a_while_does_not_stall_the_run() -> None:
+    """A store blip: every snapshot write of n2 fails for 5 s, then the store heals."""
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=3, in_flight=2)
+    blip = (20.0, 25.0)
+    clock: list[float] = [0.0]
+
+    def blip_on_snapshots(node: str, cmd: Command) -> cl.Fault:
+        writing = isinstance(cmd, PutOnce) and cmd.key.startswith("snapshots/")
+        return (
+            cl.Fault.FAIL
+            if node == "n2" and writing and blip[0] <= clock[0] < blip[1]
+            else (cl.Fault.NONE)
+        )
+
+    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(ONE_CLOSER):
+        c = cl.start(c, name)
+    for _ in range(200):
+        clock[0] = c.now_s
+        c = run(config, 1.0, blip_on_snapshots, c=c)
+    assert len(cl.records(c)) >= 20, f"the tape stopped at {len(cl.records(c))} records"
+
+
+def test_a_round_that_never_publishes_silences_the_lease_until_it_is_committed() -> None:
+    """Every capture of round 5 by n2 fails: the run closes it without n2 and n2 comes back."""
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=3, in_flight=2, lease_timeout_s=6.0)
+
+    def round_5_never_captures(node: str, cmd: Command) -> cl.Fault:
+        failing = node == "n2" and isinstance(cmd, Capture) and cmd.round == 5
+        return cl.Fault.FAIL if failing else cl.Fault.NONE
+
+    c = run(config, 200.0, round_5_never_captures)
+    tape = cl.records(c)
+    assert len(tape) >= 20, f"the tape stopped at {len(tape)} records"
+    assert "n2" not in {p.learner for p in tape[5].participants}
+    assert "n2" in {p.learner for p in tape[-3].participants}, "n2 never came back"
+    kinds = [note.kind for name, note in c.notes if name == "n2"]
+    assert kinds.count("publish_abandoned") == 1
