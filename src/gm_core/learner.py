@@ -78,7 +78,7 @@ from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
 
 NEVER = float("inf")
 MAX_PUBLISH_ATTEMPTS = 3
-"""Snapshot writes per round before giving the round up (the shell retries each too)."""
+"""Snapshot writes in a row before the round is captured afresh (the shell retries each too)."""
 MAX_FETCHED = 64
 """Records fetched ahead of alignment; probing pauses beyond this (bounded memory)."""
 
@@ -129,6 +129,17 @@ class Outgoing:
     attempts: int = 1
     requests: Requests = attrs.field(factory=Requests)
     """The node's requests this snapshot reports (see :func:`_captured`)."""
+    failing_since_s: float | None = None
+    """When publishing this round first failed (None: it has not); see :func:`_retry_due`."""
+
+
+@attrs.frozen(kw_only=True)
+class Retry:
+    """A round whose publishing failed: captured afresh at ``at_s`` while the round is open."""
+
+    final: bool
+    since_s: float
+    at_s: float
 
 
 @attrs.frozen(kw_only=True)
@@ -149,6 +160,9 @@ class LearnerState:
     seen_round: int = -1
     fetched: Mapping[int, RoundRecord] = attrs.field(factory=dict)
     outgoing: Mapping[int, Outgoing] = attrs.field(factory=dict)
+    retries: Mapping[int, Retry] = attrs.field(factory=dict)
+    silent_through: int = -1
+    """Renew no lease until a record of this round is seen (see :func:`_retry_due`)."""
     loading: frozenset[int] = frozenset()
     aligning: int | None = None
     probing: bool = False
@@ -206,7 +220,9 @@ def advance(state: LearnerState, event: Event) -> Result:
         if purpose is None:
             return state, cmds  # an outcome we no longer wait for (e.g. after a restart)
         state = _outcome(state, purpose, event, cmds)
-    state = _pump(state, event.now_s, cmds)
+    # The step count is exact only when the shell just reported it or is stalled.
+    exact = isinstance(event, Stepped) or _stalled(state)
+    state = _pump(state, event.now_s, cmds, exact_step=exact)
     return state, cmds
 
 
@@ -365,7 +381,14 @@ def _begin_loading(state: LearnerState, cmds: list[Command]) -> LearnerState:
     )
 
 
-def _publish(state: LearnerState, round_: int, *, final: bool, cmds: list[Command]) -> LearnerState:
+def _publish(
+    state: LearnerState,
+    round_: int,
+    *,
+    final: bool,
+    cmds: list[Command],
+    since_s: float | None = None,
+) -> LearnerState:
     """Capture the delta of round ``round_``'s fragment.
 
     A due round is published even when its fragment saw no steps since its anchor
@@ -391,6 +414,7 @@ def _publish(state: LearnerState, round_: int, *, final: bool, cmds: list[Comman
         steps=steps,
         token_count=state.tokens - anchor.tokens,
         final=final,
+        failing_since_s=since_s,
     )
     return attrs.evolve(state, outgoing=outgoing)
 
@@ -401,7 +425,7 @@ def _captured(state: LearnerState, round_: int, event: Event, cmds: list[Command
         return state
     if not isinstance(event, Captured):
         cmds.append(Notify(kind="publish_failed", round=round_, detail=failure(event)))
-        return _drop_outgoing(state, round_)
+        return _give_up(state, round_, event.now_s, retry=True)
     # Report the node's requests since the previous snapshot, plus those of snapshots
     # that no record counted (lost), so that the tape's total misses nothing.
     requests = (event.requests - state.requests_base) + state.requests_lost
@@ -465,22 +489,67 @@ def _snapshot_checked(
         return state
     if isinstance(event, GotObject) and event.data == out.data:
         return _published(state, out, cmds)
-    if isinstance(event, GotObject) and event.data is not None:
+    # Another incarnation's snapshot holds the key: the closer judges that one, so
+    # this node is not awaited and there is nothing to retry.
+    taken = isinstance(event, GotObject) and event.data is not None
+    if taken:
         detail = "another incarnation of this node wrote a different snapshot"
     elif out.attempts >= MAX_PUBLISH_ATTEMPTS:
         detail = failure(event) if not isinstance(event, GotObject) else "write never landed"
     else:
         return _write_snapshot(state, attrs.evolve(out, attempts=out.attempts + 1), cmds)
     cmds.append(Notify(kind="publish_failed", round=round_, detail=detail))
-    return _drop_outgoing(state, round_)
+    return _give_up(state, round_, event.now_s, retry=not taken)
 
 
-def _drop_outgoing(state: LearnerState, round_: int) -> LearnerState:
-    """Give a round up; the requests its snapshot would have reported go to the next one."""
+def _give_up(state: LearnerState, round_: int, now_s: float, *, retry: bool) -> LearnerState:
+    """Drop a round's snapshot; with ``retry``, capture it afresh after a poll.
+
+    The requests the dropped snapshot would have reported go to the next one.
+    """
     outgoing = dict(state.outgoing)
     out = outgoing.pop(round_, None)
-    lost = state.requests_lost + (out.requests if out is not None else Requests())
-    return attrs.evolve(state, outgoing=outgoing, requests_lost=lost)
+    if out is None:
+        return state
+    state = attrs.evolve(state, outgoing=outgoing, requests_lost=state.requests_lost + out.requests)
+    if not retry:
+        return state
+    since_s = out.failing_since_s if out.failing_since_s is not None else now_s
+    again = Retry(final=out.final, since_s=since_s, at_s=now_s + state.options.poll_s)
+    return attrs.evolve(state, retries={**state.retries, round_: again})
+
+
+def _retry_due(
+    state: LearnerState, now_s: float, cmds: list[Command], *, exact_step: bool
+) -> LearnerState:
+    """Publish failed rounds again, or fall silent once a round has failed too long.
+
+    The closer waits for every learner it knows live until each has reported the
+    round, so a live learner that never publishes would hold a run with one
+    closer forever (spec §15.2). A failed round is captured afresh every poll
+    while it is open; if it still has not landed a lease timeout after the first
+    failure, the learner stops renewing its lease until the round is committed:
+    the closer then finds the lease stale within another lease timeout and
+    closes without it. A round is never waited on for more than about twice the
+    lease timeout after this learner's first failure.
+
+    A capture reports the steps since the anchor, so it is taken only when the
+    step count is exact; otherwise :func:`_pace` asks for a report at the next step.
+    """
+    timeout_s = state.manifest.config.lease_timeout_s
+    for round_, retry in sorted(state.retries.items()):
+        retries = {r: x for r, x in state.retries.items() if r != round_}
+        if round_ <= state.seen_round:
+            state = attrs.evolve(state, retries=retries)  # closed without it: nothing to send
+        elif now_s >= retry.since_s + timeout_s:
+            detail = "lease paused until the round is committed"
+            cmds.append(Notify(kind="publish_abandoned", round=round_, detail=detail))
+            silent = max(state.silent_through, round_)
+            state = attrs.evolve(state, retries=retries, silent_through=silent)
+        elif now_s >= retry.at_s and exact_step:
+            state = attrs.evolve(state, retries=retries)
+            state = _publish(state, round_, final=retry.final, cmds=cmds, since_s=retry.since_s)
+    return state
 
 
 def _aligned(
@@ -566,13 +635,16 @@ def _new_anchor(state: LearnerState, record: RoundRecord, step: int, tokens: int
     return Anchor(version=record.version, step=step, tokens=tokens)
 
 
-def _pump(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+def _pump(
+    state: LearnerState, now_s: float, cmds: list[Command], *, exact_step: bool
+) -> LearnerState:
     """After any event: publish what is due, align what arrived, poll, renew, pace."""
     if state.phase in (Phase.IDLE, Phase.CLOSED):
         return state
     if state.phase is Phase.RUNNING:
         state = _publish_due(state, cmds)
     if state.phase in (Phase.RUNNING, Phase.CLOSING):
+        state = _retry_due(state, now_s, cmds, exact_step=exact_step)
         state = _align_next(state, cmds)
     state = _poll(state, now_s, cmds)
     state = _renew(state, now_s, cmds)
@@ -671,7 +743,13 @@ def _renew_s(state: LearnerState) -> float:
 
 
 def _renew_at_s(state: LearnerState) -> float:
-    """When the lease must be written: on time, or a little late if a snapshot is due by then."""
+    """When the lease must be written: on time, or a little late if a snapshot is due by then.
+
+    Never while silent (:func:`_retry_due`): until the round it could not publish is
+    committed, a stale lease is how the closer learns not to wait for it.
+    """
+    if state.silent_through > state.seen_round:
+        return NEVER
     slack_s = liveness.renew_slack_s(_renew_s(state))
     expected_s = _next_publish_s(state)
     if expected_s is not None and expected_s <= state.lease_at_s + slack_s:
@@ -692,7 +770,7 @@ def _next_publish_s(state: LearnerState) -> float | None:
 
 
 def _maybe_release(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
-    waiting = any(r > state.aligned_round for r in state.outgoing)
+    waiting = any(r > state.aligned_round for r in (*state.outgoing, *state.retries))
     if (waiting and now_s < state.close_by_s) or any(
         p.kind == "release" for p in state.pending.values()
     ):
@@ -715,15 +793,19 @@ def _pace(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
                     limit = out.step + cfg.overlap_steps
                     barrier = min(barrier, limit)
                     stalled = stalled or state.step >= limit
+    if any(now_s >= x.at_s for x in state.retries.values()):
+        barrier = state.step + 1  # a retry waits for an exact step count (see _retry_due)
     pace = Pace(
         next_step=max(barrier, state.step + 1) if not stalled else state.step, stalled=stalled
     )
     if pace != state.pace:
         cmds.append(pace)
         state = attrs.evolve(state, pace=pace)
+    timeout_s = cfg.lease_timeout_s
     wake = min(
         _probe_at_s(state) if _can_poll(state) else NEVER,
         _renew_at_s(state),
+        *(min(x.at_s, x.since_s + timeout_s) for x in state.retries.values()),
         state.close_by_s if state.phase is Phase.CLOSING else NEVER,
     )
     if state.phase is Phase.CLOSED:
