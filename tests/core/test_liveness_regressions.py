@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from gm_core import closer, learner
+from gm_core import closer, keys, learner
 from gm_core import cluster as cl
 from gm_core.commands import Capture, Command, PutOnce
-from gm_core.records import AlgorithmConfig
+from gm_core.records import AlgorithmConfig, Alignment
 
 L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
 FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
@@ -106,3 +106,50 @@ def test_a_round_that_never_publishes_silences_the_lease_until_it_is_committed()
     assert "n2" in {p.learner for p in tape[-3].participants}, "n2 never came back"
     kinds = [note.kind for name, note in c.notes if name == "n2"]
     assert kinds.count("publish_abandoned") == 1
+
+
+def test_carry_contributes_every_step_of_a_straggler_exactly_once() -> None:
+    """n2's snapshot of round 6 lands after the round closed without it; under carry its
+    steps must still reach the tape, through n2's next snapshot of that fragment."""
+    config = AlgorithmConfig(
+        sync_every=8, fragments=2, quorum=2, in_flight=2, alignment=Alignment.CARRY
+    )
+    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(ONE_CLOSER):
+        c = cl.start(c, name)
+    late = keys.snapshot(6, "n2")
+    while c.now_s < 120.0:
+        closed_6 = len(cl.records(c)) > 6
+        held = [i for i, f in enumerate(c.inflight) if _writes(f.command, late) and not closed_6]
+        ready = [i for i in range(len(c.inflight)) if i not in held]
+        while ready:
+            c = cl.deliver(c, ready[0])
+            closed_6 = len(cl.records(c)) > 6
+            held = [
+                i for i, f in enumerate(c.inflight) if _writes(f.command, late) and not closed_6
+            ]
+            ready = [i for i in range(len(c.inflight)) if i not in held]
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        for name in sorted(ONE_CLOSER):
+            c = cl.train(c, name, 1)
+        c = cl.tick(c, 0.25)
+    assert not cl.check(c), cl.check(c)
+    tape = cl.records(c)
+    assert "n2" not in {p.learner for p in tape[6].participants}, "the snapshot was not late"
+    state = c.nodes["n2"].learner
+    assert state is not None
+    for fragment in range(config.fragments):
+        merged = sum(
+            p.steps
+            for r in tape
+            if r.fragment == fragment and r.round <= state.aligned_round
+            for p in r.participants
+            if p.learner == "n2"
+        )
+        pending = state.step - state.anchors[fragment].step
+        assert merged + pending == state.step, (fragment, merged, pending, state.step)
+
+
+def _writes(cmd: Command, key: str) -> bool:
+    return isinstance(cmd, PutOnce) and cmd.key == key
