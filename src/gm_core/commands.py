@@ -129,6 +129,9 @@ class Align:
     theta: PayloadRef
     mode: Alignment
     mixing: float
+    from_snapshot: bool
+    """Carry replays only the steps after this learner's snapshot of the round (it is in
+    the commit); otherwise every step since the fragment's anchor (it is not)."""
 
 
 @attrs.frozen(kw_only=True)

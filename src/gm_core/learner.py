@@ -362,6 +362,7 @@ def _begin_loading(state: LearnerState, cmds: list[Command]) -> LearnerState:
                 theta=fs.theta,
                 mode=Alignment.OVERWRITE,
                 mixing=1.0,
+                from_snapshot=False,
             )
         )
         loading.add(fragment)
@@ -623,13 +624,28 @@ def _behind(state: LearnerState, record: RoundRecord) -> bool:
     return state.node not in named
 
 
+def _included(state: LearnerState, record: RoundRecord) -> bool:
+    """Whether ``record`` merged this learner's snapshot of its round."""
+    out = state.outgoing.get(record.round)
+    if out is None or not out.published:
+        return False
+    return state.node in {p.learner for p in record.participants}
+
+
 def _new_anchor(state: LearnerState, record: RoundRecord, step: int, tokens: int) -> Anchor:
-    """Carry keeps the steps trained since this learner's snapshot of the round."""
+    """Where the fragment's step and token counts restart after aligning ``record``.
+
+    Carry keeps local progress, so each trained step is contributed exactly once:
+    the steps up to this learner's snapshot are in the commit only if the record
+    merged that snapshot; if it did not (it landed after the round closed, or was
+    rejected), the anchor keeps its counts and the next snapshot of the fragment
+    reports them again, with the parameters' delta to match (``Align.from_snapshot``).
+    """
     cfg = state.manifest.config
     old = state.anchors[record.fragment]
     if cfg.alignment is Alignment.CARRY:
         out = state.outgoing.get(record.round)
-        if out is not None:
+        if out is not None and _included(state, record):
             return Anchor(version=record.version, step=out.step, tokens=out.tokens)
         return attrs.evolve(old, version=record.version)
     return Anchor(version=record.version, step=step, tokens=tokens)
@@ -687,6 +703,7 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
                 theta=record.theta,
                 mode=cfg.alignment,
                 mixing=cfg.mixing if cfg.alignment is Alignment.BLEND else 1.0,
+                from_snapshot=_included(state, record),
             )
         )
         state = attrs.evolve(state, aligning=round_)

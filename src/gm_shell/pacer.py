@@ -332,7 +332,10 @@ class Pacer:
             self._link.wake()
 
     def _fold_in(self, work: list[Work]) -> list[ApplyWork]:
-        """Apply the commits in ``work``, in order; the ones applied."""
+        """Apply the commits in ``work``, in order (forgotten snapshots first); the ones applied."""
+        for item in work:
+            if isinstance(item, ForgetWork):
+                self._replica.forget(item.round)
         applied = [item for item in work if isinstance(item, ApplyWork)]
         for item in applied:
             self._replica.apply(item.round, item.fragment, item.committed, item.mode, item.mixing)

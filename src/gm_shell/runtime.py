@@ -488,8 +488,10 @@ class Runtime:
             mode=cmd.mode,
             mixing=cmd.mixing,
         )
+        # Carry from the anchor when the commit left our snapshot out: forget its copy.
+        forget = [] if cmd.from_snapshot else [ForgetWork(round=cmd.round)]
         with self.pacer.lock:  # a commit in hand may spare a stall: plan with it
-            self.pacer.publish([work], None)
+            self.pacer.publish([*forget, work], None)
             self._replan()
 
     async def _verify(self, cmd: Verify) -> Event:
