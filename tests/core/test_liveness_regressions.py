@@ -153,3 +153,38 @@ def test_carry_contributes_every_step_of_a_straggler_exactly_once() -> None:
 
 def _writes(cmd: Command, key: str) -> bool:
     return isinstance(cmd, PutOnce) and cmd.key == key
+
+
+def test_a_learner_whose_delta_went_non_finite_reloads_every_fragment_and_is_told() -> None:
+    """n2 publishes one NaN delta; the commit rejects it, so n2 must reload its whole model
+    from the newest commit (as on joining), say so by name, and contribute again."""
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=2, in_flight=2)
+    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(ONE_CLOSER):
+        c = cl.start(c, name)
+    c = run(config, 20.0, c=c)
+    c = cl.set_poison(c, "n2", True)
+    poisoned: list[int] = []
+    while c.now_s < 80.0:
+        while c.inflight:
+            item = c.inflight[0]
+            if item.node == "n2" and isinstance(item.command, Capture) and not poisoned:
+                poisoned.append(item.command.round)
+            c = cl.deliver(c, 0)
+            if poisoned:
+                c = cl.set_poison(c, "n2", False)  # the inner optimizer was reset
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        for name in sorted(ONE_CLOSER):
+            c = cl.train(c, name, 1)
+        c = cl.tick(c, 0.25)
+    assert not cl.check(c), cl.check(c)
+    tape = cl.records(c)
+    rejected = [r.round for r in tape if any(x.learner == "n2" for x in r.rejections)]
+    assert rejected == poisoned, (rejected, poisoned)
+    diverged = [note for name, note in c.notes if name == "n2" and note.kind == "diverged"]
+    assert [note.round for note in diverged] == poisoned
+    kinds = [note.kind for name, note in c.notes if name == "n2"]
+    assert kinds.count("joined") == 2, "n2 did not load its whole model again"
+    assert kinds.index("diverged") < len(kinds) - 1 - kinds[::-1].index("joined")
+    assert "n2" in {p.learner for p in tape[-2].participants}, "n2 never contributed again"
