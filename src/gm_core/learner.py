@@ -72,7 +72,15 @@ from gm_core.events import (
     Stepped,
     TimerFired,
 )
-from gm_core.records import Alignment, Lease, Manifest, Requests, RoundRecord, Snapshot
+from gm_core.records import (
+    Alignment,
+    Lease,
+    Manifest,
+    Reason,
+    Requests,
+    RoundRecord,
+    Snapshot,
+)
 from gm_core.requests import Purpose, failure, issue, settle
 from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
 
@@ -161,6 +169,8 @@ class LearnerState:
     fetched: Mapping[int, RoundRecord] = attrs.field(factory=dict)
     outgoing: Mapping[int, Outgoing] = attrs.field(factory=dict)
     retries: Mapping[int, Retry] = attrs.field(factory=dict)
+    divergences: int = 0
+    """Commits in a row that rejected this learner's delta as non-finite (:func:`_diverged`)."""
     silent_through: int = -1
     """Renew no lease until a record of this round is seen (see :func:`_retry_due`)."""
     loading: frozenset[int] = frozenset()
@@ -560,15 +570,7 @@ def _aligned(
         # The payload could not be fetched (swept while we lagged, or a store failure):
         # join again from the newest record, which re-reads its frontier.
         cmds.append(Notify(kind="align_failed", round=purpose.round, detail=failure(event)))
-        return attrs.evolve(
-            state,
-            phase=Phase.BOOTING,
-            loading=frozenset(),
-            aligning=None,
-            fetched={},
-            seen_round=state.seen_round - 1,
-            pending={r: p for r, p in state.pending.items() if p.kind not in ("load", "align")},
-        )
+        return _rejoin(state)
     if purpose.kind == "load":
         loading = state.loading - {purpose.round}
         phase = Phase.RUNNING if not loading else state.phase
@@ -576,6 +578,34 @@ def _aligned(
             cmds.append(Notify(kind="joined", round=state.aligned_round))
         return attrs.evolve(state, loading=loading, phase=phase)
     return _apply_alignment(state, purpose.round, event, cmds)
+
+
+def _rejoin(state: LearnerState) -> LearnerState:
+    """Load the whole model again from the newest record, as a joining learner does."""
+    return attrs.evolve(
+        state,
+        phase=Phase.BOOTING,
+        loading=frozenset(),
+        aligning=None,
+        fetched={},
+        seen_round=state.seen_round - 1,
+        pending={r: p for r, p in state.pending.items() if p.kind not in ("load", "align")},
+    )
+
+
+def _diverged(state: LearnerState, record: RoundRecord, cmds: list[Command]) -> LearnerState:
+    """A commit rejected this learner's delta as non-finite: its model holds NaN or Inf.
+
+    Aligning one fragment would keep the poison in the others (and in the shell's
+    inner optimizer), so the learner loads every fragment from the newest commit,
+    as on joining, and says so by name (``diverged``, with how many times in a
+    row); the shell resets what the user registered (the inner optimizer) and
+    raises once divergence repeats.
+    """
+    times = state.divergences + 1
+    detail = f"non-finite delta rejected; reloading every fragment; times={times}"
+    cmds.append(Notify(kind="diverged", round=record.round, detail=detail))
+    return _rejoin(attrs.evolve(state, divergences=times, outgoing={}, retries={}))
 
 
 def _apply_alignment(
@@ -687,6 +717,10 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
         record = state.fetched.get(round_)
         if record is None:
             return state
+        if any(x.learner == state.node and x.reason is Reason.NONFINITE for x in record.rejections):
+            return _diverged(state, record, cmds)
+        if _included(state, record):
+            state = attrs.evolve(state, divergences=0)
         if record.version == state.anchors[record.fragment].version:
             # Nothing was committed: the parameters and the anchor's counters stay, so
             # the steps still in the fragment's delta keep counting toward its weight.

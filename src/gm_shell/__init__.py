@@ -3,11 +3,12 @@
 from gm_shell.align import Checkpoint, align
 from gm_shell.pacer import StalledError
 from gm_shell.run import RunError, RunMismatchError
-from gm_shell.session import DiLoCo, Role, Session, SessionOptions
+from gm_shell.session import DiLoCo, DivergedError, Role, Session, SessionOptions
 
 __all__ = [
     "Checkpoint",
     "DiLoCo",
+    "DivergedError",
     "Role",
     "RunError",
     "RunMismatchError",

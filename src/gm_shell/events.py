@@ -102,6 +102,20 @@ class AlignFailed(Event):
 
 
 @attrs.frozen(kw_only=True)
+class Diverged(Event):
+    """A commit rejected this learner's delta as non-finite; the learner reloaded every
+    fragment from the newest commit. ``times``: commits in a row that did so.
+
+    The inner optimizer's state may hold the NaN too: pass ``Session(on_diverged=...)``
+    to reset it; ``step()`` raises :class:`gm_shell.DivergedError` once it repeats.
+    """
+
+    kind: ClassVar[str] = "diverged"
+    level: ClassVar[int] = logging.WARNING
+    times: int = 0
+
+
+@attrs.frozen(kw_only=True)
 class Committed(Event):
     """This node's closer wrote the round's record (the commit point)."""
 
@@ -243,6 +257,8 @@ def from_notify(note: Notify, node: str, at_s: float) -> Event:
         )
     if note.kind == "published":
         return make(Published, steps=numbers.get("steps", 0))
+    if note.kind == "diverged":
+        return make(Diverged, times=numbers.get("times", 0))
     if note.kind == "aligned":
         return make(Aligned, version=numbers.get("version", 0))
     if note.kind == "took_over":

@@ -157,6 +157,9 @@ class Runtime:
         )
         self.learner_closed = threading.Event()
         self.failure: BaseException | None = None
+        self.divergences = 0
+        """Commits in a row that rejected this learner's delta as non-finite (loop thread
+        writes, the training thread reads: see ``Session.step``)."""
         self.learners_seen = 1
         """Learners of the newest round this learner aligned with, itself included."""
         self._replica = replica
@@ -363,7 +366,10 @@ class Runtime:
         if isinstance(cmd, WakeAt):
             self._wake(machine, cmd.at_s)
         elif isinstance(cmd, Notify):
-            self._hub.emit(events.from_notify(cmd, self.node, now()))
+            event = events.from_notify(cmd, self.node, now())
+            if isinstance(event, events.Diverged):
+                self.divergences = event.times
+            self._hub.emit(event)
         elif isinstance(cmd, Verify):
             self._spawn(machine, cmd.req, self._verify(cmd))
         elif isinstance(cmd, Merge):

@@ -45,7 +45,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -131,6 +131,9 @@ class SessionOptions:
     """Merge backend: ``auto`` (torch if installed, else numpy), ``torch`` or ``numpy``."""
     cache_bytes: int = 1 << 30
     max_sweep_rounds: int = 4
+    max_divergences: int = 2
+    """Non-finite rejections in a row (each followed by a reload) before ``step()`` raises
+    :class:`DivergedError`."""
 
 
 class LeftError(RuntimeError):
@@ -142,6 +145,11 @@ def default_node_id() -> str:
     raw = f"{socket.gethostname()}-{os.getpid()}"
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", raw).strip(".-_")[: keys.ID_MAX_CHARS]
     return cleaned if keys.valid_id(cleaned) else f"node-{uuid.uuid4().hex[:12]}"
+
+
+class DivergedError(RuntimeError):
+    """This learner's deltas were rejected as non-finite by several commits in a row,
+    although its model was reloaded each time: training itself produces NaN or Inf."""
 
 
 class Session:
@@ -159,6 +167,7 @@ class Session:
         mailbox_options: MailboxOptions | None = None,
         callbacks: Sequence[events.Callback] = (),
         run_id: str | None = None,
+        on_diverged: Callable[[], None] | None = None,
     ) -> None:
         self.role = Role(role)
         if model is None and self.role is not Role.CLOSER:
@@ -173,6 +182,8 @@ class Session:
         self._mailbox_options = mailbox_options
         self._run_id = run_id or uuid.uuid4().hex[:12]
         self._hub = events.EventHub(callbacks)
+        self._on_diverged = on_diverged
+        self._divergences = 0
         self._pacer: Pacer | None = None
         self._runtime: Runtime | None = None
         self._loop: LoopThread | None = None
@@ -293,6 +304,24 @@ class Session:
         pacer.tokens += samples
         if pacer.step >= pacer.barrier:
             pacer.stepped(self.options.stall_timeout_s, self._why)
+            runtime = self._runtime
+            if runtime is not None and runtime.divergences != self._divergences:
+                self._diverged(runtime.divergences)
+
+    def _diverged(self, times: int) -> None:
+        """The learner reloaded its model after a non-finite delta (on this thread, between
+        steps): reset what the user registered, or stop once it keeps happening."""
+        self._divergences = times
+        if times == 0:
+            return
+        if times >= self.options.max_divergences:
+            raise DivergedError(
+                f"{self.node}: {times} commits in a row rejected this learner's delta as "
+                "non-finite although its model was reloaded each time; lower the learning "
+                "rate or check the data"
+            )
+        if self._on_diverged is not None:
+            self._on_diverged()
 
     def _why(self) -> str:
         runtime = self._runtime
