@@ -188,3 +188,25 @@ def test_a_learner_whose_delta_went_non_finite_reloads_every_fragment_and_is_tol
     assert kinds.count("joined") == 2, "n2 did not load its whole model again"
     assert kinds.index("diverged") < len(kinds) - 1 - kinds[::-1].index("joined")
     assert "n2" in {p.learner for p in tape[-2].participants}, "n2 never contributed again"
+
+
+def test_the_lease_of_a_crashed_node_is_collected_within_four_lease_timeouts() -> None:
+    """n2 crashes and never comes back: its lease must not stay in the bucket for good."""
+    timeout_s = 4.0
+    config = AlgorithmConfig(
+        sync_every=8, fragments=2, quorum=2, in_flight=2, lease_timeout_s=timeout_s
+    )
+    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(ONE_CLOSER):
+        c = cl.start(c, name)
+    c = run(config, 10.0, c=c)
+    assert c.store.get(keys.lease("n2")) is not None
+    c = cl.crash(c, "n2")
+    c = run(config, 4 * timeout_s + 1.0, c=c)
+    assert c.store.get(keys.lease("n2")) is None, "a crashed node's lease stayed"
+    leader = c.nodes["n0"].closer
+    assert leader is not None
+    assert "n2" not in leader.leases
+    assert "n2" not in leader.dead
+    assert len(cl.records(c)) > 10, "the run stopped"
+    assert c.store.get(keys.lease("n1")) is not None, "a live node's lease was collected"
