@@ -175,6 +175,8 @@ class CloserState:
     leases: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
     dead: frozenset[str] = frozenset()
     """Learners whose lease a probe found stale: looked at only when the leases are listed."""
+    others: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
+    """Leases of nodes that do not learn, watched at each listing only to collect them."""
     busy: frozenset[str] = frozenset()
     poll_at_s: float = 0.0
     leases_at_s: float = 0.0
@@ -1032,10 +1034,33 @@ def _newcomer_outcome(
         lease = codec.decode(Lease, event.data)
     except codec.CodecError:
         return state
-    if "learner" not in lease.roles or lease.node != purpose.name:
+    name, now_s = purpose.name, event.now_s
+    if lease.node != name:
         return state
-    view = liveness.observe(state.leases.get(purpose.name), event.etag, event.now_s)
-    return _judged(state, purpose.name, view, event.now_s)
+    if "learner" in lease.roles:
+        view = liveness.observe(state.leases.get(name), event.etag, now_s)
+        state = _judged(state, name, view, now_s)
+    else:
+        view = liveness.observe(state.others.get(name), event.etag, now_s)
+        state = attrs.evolve(state, others={**state.others, name: view})
+    return _collect_lease(state, name, view, now_s, cmds)
+
+
+def _collect_lease(
+    state: CloserState, node: str, view: liveness.LeaseView, now_s: float, cmds: list[Command]
+) -> CloserState:
+    """Delete the lease of a node gone for several timeouts, and forget the node."""
+    if not liveness.collectable(view, now_s, state.manifest.config.lease_timeout_s):
+        return state
+    state, req = issue(state, Purpose(kind="lease_gc", round=state.round, name=node))
+    cmds.append(Delete(req=req, keys=(keys.lease(node),)))
+    cmds.append(Notify(kind="lease_collected", round=state.round, detail=node))
+    return attrs.evolve(
+        state,
+        leases={n: v for n, v in state.leases.items() if n != node},
+        others={n: v for n, v in state.others.items() if n != node},
+        dead=state.dead - {node},
+    )
 
 
 def _judged(

@@ -93,3 +93,21 @@ def is_live(view: LeaseView | None, now_s: float, timeout_s: float) -> bool:
     if view is None or view.etag is None:
         return False
     return now_s - view.changed_at_s <= timeout_s
+
+
+COLLECT_AFTER_TIMEOUTS = 3
+"""A lease unchanged this many timeouts is a crashed node's: it may be deleted."""
+
+
+def collectable(view: LeaseView | None, now_s: float, timeout_s: float) -> bool:
+    """Whether the lease belongs to a node long gone, so deleting it loses nothing.
+
+    Nodes that leave cleanly delete their lease; a crashed one (and every restart
+    under a new id) leaves it behind, and each one costs a GET at every listing
+    of the leases. Waiting several timeouts past staleness keeps a node that was
+    merely paused from losing its lease often; if it does come back, its next
+    renewal simply writes the lease again and the next listing finds it.
+    """
+    if view is None or view.etag is None:
+        return False
+    return now_s - view.changed_at_s >= COLLECT_AFTER_TIMEOUTS * timeout_s

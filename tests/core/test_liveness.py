@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gm_core.liveness import LeaseView, is_live, observe
+from gm_core.liveness import COLLECT_AFTER_TIMEOUTS, LeaseView, collectable, is_live, observe
 
 ETAG = st.none() | st.text(alphabet="abc", min_size=1, max_size=3)
 TIME = st.integers(0, 10**6).map(float)  # integral floats: differences are exact
@@ -102,3 +102,20 @@ def test_clock_is_never_read(
 def test_negative_timeout_raises(view: LeaseView | None, now: float, timeout: float) -> None:
     with pytest.raises(ValueError, match="timeout_s"):
         is_live(view, now, timeout)
+
+
+@given(changed_at_s=TIME, timeout_s=st.integers(1, 1000).map(float), later_s=TIME, more_s=TIME)
+def test_a_collectable_lease_is_dead_and_stays_collectable(
+    changed_at_s: float, timeout_s: float, later_s: float, more_s: float
+) -> None:
+    view = LeaseView(etag="e1", changed_at_s=changed_at_s)
+    now_s = changed_at_s + later_s
+    if collectable(view, now_s, timeout_s):
+        assert not is_live(view, now_s, timeout_s)
+        assert collectable(view, now_s + more_s, timeout_s)
+    # Exactly the stated bound: collectable once unchanged for COLLECT_AFTER_TIMEOUTS.
+    bound_s = COLLECT_AFTER_TIMEOUTS * timeout_s
+    assert collectable(view, changed_at_s + bound_s, timeout_s)
+    assert not collectable(view, changed_at_s + bound_s - 1.0, timeout_s)
+    assert not collectable(None, now_s, timeout_s)
+    assert not collectable(LeaseView(etag=None, changed_at_s=0.0), now_s, timeout_s)
