@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 from gm_core import closer, keys, learner
 from gm_core import cluster as cl
-from gm_core.commands import Capture, Command, PutOnce
+from gm_core.commands import Capture, Command, DeletePrefix, PutOnce
 from gm_core.records import AlgorithmConfig, Alignment
 
 L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
@@ -210,3 +210,55 @@ def test_the_lease_of_a_crashed_node_is_collected_within_four_lease_timeouts() -
     assert "n2" not in leader.dead
     assert len(cl.records(c)) > 10, "the run stopped"
     assert c.store.get(keys.lease("n1")) is not None, "a live node's lease was collected"
+
+
+def test_objects_left_below_the_sweep_mark_are_collected() -> None:
+    """Every sweep fails for the first 20 s, and n2 writes a snapshot into a swept round:
+    nothing may stay below the sweep mark for good."""
+    timeout_s = 4.0
+    config = AlgorithmConfig(
+        sync_every=8, fragments=2, quorum=2, in_flight=2, lease_timeout_s=timeout_s
+    )
+    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(ONE_CLOSER):
+        c = cl.start(c, name)
+    clock = [0.0]
+
+    def sweeps_fail_at_first(node: str, cmd: Command) -> cl.Fault:
+        failing = isinstance(cmd, DeletePrefix) and clock[0] < 20.0
+        return cl.Fault.FAIL if failing else cl.Fault.NONE
+
+    while c.now_s < 20.0:
+        clock[0] = c.now_s
+        c = run(config, 1.0, sweeps_fail_at_first, c=c)
+    leader = c.nodes["n0"].closer
+    assert leader is not None
+    assert leader.swept_below > 4
+    assert _below_mark(c, leader.swept_below), "the failed sweeps left nothing behind"
+    c = run(config, 4 * timeout_s, c=c)
+    leader = c.nodes["n0"].closer
+    assert leader is not None
+    assert _below_mark(c, leader.swept_below) == [], "failed sweeps left objects for good"
+    # A straggler's snapshot (payload first) lands in a round swept long ago.
+    c = _write_late_snapshot(c, round_=1, learner="n2")
+    c = run(config, 4 * timeout_s, c=c)
+    leader = c.nodes["n0"].closer
+    assert leader is not None
+    assert _below_mark(c, leader.swept_below) == [], "objects stayed below the sweep mark"
+
+
+def _below_mark(c: cl.Cluster, swept_below: int) -> list[str]:
+    found = []
+    for folder in (keys.SNAPSHOTS_PREFIX, keys.CLAIMS_PREFIX, keys.PAYLOADS_PREFIX):
+        for key in c.store.list(folder, ""):
+            parsed = keys.parse(key)
+            assert isinstance(parsed, keys.SnapshotKey | keys.ClaimKey | keys.PayloadKey)
+            if parsed.round < swept_below:
+                found.append(key)
+    return found
+
+
+def _write_late_snapshot(c: cl.Cluster, round_: int, learner: str) -> cl.Cluster:
+    data = cl.payload_bytes("delta", learner, round_, "late")
+    c = cl.inject(c, keys.payload(round_, cl.digest_of(data)), data)
+    return cl.inject(c, keys.snapshot(round_, learner), b'{"late": true}')
