@@ -175,6 +175,8 @@ class CloserState:
     leases: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
     dead: frozenset[str] = frozenset()
     """Learners whose lease a probe found stale: looked at only when the leases are listed."""
+    collect_at_s: float = 0.0
+    """When the leader next lists the round folders for objects left below the sweep mark."""
     others: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
     """Leases of nodes that do not learn, watched at each listing only to collect them."""
     busy: frozenset[str] = frozenset()
@@ -278,6 +280,7 @@ def _outcome(
         "list": _list_outcome,
         "discover": _discover_outcome,
         "newcomer": _newcomer_outcome,
+        "late": _late_outcome,
         "snapshot": _snapshot_outcome,
         "verify": _verify_outcome,
         "merge": _merge_outcome,
@@ -979,6 +982,7 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
             cmds.append(Get(req=req, key=keys.round_record(state.round)))
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
     state = _discover(state, now_s, cmds)
+    state = _collect_late(state, now_s, cmds)
     unreported = _unreported(state)
     if now_s >= state.leases_at_s and unreported:
         for learner in unreported:
@@ -1000,6 +1004,56 @@ def _discover(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSt
     state, req = _busy(state, Purpose(kind="discover", round=state.round))
     cmds.append(List(req=req, prefix=keys.LEASES_PREFIX))
     return attrs.evolve(state, discover_at_s=now_s + state.manifest.config.lease_timeout_s)
+
+
+_SWEPT_FOLDERS = (keys.SNAPSHOTS_PREFIX, keys.CLAIMS_PREFIX, keys.PAYLOADS_PREFIX)
+COLLECT_EVERY_TIMEOUTS = 3
+"""Lease timeouts between the leader's listings of the round folders (:func:`_collect_late`)."""
+COLLECT_MAX_ROUNDS = 64
+"""Rounds of one folder deleted per listing: the rest wait for the next one (bounded work)."""
+
+
+def _collect_late(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """List the round folders now and then, to delete what lies below the sweep mark.
+
+    A sweep is one-shot: a ``DeletePrefix`` that failed, a sweep cut short by a
+    crash, or an object written into a round after its sweep (a slow learner's
+    snapshot, a late claim) would stay for good. Every round below ``swept_below``
+    is unpinned and closed for good, so whatever is found there is deleted.
+    """
+    if now_s < state.collect_at_s or state.swept_below == 0:
+        return state
+    for folder in _SWEPT_FOLDERS:
+        state, req = issue(state, Purpose(kind="late", round=state.round, name=folder))
+        cmds.append(List(req=req, prefix=folder))
+    every_s = COLLECT_EVERY_TIMEOUTS * state.manifest.config.lease_timeout_s
+    return attrs.evolve(state, collect_at_s=now_s + every_s)
+
+
+def _late_outcome(
+    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+) -> CloserState:
+    if not isinstance(event, Listed):
+        return state  # the next listing tries again
+    below: set[int] = set()
+    for key in event.keys:
+        try:
+            parsed = keys.parse(key)
+        except keys.BadKey:
+            continue
+        match parsed:
+            case keys.SnapshotKey() | keys.ClaimKey() | keys.PayloadKey():
+                if parsed.round < state.swept_below:
+                    below.add(parsed.round)
+    prefix_of = {
+        keys.SNAPSHOTS_PREFIX: keys.snapshot_prefix,
+        keys.CLAIMS_PREFIX: keys.claim_prefix,
+        keys.PAYLOADS_PREFIX: keys.payload_prefix,
+    }[purpose.name]
+    for round_ in sorted(below)[:COLLECT_MAX_ROUNDS]:
+        state, req = issue(state, Purpose(kind="sweep", round=round_))
+        cmds.append(DeletePrefix(req=req, prefix=prefix_of(round_)))
+    return state
 
 
 def _discover_outcome(
@@ -1130,7 +1184,10 @@ def _wake(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     if state.phase is Phase.COLLECTING:
         probes_at = state.leases_at_s if _unreported(state) else NEVER
         discover_at = state.discover_at_s if "discover" not in state.busy else NEVER
-        times.extend((probes_at, discover_at, state.close_at_s, _lease_expiry(state, now_s)))
+        collect_at = state.collect_at_s if state.swept_below > 0 else NEVER
+        times.extend(
+            (probes_at, discover_at, collect_at, state.close_at_s, _lease_expiry(state, now_s))
+        )
     wake = max(min(times), now_s)
     if wake != state.wake_s:
         if wake < NEVER:
