@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 from gm_core import closer, keys, learner
 from gm_core import cluster as cl
-from gm_core.commands import Capture, Command, DeletePrefix, PutOnce
+from gm_core.commands import Capture, Command, DeletePrefix, Get, List, Probe, PutOnce
 from gm_core.records import AlgorithmConfig, Alignment
 
 L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
@@ -262,3 +262,32 @@ def _write_late_snapshot(c: cl.Cluster, round_: int, learner: str) -> cl.Cluster
     data = cl.payload_bytes("delta", learner, round_, "late")
     c = cl.inject(c, keys.payload(round_, cl.digest_of(data)), data)
     return cl.inject(c, keys.snapshot(round_, learner), b'{"late": true}')
+
+
+def test_an_idle_closer_backs_off_and_wakes_within_a_lease_period_of_a_learner() -> None:
+    """The only learner leaves: the closer must not list and probe every poll for nobody,
+    and must notice a learner that arrives later within about one lease period."""
+    timeout_s = 10.0
+    roles = {"c0": frozenset({C}), "n1": frozenset({L})}
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, lease_timeout_s=timeout_s)
+    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(roles):
+        c = cl.start(c, name)
+    c = run(config, 10.0, roles=roles, c=c)
+    c = cl.close(c, "n1")
+    c = run(config, 4 * timeout_s, roles=roles, c=c)  # the lease is released, n1 forgotten
+    looks: list[Command] = []
+
+    def count_closer_looks(node: str, cmd: Command) -> cl.Fault:
+        if node == "c0" and isinstance(cmd, List | Get | Probe):
+            looks.append(cmd)
+        return cl.Fault.NONE
+
+    idle_s = 60.0
+    c = run(config, idle_s, count_closer_looks, roles=roles, c=c)
+    busy_rate = idle_s / FAST_C.poll_s  # a look at the record key every poll, at least
+    assert len(looks) <= busy_rate / 4, f"{len(looks)} looks in {idle_s:.0f} s of idling"
+    rounds_before = len(cl.records(c))
+    c = cl.start(c, "n1")
+    c = run(config, 2 * timeout_s + 4.0, roles=roles, c=c)
+    assert len(cl.records(c)) > rounds_before, "the closer never woke for the new learner"
