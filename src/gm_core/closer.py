@@ -534,6 +534,10 @@ def _paced(state: CloserState, now_s: float) -> CloserState:
         )
     snapshots = cadence.missed(state.snapshots)
     poll_at_s = max(state.poll_at_s, cadence.next_look_s(snapshots, now_s, state.options.poll_s))
+    if not _live(state, now_s):
+        # Idle: no learner to wait for. One arriving writes its lease first, and the
+        # lease listing (once per timeout) wakes us for it (:func:`_newcomer_outcome`).
+        poll_at_s = max(poll_at_s, now_s + state.manifest.config.lease_timeout_s)
     return attrs.evolve(state, snapshots=snapshots, poll_at_s=poll_at_s)
 
 
@@ -1092,8 +1096,11 @@ def _newcomer_outcome(
     if lease.node != name:
         return state
     if "learner" in lease.roles:
+        idle = not _live(state, now_s)
         view = liveness.observe(state.leases.get(name), event.etag, now_s)
         state = _judged(state, name, view, now_s)
+        if idle and _live(state, now_s):
+            state = attrs.evolve(state, poll_at_s=min(state.poll_at_s, now_s))  # wake up
     else:
         view = liveness.observe(state.others.get(name), event.etag, now_s)
         state = attrs.evolve(state, others={**state.others, name: view})
