@@ -171,6 +171,8 @@ class LearnerState:
     retries: Mapping[int, Retry] = attrs.field(factory=dict)
     divergences: int = 0
     """Commits in a row that rejected this learner's delta as non-finite (:func:`_diverged`)."""
+    reloaded_from: int = 0
+    """Rounds below this were captured before the last reload (:func:`_poisoned`)."""
     silent_through: int = -1
     """Renew no lease until a record of this round is seen (see :func:`_retry_due`)."""
     loading: frozenset[int] = frozenset()
@@ -605,7 +607,16 @@ def _diverged(state: LearnerState, record: RoundRecord, cmds: list[Command]) -> 
     times = state.divergences + 1
     detail = f"non-finite delta rejected; reloading every fragment; times={times}"
     cmds.append(Notify(kind="diverged", round=record.round, detail=detail))
-    return _rejoin(attrs.evolve(state, divergences=times, outgoing={}, retries={}))
+    # Snapshots already taken still go out (the closer awaits them) and may be poisoned
+    # too: their rejections are this same divergence, not a new one.
+    return _rejoin(attrs.evolve(state, divergences=times, reloaded_from=state.next_round))
+
+
+def _poisoned(state: LearnerState, record: RoundRecord) -> bool:
+    """Whether ``record`` rejects as non-finite a snapshot taken since the last reload."""
+    return record.round >= state.reloaded_from and any(
+        x.learner == state.node and x.reason is Reason.NONFINITE for x in record.rejections
+    )
 
 
 def _apply_alignment(
@@ -717,7 +728,7 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
         record = state.fetched.get(round_)
         if record is None:
             return state
-        if any(x.learner == state.node and x.reason is Reason.NONFINITE for x in record.rejections):
+        if _poisoned(state, record):
             return _diverged(state, record, cmds)
         if _included(state, record):
             state = attrs.evolve(state, divergences=0)
