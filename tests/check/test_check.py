@@ -21,7 +21,7 @@ from hypothesis import given
 
 from gm_core import closer, cluster, codec, learner, verdicts
 from gm_core.check import actions
-from gm_core.check.bounds import CI_BOUNDS, LONG_BOUNDS, PENDING_BOUNDS
+from gm_core.check.bounds import CI_BOUNDS, LONG_BOUNDS
 from gm_core.check.explore import Bounds, explore, initial_state, narrate
 from gm_core.check.fingerprint import Digests, Fingerprinter, fingerprint
 from gm_core.check.plants import PLANTS, planted
@@ -32,17 +32,18 @@ from gm_core.records import Manifest
 from gm_shell import check_cli
 
 PINNED = {
-    "one node, one fault": 7_651,
-    "one node, one crash": 5_268,
-    "learner and closer apart": 2_744,
-    "two learners, one closes": 1_435,
-    "two closers race for round 0": 1_470,
-    "two closers race, one fault": 13_082,
-    "three closers contend for round 0": 36_242,
-    "three nodes, two fragments": 30_148,
-    "the closer crashes and restarts across two rounds": 27_684,
-    "a learner dies for good, quorum 2": 8_088,
-    "one node two rounds in flight": 14_691,
+    "one node, one fault": 5_263,
+    "one node, one crash": 4_221,
+    "learner and closer apart": 3_926,
+    "two learners, one closes": 1_879,
+    "two closers race for round 0": 1_760,
+    "two closers race, one fault": 15_884,
+    "three closers contend for round 0": 48_931,
+    "three nodes, two fragments": 47_990,
+    "the closer crashes and restarts across two rounds": 49_914,
+    "a learner dies for good, quorum 2": 11_903,
+    "one node two rounds in flight": 11_867,
+    "one closer, a learner gives a round up": 4_477,
 }
 PINNED_LONG = {
     "two closers race through a poll": 433_682,
@@ -76,19 +77,6 @@ def test_larger_bounds_pass_and_are_pinned(name: str, capsys: pytest.CaptureFixt
     print(capsys.readouterr().out)
     assert outcome.verdict == "pass"
     assert outcome.states == PINNED_LONG[name]
-
-
-@pytest.mark.parametrize("name", list(PENDING_BOUNDS))
-def test_pending_bound_sets_still_fail_on_their_open_defect(name: str) -> None:
-    """Each pending set fails today for the §15 defect it names.
-
-    When the protocol fix lands this test fails: move the set into CI_BOUNDS and pin
-    its count (the check itself is not weakened meanwhile).
-    """
-    outcome = explore(PENDING_BOUNDS[name])
-    assert outcome.verdict in ("not live", "no progress")
-    assert outcome.counterexample is not None
-    assert any("[fails]" in line for line in outcome.counterexample.lines)
 
 
 # --- planted bugs ------------------------------------------------------------------------------

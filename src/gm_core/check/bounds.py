@@ -5,12 +5,11 @@ Theory of operation
 Each bound set is a small cluster and how far to explore it, named for the
 behaviour it is there to cover. :data:`CI_BOUNDS` is what ``gm check --ci`` and
 ``tests/check`` explore on every ``make test`` (their state counts are pinned
-there, as a change detector); :data:`PENDING_BOUNDS` are sets that fail today
-because of an open protocol defect (spec/protocol.md §15), kept so that the fix
-is checked the moment it lands and moved into :data:`CI_BOUNDS` then;
-:data:`LONG_BOUNDS` and :data:`DEEP_BOUNDS` are the larger sets of
-``make check-long``. The planted bugs (:mod:`gm_core.check.plants`) are judged
-in these same sets where they can be.
+there, as a change detector) — among them the single-closer set in which a
+learner gives a round up (spec §15.2), which failed with "not live" until the
+learner retried and paused its lease; :data:`LONG_BOUNDS` and :data:`DEEP_BOUNDS`
+are the larger sets of ``make check-long``. The planted bugs
+(:mod:`gm_core.check.plants`) are judged in these same sets where they can be.
 """
 
 from __future__ import annotations
@@ -43,10 +42,6 @@ CI_BOUNDS: dict[str, Bounds] = {
         liveness=True,
     ),
     "one node two rounds in flight": Bounds(roles=("lc",), in_flight=2, rounds=2, max_time_s=1.0),
-}
-"""The bounds ``make test`` checks and pins the state counts of."""
-
-PENDING_BOUNDS: dict[str, Bounds] = {
     "one closer, a learner gives a round up": Bounds(
         roles=("lc", "l"),
         quorum=2,
@@ -58,8 +53,7 @@ PENDING_BOUNDS: dict[str, Bounds] = {
         liveness=True,
     ),
 }
-"""Bound sets an open protocol defect fails today (spec/protocol.md §15.2): a learner whose
-``Capture`` failed gives the round up yet stays live, and the only closer waits for it."""
+"""The bounds ``make test`` checks and pins the state counts of."""
 
 LONG_BOUNDS: dict[str, Bounds] = {
     "two closers race through a poll": Bounds(roles=("lc", "c"), rounds=1, max_time_s=1.0),
