@@ -524,11 +524,13 @@ def inject(c: Cluster, key: str, data: bytes) -> Cluster:
     return attrs.evolve(c, store=store, hostile=c.hostile | {key})
 
 
-def clean(c: Cluster) -> Cluster:
-    """Remove every object outsiders wrote (what an operator does after an incident)."""
-    store = c.store.delete(tuple(c.hostile))
-    created = tuple((k, d) for k, d in store.created if k not in c.hostile)
-    return attrs.evolve(c, store=attrs.evolve(store, created=created), hostile=frozenset())
+def clean(c: Cluster, prefix: str = "") -> Cluster:
+    """Remove the objects outsiders wrote under ``prefix`` (what an operator does after an
+    incident; garbage at a round key halts the run until then, protocol.md §14.9)."""
+    gone = frozenset(k for k in c.hostile if k.startswith(prefix))
+    store = c.store.delete(tuple(gone))
+    created = tuple((k, d) for k, d in store.created if k not in gone)
+    return attrs.evolve(c, store=attrs.evolve(store, created=created), hostile=c.hostile - gone)
 
 
 def records(c: Cluster) -> list[RoundRecord]:
