@@ -64,6 +64,7 @@ from gm_core.records import (
     Claim,
     FragmentPlan,
     FragmentState,
+    FrozenTensor,
     Head,
     Lease,
     Manifest,
@@ -89,6 +90,7 @@ Value = (
     Record
     | PayloadRef
     | TensorSpec
+    | FrozenTensor
     | AlgorithmConfig
     | FragmentPlan
     | FragmentState
@@ -110,6 +112,7 @@ KINDS: Final[tuple[type[Value], ...]] = (
     Head,
     PayloadRef,
     TensorSpec,
+    FrozenTensor,
     AlgorithmConfig,
     FragmentPlan,
     FragmentState,
@@ -528,6 +531,14 @@ def _check_tensor_spec(path: Path, spec: TensorSpec) -> None:
     _non_empty((*path, "dtype"), spec.dtype)
 
 
+def _check_frozen_tensor(path: Path, frozen: FrozenTensor) -> None:
+    _non_empty((*path, "name"), frozen.name)
+    for index, size in enumerate(frozen.shape):
+        _non_negative((*path, "shape", index), size)
+    if not keys.valid_digest(frozen.digest):
+        _fail((*path, "digest"), "must be 64 lowercase hex digits")
+
+
 def _check_config(path: Path, config: AlgorithmConfig) -> None:
     _at_least((*path, "sync_every"), config.sync_every, 1)
     _at_least((*path, "fragments"), config.fragments, 1)
@@ -587,6 +598,12 @@ def _check_manifest(path: Path, m: Manifest) -> None:
         _fail((*path, "init"), f"has {len(m.init)} fragments, config.fragments is {fragments}")
     for index, state in enumerate(m.init):
         _check_fragment_state((*path, "init", index), state)
+    for index, frozen in enumerate(m.frozen):
+        where = (*path, "frozen", index)
+        _check_frozen_tensor(where, frozen)
+        if frozen.name in names:
+            _fail((*where, "name"), f"tensor {_short(frozen.name)} is both synced and frozen")
+        names.add(frozen.name)
 
 
 def _check_snapshot(path: Path, s: Snapshot) -> None:
@@ -699,6 +716,8 @@ def _validate(value: Value) -> None:
             _check_payload_ref((), value)
         case TensorSpec():
             _check_tensor_spec((), value)
+        case FrozenTensor():
+            _check_frozen_tensor((), value)
         case AlgorithmConfig():
             _check_config((), value)
         case FragmentPlan():

@@ -16,13 +16,27 @@ What is *not* compared, by design: ``run_id`` and ``created_by`` (who won the
 creation race is not a property of the run's training) and ``init`` (the
 initial parameters are the creator's; a joining node loads them, whatever its
 own were).
+
+Two rules make nodes of different precisions one run. The schema is the *wire*
+schema (:func:`wire_schema`: every synced tensor as ``F32``, the host buffers
+every payload decodes to), so a bf16, an fp16 and an fp32 learner of one model
+have one schema. And a node that leaves the wire formats to the run gets
+:func:`natural_format` of its parameters when it creates the run (a bf16 model
+ships bf16, 2 bytes per value, not 4) and the run's formats when it joins;
+:func:`wire_wider_than_params` names the cost when a run's format is wider than a
+learner's parameters.
+
+Frozen parameters (a LoRA run's base model) are not in the schema: the manifest
+pins each by the digest of its values, and :func:`frozen_mismatch` names every
+frozen tensor a joining node holds differently — a different base would make its
+adapter deltas meaningless.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from gm_core.records import AlgorithmConfig, Manifest, TensorSpec
+from gm_core.records import AlgorithmConfig, FrozenTensor, Manifest, TensorSpec, WireFormat
 
 MAX_LISTED = 5
 """Differences of one kind named individually before the rest are only counted."""
@@ -34,6 +48,7 @@ def manifest_mismatch(mine: Manifest, theirs: Manifest) -> str | None:
         *_format_mismatch(mine.format, theirs.format),
         *config_mismatch(mine.config, theirs.config),
         *schema_mismatch(mine.schema, theirs.schema),
+        *frozen_mismatch(mine.frozen, theirs.frozen),
     ]
     if not problems and mine.plan != theirs.plan:
         # Same config and schema imply the same plan; a different one was made by other code.
@@ -109,3 +124,63 @@ def _listed(what: str, items: list[str]) -> list[str]:
     named = ", ".join(items[:MAX_LISTED])
     more = f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
     return [f"{what}: {named}{more}"]
+
+
+WIRE_DTYPE = "F32"
+"""The dtype of every tensor of a run's schema: payloads decode to fp32 host buffers."""
+
+
+def wire_schema(held: tuple[TensorSpec, ...]) -> tuple[TensorSpec, ...]:
+    """The run's schema for parameters ``held`` in whatever dtypes: names, shapes, F32."""
+    return tuple(attrs.evolve(t, dtype=WIRE_DTYPE) for t in held)
+
+
+_NARROW = {"BF16": WireFormat.BF16, "F16": WireFormat.F16}
+_WIDTH_BYTES = {WireFormat.F32: 4, WireFormat.F16: 2, WireFormat.BF16: 2}
+
+
+def natural_format(held: tuple[TensorSpec, ...]) -> WireFormat:
+    """The wire format that carries ``held`` parameters without widening them.
+
+    BF16 when every parameter is bf16, F16 when every one is fp16, F32 otherwise:
+    a run created by a bf16 model ships bf16 unless its config says otherwise.
+    """
+    dtypes = {t.dtype for t in held}
+    if len(dtypes) == 1:
+        return _NARROW.get(next(iter(dtypes)), WireFormat.F32)
+    return WireFormat.F32
+
+
+def wire_wider_than_params(config: AlgorithmConfig, held: tuple[TensorSpec, ...]) -> str | None:
+    """A warning when the run ships more bytes per value than :func:`natural_format` needs."""
+    natural = natural_format(held)
+    wide = [
+        f"{role}_format={fmt.value}"
+        for role, fmt in (("delta", config.delta_format), ("commit", config.commit_format))
+        if _WIDTH_BYTES.get(fmt, 0) > _WIDTH_BYTES[natural]
+    ]
+    if not wide:
+        return None
+    dtypes = "/".join(sorted({t.dtype for t in held}))
+    return (
+        f"the run ships {' and '.join(wide)}, wider than this learner's {dtypes} parameters "
+        f"({_WIDTH_BYTES[natural]} bytes per value): every payload costs more than the values "
+        f"it carries; a run created with {natural.value} formats (or by this model, with the "
+        "formats left unset) ships fewer bytes"
+    )
+
+
+def frozen_mismatch(mine: tuple[FrozenTensor, ...], theirs: tuple[FrozenTensor, ...]) -> list[str]:
+    """Frozen tensors missing on either side, or held with other shapes or values."""
+    if mine == theirs:
+        return []
+    ours = {t.name: t for t in mine}
+    run = {t.name: t for t in theirs}
+    return [
+        *_listed("frozen tensors this node lacks", [n for n in run if n not in ours]),
+        *_listed("frozen tensors the run lacks", [n for n in ours if n not in run]),
+        *_listed(
+            "frozen tensors that differ from the run's base (shape or values)",
+            [n for n in run if n in ours and ours[n] != run[n]],
+        ),
+    ]

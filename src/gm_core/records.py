@@ -92,6 +92,25 @@ class TensorSpec:
 
 
 @attrs.frozen(kw_only=True)
+class FrozenTensor:
+    """A parameter the run does not synchronize, pinned by the digest of its values.
+
+    ``digest`` is the hex blake3 of the values as little-endian fp32 (whatever dtype
+    the model holds them in), so a node whose frozen base differs is refused by name.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    digest: str
+
+
+EMBEDDING_PATTERN = r"embed|(?:^|\.)(?:wte|wpe|lm_head)(?:\.|$)"
+"""Tensors merged by plain weighted mean under RDA (``re.search`` on the name): anything
+named ``embed`` (Llama ``embed_tokens``, BERT ``embeddings``), GPT-2's ``wte``/``wpe``,
+and output heads named ``lm_head`` (tied to the input embedding in many families)."""
+
+
+@attrs.frozen(kw_only=True)
 class AlgorithmConfig:
     """Everything every node must agree on for the run to be one run."""
 
@@ -103,7 +122,7 @@ class AlgorithmConfig:
     alignment: Alignment = Alignment.OVERWRITE
     mixing: float = 1.0
     merge: MergeRule = MergeRule.MEAN
-    embedding_pattern: str = "embed"
+    embedding_pattern: str = EMBEDDING_PATTERN
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     partition: Partition = Partition.BYTES
@@ -135,7 +154,13 @@ class FragmentState:
 
 @attrs.frozen(kw_only=True)
 class Manifest:
-    """The run's create-once birth certificate: config, schema, plan, initial frontier."""
+    """The run's create-once birth certificate: config, schema, plan, initial frontier.
+
+    ``schema`` is the *wire* schema: the synchronized (trainable) parameters as every
+    payload carries them, dtype ``F32`` (a learner's own parameter dtypes are its
+    business). ``frozen`` pins the parameters that are not synchronized (a LoRA run's
+    base model): checked once at join, never shipped.
+    """
 
     format: int = FORMAT_VERSION
     run_id: str
@@ -144,6 +169,7 @@ class Manifest:
     schema: tuple[TensorSpec, ...]
     plan: FragmentPlan
     init: tuple[FragmentState, ...]
+    frozen: tuple[FrozenTensor, ...] = ()
 
 
 _COUNT_MAX = 2**63 - 1

@@ -5,7 +5,8 @@ Theory of operation
 Reading a run needs no lease and writes nothing: the head hint names a recent
 round, round records are probed forward from it one expected key at a time
 until one is missing (a GET that misses is cheap), and the newest record's
-frontier names the committed payload of every fragment. Those ``P`` payloads
+frontier names the committed payload of every fragment (or, for
+``align(..., round=r)``, round ``r``'s record, read directly). Those ``P`` payloads
 are fetched, checked against their digests, decoded and written into the
 model. A record that exists but does not decode stops the walk: the tape
 cannot be skipped, so the model is left at the last good commit and the
@@ -25,14 +26,14 @@ from typing import Any
 import attrs
 
 from gm_core import keys
-from gm_core.manifest import schema_mismatch
+from gm_core.manifest import frozen_mismatch, schema_mismatch
 from gm_core.numerics.arrays import F32
 from gm_core.records import Manifest, PayloadRef, RoundRecord
 from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
-from gm_shell.fragments import FragmentCodec, Role
+from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
-from gm_shell.models import adapt
+from gm_shell.models import ModelAdapter, ModelError, adapt
 from gm_shell.replica import Replica
 from gm_shell.run import RunError, RunMismatchError, read_manifest
 from gm_shell.stores import MailboxOptions
@@ -80,20 +81,27 @@ async def load_frontier(manifest: Manifest, record: RoundRecord | None, fetch: F
     return list(await asyncio.gather(*(fetch(f, fs.theta) for f, fs in enumerate(frontier))))
 
 
-def align(model: Any, *, mailbox: str, options: MailboxOptions | None = None) -> Checkpoint:
-    """Load the run's newest committed parameters into ``model`` (torch or MLX) and return."""
-    adapter = adapt(model)
+def align(
+    model: Any,
+    *,
+    mailbox: str,
+    round: int | None = None,
+    options: MailboxOptions | None = None,
+) -> Checkpoint:
+    """Load the run's committed parameters into ``model`` (torch or MLX) and return.
+
+    The newest commit, or with ``round`` the commit of that round (its payloads must
+    still be in the bucket: closers keep the newest two cycles). The run's synchronized
+    parameters are loaded whatever ``requires_grad`` says; its frozen ones must be the
+    model's already (the same base), which is checked.
+    """
     loop = LoopThread("gm-align")
     box = Mailbox.open(mailbox, options=options)
     try:
         manifest = loop.run(read_manifest(box))
         if manifest is None:
             raise RunError(f"{mailbox}: no run here (manifest.json is absent)")
-        problems = schema_mismatch(adapter.schema(), manifest.schema)
-        if problems:
-            raise RunMismatchError(
-                f"{mailbox}: the model differs from the run's: " + "; ".join(problems)
-            )
+        adapter = _adapter_for(model, manifest, mailbox)
         codec = FragmentCodec(manifest)
 
         async def fetch(fragment: int, ref: PayloadRef) -> F32:
@@ -102,10 +110,20 @@ def align(model: Any, *, mailbox: str, options: MailboxOptions | None = None) ->
             return await asyncio.to_thread(codec.load, fragment, Role.THETA, ref, data)
 
         async def read() -> tuple[RoundRecord | None, str, list[F32]]:
-            record, stopped = await newest_record(box)
+            if round is None:
+                record, stopped = await newest_record(box)
+            else:
+                record, stopped = await _record_of(box, mailbox, round), ""
             return record, stopped, await load_frontier(manifest, record, fetch)
 
-        record, stopped, values = loop.run(read())
+        try:
+            record, stopped, values = loop.run(read())
+        except UnusablePayloadError as error:
+            which = "the newest commit" if round is None else f"round {round}"
+            raise RunError(
+                f"{mailbox}: a payload of {which} cannot be read ({error}); "
+                "closers keep the newest two cycles of payloads"
+            ) from error
     finally:
         loop.stop()
         box.close()
@@ -116,3 +134,27 @@ def align(model: Any, *, mailbox: str, options: MailboxOptions | None = None) ->
         versions=tuple(fs.version for fs in frontier),
         stopped_at=stopped,
     )
+
+
+def _adapter_for(model: Any, manifest: Manifest, url: str) -> ModelAdapter:
+    """The model's run tensors; raises RunMismatchError naming what differs from the run."""
+    names = [t.name for t in manifest.schema]
+    try:
+        adapter = adapt(model, names)
+    except ModelError:
+        adapter = adapt(model, ".")  # every parameter: name what is missing or extra
+    problems = schema_mismatch(adapter.schema(), manifest.schema)
+    problems += frozen_mismatch(adapter.frozen(), manifest.frozen)
+    if problems:
+        raise RunMismatchError(f"{url}: the model differs from the run's: " + "; ".join(problems))
+    return adapter
+
+
+async def _record_of(box: Mailbox, url: str, round_: int) -> RoundRecord:
+    got = await box.get(keys.round_record(round_))
+    if got is None:
+        raise RunError(f"{url}: round {round_} has no record (not committed, or not yet)")
+    parsed = parse_record(got.data, round_)
+    if isinstance(parsed, BadRecord):
+        raise RunError(f"{url}: the record of round {round_} is unreadable: {parsed.reason}")
+    return parsed

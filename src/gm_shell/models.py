@@ -28,19 +28,33 @@ compiled submodule, FSDP's ``_fsdp_wrapped_module``, activation checkpointing's
 ``_checkpoint_wrapped_module``) are dropped: torch reserves them, no model names
 its own parameters so.
 
+What a run synchronizes is a choice (:data:`Sync`): by default the *trainable*
+parameters (torch ``requires_grad``, MLX ``trainable_parameters()``), so a LoRA
+run ships its adapters alone; or the names a regular expression matches. The
+other parameters are *frozen*: the adapter pins each by a digest of its values
+(:meth:`ModelAdapter.frozen`), checked once when a node joins, never shipped.
+
+Precision: gathers and scatters convert each parameter's own dtype to fp32 and
+back. :meth:`FragmentAccess.held` says what a parameter holds after a scatter
+(fp32 values rounded to its dtype), so the replica can anchor deltas at exactly
+what the model holds and a learner's rounding never shows up as training.
+
 Frameworks are imported only when a model of theirs is adapted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Protocol, cast
 
 import numpy as np
 
+from gm_core.manifest import wire_schema
 from gm_core.numerics.arrays import F32
 from gm_core.numerics.layout import Layout
-from gm_core.records import TensorSpec
+from gm_core.records import FrozenTensor, TensorSpec
+from gm_shell.payload import content_hash
 
 
 class ModelError(TypeError):
@@ -60,12 +74,29 @@ class FragmentAccess(Protocol):
         """The parameters take the values of ``flat``."""
         ...
 
+    def held(self, flat: F32) -> F32:
+        """``flat`` as the parameters would hold it (rounded to their dtypes); may be ``flat``."""
+        ...
+
+
+Sync = str | Collection[str] | None
+"""Which parameters a run synchronizes: None, the trainable ones; a ``str``, those whose
+canonical name the regular expression matches (``re.search``); a collection, those names."""
+
 
 class ModelAdapter(Protocol):
     framework: str
 
     def schema(self) -> tuple[TensorSpec, ...]:
-        """Every parameter, in the framework's order, with the dtype it is held in."""
+        """The synchronized parameters, in the framework's order, as the wire carries them."""
+        ...
+
+    def held(self) -> tuple[TensorSpec, ...]:
+        """The synchronized parameters with the dtypes the model holds them in."""
+        ...
+
+    def frozen(self) -> tuple[FrozenTensor, ...]:
+        """Every other parameter, pinned by the digest of its values (reads them all)."""
         ...
 
     def fragment(self, names: Sequence[str]) -> FragmentAccess:
@@ -73,18 +104,45 @@ class ModelAdapter(Protocol):
         ...
 
 
-def adapt(model: Any) -> ModelAdapter:
+def adapt(model: Any, sync: Sync = None) -> ModelAdapter:
     """The adapter for ``model``: a ``torch.nn.Module`` or an ``mlx.nn.Module``."""
     kind = type(model).__mro__
     modules = {cls.__module__.split(".")[0] for cls in kind}
     if "torch" in modules:
-        return TorchModel(model)
+        return TorchModel(model, sync)
     if "mlx" in modules:
-        return MlxModel(model)
+        return MlxModel(model, sync)
     raise ModelError(
         f"{type(model).__name__} is neither a torch.nn.Module nor an mlx.nn.Module; "
         "gm trains the parameters of one of those"
     )
+
+
+def _split(params: Iterable[tuple[str, bool]], sync: Sync) -> tuple[list[str], list[str]]:
+    """(synchronized, frozen) names, in the framework's order; refuses to sync nothing."""
+    synced: list[str] = []
+    frozen: list[str] = []
+    pattern = re.compile(sync) if isinstance(sync, str) else None
+    chosen = None if sync is None or isinstance(sync, str) else set(sync)
+    for name, trainable in params:
+        if pattern is not None:
+            take = pattern.search(name) is not None
+        elif chosen is not None:
+            take = name in chosen
+        else:
+            take = trainable
+        (synced if take else frozen).append(name)
+    if not synced:
+        what = "no parameter is trainable" if sync is None else f"sync={sync!r} selects nothing"
+        raise ModelError(f"{what}: a run needs at least one parameter to synchronize")
+    if chosen is not None and chosen - set(synced):
+        raise ModelError(f"the model has no parameters named {sorted(chosen - set(synced))}")
+    return synced, frozen
+
+
+def _frozen_tensor(name: str, values: F32) -> FrozenTensor:
+    data = np.ascontiguousarray(values, dtype="<f4").reshape(-1).view(np.uint8)
+    return FrozenTensor(name=name, shape=tuple(values.shape), digest=content_hash(data))
 
 
 def _layout(specs: dict[str, TensorSpec], names: Sequence[str]) -> Layout:
@@ -128,17 +186,31 @@ class TorchModel:
 
     framework = "torch"
 
-    def __init__(self, model: Any) -> None:
-        self._params: dict[str, Any] = {}
+    def __init__(self, model: Any, sync: Sync = None) -> None:
+        params: dict[str, Any] = {}
         for name, p in unwrap_torch(model).named_parameters():
             canonical = canonical_name(name)
-            if canonical in self._params:
+            if canonical in params:
                 raise ModelError(f"parameters {name!r} and {canonical!r} share one canonical name")
-            self._params[canonical] = p
+            params[canonical] = p
+        synced, frozen = _split(((n, p.requires_grad) for n, p in params.items()), sync)
+        self._params = {n: params[n] for n in synced}
+        self._frozen = {n: params[n] for n in frozen}
         self._specs = {name: _torch_spec(name, p) for name, p in self._params.items()}
 
     def schema(self) -> tuple[TensorSpec, ...]:
+        return wire_schema(self.held())
+
+    def held(self) -> tuple[TensorSpec, ...]:
         return tuple(self._specs.values())
+
+    def frozen(self) -> tuple[FrozenTensor, ...]:
+        import torch
+
+        return tuple(
+            _frozen_tensor(n, p.detach().to("cpu", torch.float32).numpy())
+            for n, p in self._frozen.items()
+        )
 
     def fragment(self, names: Sequence[str]) -> FragmentAccess:
         return _TorchFragment(_layout(self._specs, names), [self._params[n] for n in names])
@@ -221,6 +293,19 @@ class _TorchFragment:
             np.copyto(self._staging, flat)
         self._copy(self._params, staged or self._views(flat))
 
+    def held(self, flat: F32) -> F32:
+        import torch
+
+        lossy = [(s, p.dtype) for s, p in zip(self.layout.spans, self._params, strict=True)]
+        lossy = [(s, dtype) for s, dtype in lossy if dtype != torch.float32]
+        if not lossy:
+            return flat
+        out = flat.copy()
+        for span, dtype in lossy:
+            view = torch.from_numpy(out[span.start : span.stop])
+            view.copy_(view.to(dtype))
+        return out
+
     def _copy(self, targets: list[Any], sources: list[Any]) -> None:
         import torch
 
@@ -256,22 +341,37 @@ class MlxModel:
 
     framework = "mlx"
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, sync: Sync = None) -> None:
         self._model = model
-        self._specs = {name: _mlx_spec(name, a) for name, a in _mlx_arrays(model).items()}
+        arrays = _mlx_arrays(model)
+        trainable = _mlx_arrays(model, trainable=True)
+        synced, self._frozen = _split(((n, n in trainable) for n in arrays), sync)
+        self._specs = {name: _mlx_spec(name, arrays[name]) for name in synced}
 
     def schema(self) -> tuple[TensorSpec, ...]:
+        return wire_schema(self.held())
+
+    def held(self) -> tuple[TensorSpec, ...]:
         return tuple(self._specs.values())
+
+    def frozen(self) -> tuple[FrozenTensor, ...]:
+        import mlx.core as mx
+
+        arrays = _mlx_arrays(self._model)
+        return tuple(
+            _frozen_tensor(n, np.asarray(arrays[n].astype(mx.float32))) for n in self._frozen
+        )
 
     def fragment(self, names: Sequence[str]) -> FragmentAccess:
         return _MlxFragment(_layout(self._specs, names), self._model)
 
 
-def _mlx_arrays(model: Any) -> dict[str, Any]:
-    """The module's parameters by dotted name, in MLX's order."""
+def _mlx_arrays(model: Any, trainable: bool = False) -> dict[str, Any]:
+    """The module's (trainable) parameters by dotted name, in MLX's order."""
     from mlx.utils import tree_flatten
 
-    return dict(cast(list[tuple[str, Any]], tree_flatten(model.parameters())))
+    tree = model.trainable_parameters() if trainable else model.parameters()
+    return dict(cast(list[tuple[str, Any]], tree_flatten(tree)))
 
 
 def _mlx_spec(name: str, a: Any) -> TensorSpec:
@@ -295,6 +395,19 @@ class _MlxFragment:
         for span in self.layout.spans:
             values = current[span.name].astype(mx.float32).reshape(-1)
             out[span.start : span.stop] = np.asarray(values)
+
+    def held(self, flat: F32) -> F32:
+        import mlx.core as mx
+
+        dtypes = {name: a.dtype for name, a in _mlx_arrays(self._model).items()}
+        lossy = [s for s in self.layout.spans if dtypes[s.name] != mx.float32]
+        if not lossy:
+            return flat
+        out = flat.copy()
+        for span in lossy:
+            rounded = mx.array(out[span.start : span.stop]).astype(dtypes[span.name])
+            out[span.start : span.stop] = np.asarray(rounded.astype(mx.float32))
+        return out
 
     def scatter(self, flat: F32) -> None:
         import mlx.core as mx

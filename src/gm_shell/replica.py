@@ -27,6 +27,12 @@ encodes the delta gives the buffer back (:meth:`Taken.delta` then
 :meth:`Replica.recycle`), except a ``carry`` copy, which the replica keeps
 until the round's commit is applied and is never reused.
 
+Anchors are fp32, and they are the commit *as the model holds it*: a bf16 model
+holds a committed fp32 value rounded to bf16, and anchoring at the unrounded
+value would publish that rounding as if it were training (a zero-step delta
+would not be zero). The closer's master copy stays fp32; only the learner's
+own progress, measured from what it started from, travels.
+
 The replica never decides anything; it only does what a command asked.
 """
 
@@ -121,12 +127,13 @@ class Replica:
             snapshot = self._taken.get(round_, anchor) if mode is Alignment.CARRY else None
             align(theta, committed, mode, mixing, snapshot)
             access.scatter(theta)
-        self._anchors[fragment] = committed
+        self._anchors[fragment] = access.held(committed)
         for old in [r for r in self._taken if r <= round_]:
             del self._taken[old]
 
     def overwrite_all(self, frontier: Sequence[F32]) -> None:
         """Every fragment takes the committed value (join, close, evaluation)."""
         for fragment, committed in enumerate(frontier):
-            self.fragments[fragment].scatter(committed)
-            self._anchors[fragment] = committed
+            access = self.fragments[fragment]
+            access.scatter(committed)
+            self._anchors[fragment] = access.held(committed)

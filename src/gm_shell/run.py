@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from gm_core import codec, keys, plan
 from gm_core.manifest import manifest_mismatch
 from gm_core.numerics.arrays import F32
-from gm_core.records import AlgorithmConfig, FragmentState, Manifest, TensorSpec
+from gm_core.records import AlgorithmConfig, FragmentState, FrozenTensor, Manifest, TensorSpec
 from gm_shell.fragments import FragmentCodec, Role
 from gm_shell.mailbox import Mailbox, PutOutcome
 
@@ -44,7 +44,12 @@ class RunMismatchError(RunError):
 
 
 def draft_manifest(
-    *, run_id: str, node: str, config: AlgorithmConfig, schema: tuple[TensorSpec, ...]
+    *,
+    run_id: str,
+    node: str,
+    config: AlgorithmConfig,
+    schema: tuple[TensorSpec, ...],
+    frozen: tuple[FrozenTensor, ...] = (),
 ) -> Manifest:
     """The manifest this node would write, without initial payloads yet."""
     return Manifest(
@@ -54,6 +59,7 @@ def draft_manifest(
         schema=schema,
         plan=plan.make_plan(schema, config),
         init=(),
+        frozen=frozen,
     )
 
 
@@ -96,6 +102,7 @@ async def create(mailbox: Mailbox, draft: Manifest, initial: Sequence[F32]) -> M
         schema=draft.schema,
         plan=draft.plan,
         init=tuple(states),
+        frozen=draft.frozen,
     )
     outcome = await mailbox.put_once(keys.manifest(), codec.encode(manifest))
     return manifest if outcome is PutOutcome.CREATED else None

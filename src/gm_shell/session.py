@@ -38,6 +38,7 @@ learner writes it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import os
@@ -45,7 +46,8 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -54,13 +56,16 @@ import attrs
 from gm_core import closer as core_closer
 from gm_core import keys
 from gm_core import learner as core_learner
+from gm_core.manifest import natural_format, wire_wider_than_params
 from gm_core.records import (
+    EMBEDDING_PATTERN,
     AlgorithmConfig,
     Alignment,
     Compression,
     Manifest,
     MergeRule,
     Partition,
+    TensorSpec,
     WireFormat,
 )
 from gm_shell import events, leaving
@@ -69,14 +74,18 @@ from gm_shell.align import Checkpoint, load_frontier, newest_record
 from gm_shell.fragments import FragmentCodec, compute_backend
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
-from gm_shell.models import adapt
+from gm_shell.models import ModelAdapter, adapt
 from gm_shell.pacer import Pacer, StalledError
 from gm_shell.replica import Replica
 from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
 from gm_shell.runtime import Machine, Runtime, now
 from gm_shell.stores import MailboxOptions
 
-__all__ = ["DiLoCo", "Role", "Session", "SessionOptions", "StalledError"]
+__all__ = ["DiLoCo", "Role", "Session", "SessionOptions", "StalledError", "WireWidthWarning"]
+
+
+def _wire_format(value: WireFormat | str | None) -> WireFormat | None:
+    return None if value is None else WireFormat(value)
 
 
 class Role(enum.StrEnum):
@@ -100,19 +109,31 @@ class DiLoCo:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     partition: Partition = attrs.field(default=Partition.BYTES, converter=Partition)
-    delta_format: WireFormat = attrs.field(default=WireFormat.F32, converter=WireFormat)
-    commit_format: WireFormat = attrs.field(default=WireFormat.F32, converter=WireFormat)
+    delta_format: WireFormat | None = attrs.field(default=None, converter=_wire_format)
+    """None: the run's when joining; when creating, what the model's parameters hold
+    (BF16 for an all-bf16 model, F16 for all-fp16, else F32; see ``natural_format``)."""
+    commit_format: WireFormat | None = attrs.field(default=None, converter=_wire_format)
     compression: Compression = attrs.field(default=Compression.NONE, converter=Compression)
     global_batch_size: int | None = None
     flush_on_close: bool = True
-    embedding_pattern: str = "embed"
+    embedding_pattern: str = EMBEDDING_PATTERN
     grace_gamma: float = 0.5
     lease_timeout_s: float = 30.0
     takeover_floor_s: float = 10.0
+    sync_filter: str | None = None
+    """Which parameters the run synchronizes: None, the trainable ones (``requires_grad``;
+    a LoRA model's adapters); else those whose name this regular expression matches. The
+    others are frozen: pinned by digest in the manifest, checked at join, never shipped."""
 
-    def config(self) -> AlgorithmConfig:
+    def config(
+        self, held: tuple[TensorSpec, ...] = (), run: AlgorithmConfig | None = None
+    ) -> AlgorithmConfig:
+        """The agreed config; wire formats left None are the run's, else natural to ``held``."""
         fields = attrs.asdict(self, recurse=False)
-        del fields["flush_on_close"]
+        del fields["flush_on_close"], fields["sync_filter"]
+        for name in ("delta_format", "commit_format"):
+            if fields[name] is None:
+                fields[name] = getattr(run, name) if run is not None else natural_format(held)
         return AlgorithmConfig(**fields)
 
 
@@ -134,6 +155,10 @@ class SessionOptions:
     max_divergences: int = 2
     """Non-finite rejections in a row (each followed by a reload) before ``step()`` raises
     :class:`DivergedError`."""
+
+
+class WireWidthWarning(UserWarning):
+    """The run's wire format is wider than this learner's parameters (bytes for nothing)."""
 
 
 class LeftError(RuntimeError):
@@ -215,8 +240,9 @@ class Session:
         self._loop = LoopThread(f"gm-loop-{self.node}")
         try:
             self._mailbox = self._open_mailbox()
-            adapter = adapt(self._model) if self._model is not None else None
+            adapter = self._adapt()
             self.manifest = self._open_run(adapter)
+            self._warn_if_wire_is_wide(adapter, self.manifest)
             if adapter is not None and self.role is not Role.CLOSER:
                 self._replica = Replica(adapter, self.manifest.plan)
             self._runtime = self._make_runtime(self.manifest)
@@ -229,12 +255,24 @@ class Session:
             self._leave()  # the runtime may have written the lease already
             raise
 
+    def _adapt(self) -> ModelAdapter | None:
+        if self._model is None:
+            return None
+        return adapt(self._model, self.algorithm.sync_filter)
+
+    def _warn_if_wire_is_wide(self, adapter: ModelAdapter | None, manifest: Manifest) -> None:
+        if adapter is None or self.role is Role.CLOSER:
+            return
+        problem = wire_wider_than_params(manifest.config, adapter.held())
+        if problem is not None:
+            warnings.warn(f"{self.node}: {problem}", WireWidthWarning, stacklevel=3)
+
     def _open_mailbox(self) -> Mailbox:
         if isinstance(self._mailbox_arg, Mailbox):
             return self._mailbox_arg
         return Mailbox.open(self._mailbox_arg, options=self._mailbox_options)
 
-    def _open_run(self, adapter: Any) -> Manifest:
+    def _open_run(self, adapter: ModelAdapter | None) -> Manifest:
         assert self._loop is not None
         assert self._mailbox is not None
         mailbox = self._mailbox
@@ -243,11 +281,12 @@ class Session:
             draft = draft_manifest(
                 run_id=self._run_id,
                 node=self.node,
-                config=self.algorithm.config(),
+                config=self.algorithm.config(adapter.held()),
                 schema=adapter.schema(),
+                frozen=adapter.frozen(),
             )
         theirs = self._loop.run(read_manifest(mailbox))
-        if theirs is None and draft is not None:
+        if theirs is None and draft is not None and adapter is not None:
             initial = Replica(adapter, draft.plan)
             values = [initial.read(f) for f in range(len(draft.plan.fragments))]
             created = self._loop.run(create(mailbox, draft, values))
@@ -257,6 +296,8 @@ class Session:
             theirs = self._loop.run(read_manifest(mailbox))
         if theirs is None:
             raise RunError(f"{mailbox.url}: no run here; start a node with a model to create it")
+        if draft is not None and adapter is not None:
+            draft = attrs.evolve(draft, config=self.algorithm.config(adapter.held(), theirs.config))
         manifest = adopt(draft, theirs, mailbox.url)
         if manifest.created_by != self.node:
             self._emit(events.RunAdopted(node=self.node, round=-1, detail=mailbox.url))
@@ -322,6 +363,25 @@ class Session:
             )
         if self._on_diverged is not None:
             self._on_diverged()
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        """Non-training work (an eval pass, a checkpoint, a warm-up) whose time is not step time.
+
+        The step is reported on entry and again on exit, so the step-time sample before
+        the pause ends where it starts and the next one starts where it ends: the run's
+        estimates, grace windows and timeouts never see the pause. The node stays live
+        meanwhile (its lease is renewed), and peers wait for its due snapshots as usual.
+        """
+        pacer, runtime = self._pacer, self._runtime
+        if pacer is None or runtime is None:
+            raise RuntimeError("pause() needs a started session with a learner role")
+        runtime.report(pacer.step, pacer.tokens)
+        try:
+            yield
+        finally:
+            if self._pacer is pacer and runtime.failure is None:
+                runtime.report(pacer.step, pacer.tokens)
 
     def _why(self) -> str:
         runtime = self._runtime

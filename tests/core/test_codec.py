@@ -25,6 +25,7 @@ from gm_core.records import (
     Compression,
     FragmentPlan,
     FragmentState,
+    FrozenTensor,
     Head,
     Lease,
     Manifest,
@@ -104,6 +105,12 @@ def configs(fragments: st.SearchStrategy[int] = FRAGMENT_COUNTS) -> st.SearchStr
     )
 
 
+frozen_tensors = st.builds(
+    FrozenTensor,
+    name=st.text(min_size=1, max_size=20),
+    shape=st.lists(counts, max_size=3).map(tuple),
+    digest=digests,
+)
 fragment_states = st.builds(
     FragmentState, version=counts, theta=payload_refs, momentum=st.none() | payload_refs
 )
@@ -127,6 +134,10 @@ def manifests(draw: st.DrawFn) -> Manifest:
         schema=schema,
         plan=plan,
         init=tuple(draw(st.lists(fragment_states, min_size=p, max_size=p))),
+        frozen=tuple(
+            attrs.evolve(draw(frozen_tensors), name=f"frozen.{i}")
+            for i in range(draw(st.integers(0, 3)))
+        ),
     )
 
 
@@ -201,6 +212,7 @@ records = st.one_of(manifests(), snapshots, round_records(), leases, claims, hea
 nested_values = st.one_of(
     payload_refs,
     tensor_specs,
+    frozen_tensors,
     configs(),
     st.builds(FragmentPlan, fragments=st.lists(st.lists(texts).map(tuple)).map(tuple)),
     fragment_states,
@@ -332,6 +344,7 @@ MANIFEST = Manifest(
     ),
     plan=FragmentPlan(fragments=(("embed.weight", "head.bias"), ("block.0.w",))),
     init=(FragmentState(version=0, theta=REF, momentum=None), STATE),
+    frozen=(FrozenTensor(name="base.weight", shape=(4, 4), digest=D1),),
 )
 SNAPSHOT = Snapshot(
     learner="learner-1",
@@ -867,3 +880,12 @@ def test_codec_error_names_path_and_reason_and_pickles() -> None:
     assert str(error) == "participants[2].weight: expected a number, got a string"
     again = pickle.loads(pickle.dumps(error))
     assert (again.path, again.reason) == (error.path, error.reason)
+
+
+def test_a_tensor_both_synced_and_frozen_is_refused() -> None:
+    doc = document(MANIFEST)
+    doc["frozen"][0]["name"] = "embed.weight"
+    data = json.dumps(doc).encode()
+    error = refused(Manifest, data)
+    assert error.path == "frozen[0].name"
+    assert "both synced and frozen" in error.reason

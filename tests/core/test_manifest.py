@@ -10,12 +10,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gm_core import plan
-from gm_core.manifest import MAX_LISTED, manifest_mismatch
+from gm_core.manifest import (
+    MAX_LISTED,
+    frozen_mismatch,
+    manifest_mismatch,
+    natural_format,
+    wire_schema,
+    wire_wider_than_params,
+)
 from gm_core.records import (
     AlgorithmConfig,
     Alignment,
     Compression,
     FragmentState,
+    FrozenTensor,
     Manifest,
     MergeRule,
     Partition,
@@ -198,3 +206,49 @@ def test_no_prefix_hint_when_names_differ_otherwise(
     problem = manifest_mismatch(manifest(config, renamed), manifest(config, schema))
     assert problem is not None
     assert "prefix" not in problem
+
+
+frozen_tensors = st.lists(
+    st.builds(FrozenTensor, name=names, shape=shapes, digest=st.sampled_from(["0" * 64, "1" * 64])),
+    max_size=6,
+    unique_by=lambda t: t.name,
+).map(tuple)
+
+
+@given(configs, schemas(), frozen_tensors, frozen_tensors)
+def test_frozen_differences_are_named_and_only_those(
+    config: AlgorithmConfig,
+    schema: tuple[TensorSpec, ...],
+    mine: tuple[FrozenTensor, ...],
+    theirs: tuple[FrozenTensor, ...],
+) -> None:
+    problems = frozen_mismatch(mine, theirs)
+    assert (problems == []) == (mine == theirs or set(mine) == set(theirs))
+    ours, run = {t.name: t for t in mine}, {t.name: t for t in theirs}
+    text = "; ".join(problems)
+    assert ("frozen tensors this node lacks" in text) == bool(run.keys() - ours.keys())
+    assert ("frozen tensors the run lacks" in text) == bool(ours.keys() - run.keys())
+    changed = any(ours[n] != run[n] for n in ours.keys() & run.keys())
+    assert ("differ from the run's base" in text) == changed
+    different = manifest_mismatch(
+        manifest(config, schema, frozen=mine), manifest(config, schema, frozen=theirs)
+    )
+    assert (different is None) == (problems == [])
+
+
+@given(st.lists(dtypes, min_size=1, max_size=5))
+def test_the_natural_format_never_widens_a_parameter(held_dtypes: list[str]) -> None:
+    held = tuple(TensorSpec(name=f"t{i}", shape=(2,), dtype=d) for i, d in enumerate(held_dtypes))
+    fmt = natural_format(held)
+    if len(set(held_dtypes)) == 1:
+        assert fmt.value == held_dtypes[0]
+    else:
+        assert fmt is WireFormat.F32
+    assert wire_schema(held) == tuple(attrs.evolve(t, dtype="F32") for t in held)
+    narrowest = AlgorithmConfig(sync_every=1, fragments=1, delta_format=fmt, commit_format=fmt)
+    assert wire_wider_than_params(narrowest, held) is None
+    wide = attrs.evolve(narrowest, delta_format=WireFormat.F32)
+    warning = wire_wider_than_params(wide, held)
+    assert (warning is None) == (fmt is WireFormat.F32)
+    quantized = attrs.evolve(narrowest, delta_format=WireFormat.F4_E2M1)
+    assert wire_wider_than_params(quantized, held) is None

@@ -47,7 +47,7 @@ def build(family: str, seed: int, lora: bool = False, base_seed: int = 0) -> Any
                 eos_token_id=0,
             )
         )
-        targets = ["c_attn"]
+        targets = ["c_attn", "c_fc"]
     else:
         model = LlamaForCausalLM(
             LlamaConfig(
@@ -62,22 +62,31 @@ def build(family: str, seed: int, lora: bool = False, base_seed: int = 0) -> Any
                 eos_token_id=0,
             )
         )
-        targets = ["q_proj", "v_proj"]
+        targets = ["q_proj", "v_proj", "up_proj"]
     if lora:
         from peft import LoraConfig, get_peft_model
 
+        pretrain(model, np.random.default_rng(base_seed))
         torch.manual_seed(seed)
-        config = LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False)
-        model = get_peft_model(model, config)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
     return model
 
 
-def batch(rng: np.random.Generator) -> torch.Tensor:
-    """Sequences of ``x -> 5x + 3 (mod VOCAB)`` from random starts: a bigram table to learn."""
+def pretrain(model: Any, rng: np.random.Generator, steps: int = 40) -> None:
+    """A base model worth fine-tuning: trained on another map (``x -> 3x + 1``)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss_of(model, batch(rng, a=3, b=1)).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def batch(rng: np.random.Generator, a: int = 5, b: int = 3) -> torch.Tensor:
+    """Sequences of ``x -> ax + b (mod VOCAB)`` from random starts: a bigram table to learn."""
     tokens = np.empty((BATCH, SEQ), dtype=np.int64)
     tokens[:, 0] = rng.integers(0, VOCAB, size=BATCH)
     for t in range(1, SEQ):
-        tokens[:, t] = (5 * tokens[:, t - 1] + 3) % VOCAB
+        tokens[:, t] = (a * tokens[:, t - 1] + b) % VOCAB
     return torch.from_numpy(tokens)
 
 

@@ -50,7 +50,8 @@ def test_gather_scatter_round_trip_in_any_order(
 def test_torch_bf16_parameters_are_fp32_on_the_host_and_rounded_back() -> None:
     model = torch.nn.Linear(4, 3).to(torch.bfloat16)
     adapter = adapt(model)
-    assert {t.dtype for t in adapter.schema()} == {"BF16"}
+    assert {t.dtype for t in adapter.held()} == {"BF16"}
+    assert {t.dtype for t in adapter.schema()} == {"F32"}  # the wire schema
     access = adapter.fragment(["weight"])
     x = np.linspace(-1, 1, 12, dtype=np.float32)
     access.scatter(x)
@@ -66,7 +67,7 @@ def test_mlx_bf16_parameters_round_trip_through_fp32() -> None:
     model = nn.Linear(4, 3)
     model.set_dtype(mx.bfloat16)
     adapter = adapt(model)
-    assert {t.dtype for t in adapter.schema()} == {"BF16"}
+    assert {t.dtype for t in adapter.held()} == {"BF16"}
     access = adapter.fragment(["weight"])
     access.scatter(np.full(12, 0.5, np.float32))
     assert model.weight.dtype == mx.bfloat16
@@ -80,8 +81,10 @@ def test_what_gm_cannot_train_is_refused_by_name() -> None:
         adapt(object())
     model = torch.nn.Module()
     model.count = torch.nn.Parameter(torch.zeros(3, dtype=torch.int32), requires_grad=False)
-    with pytest.raises(ModelError, match=r"'count' has dtype torch\.int32"):
+    with pytest.raises(ModelError, match="no parameter is trainable"):
         adapt(model)
+    with pytest.raises(ModelError, match=r"'count' has dtype torch\.int32"):
+        adapt(model, "count")
     with pytest.raises(ModelError, match="no parameters named"):
         adapt(torch.nn.Linear(2, 2)).fragment(["nope"])
 

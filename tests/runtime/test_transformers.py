@@ -94,3 +94,21 @@ def test_plain_compiled_and_ddp_gpt2_nodes_train_one_run(tmp_path: Path) -> None
     with torch.no_grad():
         after = float(loss_of(evaluator, tokens))
     assert after < 0.5 * before, (before, after)
+
+
+def test_the_default_embedding_pattern_finds_the_embeddings_of_common_families() -> None:
+    from gm_core.numerics.merge import is_embedding
+    from gm_core.records import EMBEDDING_PATTERN
+    from gm_shell.models import adapt
+
+    found = {
+        family: {
+            t.name
+            for t in adapt(build(family, seed=0)).schema()
+            if is_embedding(t.name, EMBEDDING_PATTERN)
+        }
+        for family in ("gpt2", "llama")
+    }
+    # GPT-2's lm_head is tied to wte: one parameter, named once.
+    assert found["gpt2"] == {"transformer.wte.weight", "transformer.wpe.weight"}
+    assert found["llama"] == {"model.embed_tokens.weight", "lm_head.weight"}
