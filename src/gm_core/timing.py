@@ -20,6 +20,28 @@ Estimates are read from records written by other nodes; a value that is not a
 number in ``[0, MAX_ESTIMATE_S]`` can only come from a faulty peer and is treated as
 missing, so a corrupt record can shorten a wait to its floor but never stretch it
 to infinity.
+
+Outliers. Training loops stop for reasons the protocol does not see: an eval
+pass, a checkpoint, ``torch.compile`` warming up, a garbage collection. A plain
+EMA lets one such sample rule for many rounds (a 40 s pause in 0.07 s steps moved
+ξ_step 30-fold and the grace windows with it). Samples are therefore *winsorized*
+before they are folded in: a sample above ``OUTLIER_FACTOR·previous +
+OUTLIER_SLACK_S`` counts as that bound. The stated properties, for decay ``d``
+and factor ``c`` (0.1 and 2):
+
+- bounded influence: one sample, however long, raises an estimate by at most a
+  factor ``1 + d·(c − 1)`` = 1.1 (plus ``d·slack``); ``k`` outliers in a row by at
+  most ``1.1^k``; lowering is never limited, so an estimate inflated by a
+  warm-up falls back with every normal sample (by ``1 − d`` of the gap);
+- recovery: after one outlier the estimate is within 10% of where it was, at the
+  very next round, whatever the outlier's size;
+- tracking: a lasting change is followed at up to 10% per sample upward (a 2×
+  slowdown in 8 samples, 10× in 25) and at the EMA's rate downward.
+
+A windowed median would also reject a burst of up to half its window, but it
+needs a window of samples in every learner's state and in every round record; the
+scalar rule keeps the records as they are. Known pauses need no estimate at all:
+``Session.pause()`` keeps their time out of the step-time samples.
 """
 
 from __future__ import annotations
@@ -31,8 +53,14 @@ import attrs
 from gm_core.records import AlgorithmConfig, Timing
 
 EMA_DECAY = 0.1
-"""Weight of each new sample: about ten rounds of memory, so one slow round nudges
-the estimates without swinging the grace window."""
+"""Weight of each new sample: about ten rounds of memory."""
+
+OUTLIER_FACTOR = 2.0
+"""A sample above this many times the previous estimate counts as an outlier."""
+
+OUTLIER_SLACK_S = 0.01
+"""Added to the outlier bound, so an estimate near zero can still grow (10 ms: no wait
+the protocol sizes from these estimates is sensitive below it)."""
 
 MAX_ESTIMATE_S = 1e7
 """Largest believable duration (about 116 days). An estimate in a record that is
@@ -41,12 +69,13 @@ Bounding estimates keeps every formula here finite."""
 
 
 def ema(previous: float | None, sample: float, decay: float = EMA_DECAY) -> float:
-    """Fold ``sample`` into an EMA: ``(1 − decay)·previous + decay·sample``.
+    """Fold ``sample``, winsorized, into an EMA: ``(1 − decay)·previous + decay·sample``.
 
-    The first sample (``previous is None``, or a corrupt value from a peer) is
-    taken as is, so an estimate exists after one measurement instead of creeping
-    up from zero. Samples above ``MAX_ESTIMATE_S`` count as ``MAX_ESTIMATE_S``;
-    negative or non-finite samples are the caller's bug and raise.
+    A sample above :func:`outlier_bound` of ``previous`` counts as that bound (see
+    the theory of operation). The first sample (``previous is None``, or a corrupt
+    value from a peer) is taken as is, so an estimate exists after one measurement
+    instead of creeping up from zero. Samples above ``MAX_ESTIMATE_S`` count as
+    ``MAX_ESTIMATE_S``; negative or non-finite samples are the caller's bug and raise.
     """
     if not 0.0 < decay <= 1.0:
         raise ValueError(f"decay must be in (0, 1], got {decay}")
@@ -58,11 +87,17 @@ def ema(previous: float | None, sample: float, decay: float = EMA_DECAY) -> floa
     if not _valid(previous):
         return sample
     assert previous is not None
+    sample = min(sample, outlier_bound(previous))
     # This form (not previous + decay·(sample − previous)) gives exactly ``sample`` at
     # decay 1.
     blended = (1.0 - decay) * previous + decay * sample
     # Rounding may land an ulp outside [previous, sample]; an EMA never should.
     return min(max(blended, min(previous, sample)), max(previous, sample))
+
+
+def outlier_bound(previous: float) -> float:
+    """The largest sample an estimate of ``previous`` takes at face value."""
+    return min(OUTLIER_FACTOR * previous + OUTLIER_SLACK_S, MAX_ESTIMATE_S)
 
 
 def update_timing(

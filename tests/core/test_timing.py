@@ -12,9 +12,12 @@ from gm_core.records import AlgorithmConfig, Timing
 from gm_core.timing import (
     EMA_DECAY,
     MAX_ESTIMATE_S,
+    OUTLIER_FACTOR,
+    OUTLIER_SLACK_S,
     ahead_steps,
     ema,
     grace_s,
+    outlier_bound,
     takeover_timeout_s,
     update_timing,
 )
@@ -41,14 +44,48 @@ def test_first_sample_is_taken_as_is(sample: float, decay: float) -> None:
 def test_ema_lies_between_previous_and_sample(previous: float, sample: float, decay: float) -> None:
     value = ema(previous, sample, decay)
     assert min(previous, sample) <= value <= max(previous, sample)
-    assert math.isclose(value, (1 - decay) * previous + decay * sample, rel_tol=1e-9, abs_tol=1e-9)
+    counted = min(sample, outlier_bound(previous))
+    assert math.isclose(value, (1 - decay) * previous + decay * counted, rel_tol=1e-9, abs_tol=1e-9)
 
 
 @given(DURATION, DURATION)
 def test_default_decay_and_extremes(previous: float, sample: float) -> None:
     assert ema(previous, sample) == ema(previous, sample, EMA_DECAY)
-    assert ema(previous, sample, 1.0) == sample
+    assert ema(previous, sample, 1.0) == min(sample, outlier_bound(previous))
     assert ema(previous, previous) == previous
+
+
+@given(DURATION, st.floats(0.0, 1e300), DECAY)
+def test_one_sample_raises_an_estimate_by_a_bounded_factor(
+    previous: float, sample: float, decay: float
+) -> None:
+    """Bounded influence: an outlier of any size moves the estimate at most d·(c−1) up."""
+    limit = previous * (1 + decay * (OUTLIER_FACTOR - 1)) + decay * OUTLIER_SLACK_S
+    assert ema(previous, sample, decay) <= limit * (1 + 1e-12)
+
+
+@given(DURATION, DURATION, DECAY)
+def test_lowering_is_never_limited(previous: float, sample: float, decay: float) -> None:
+    assume(sample <= previous)
+    plain = (1 - decay) * previous + decay * sample
+    assert math.isclose(ema(previous, sample, decay), plain, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@given(st.floats(1e-3, 1e3), st.floats(1.0, 1e6))
+def test_a_pause_is_forgotten_within_a_round(step_s: float, pause_factor: float) -> None:
+    """One report that held a pause of any length: the next estimate is within 10% (+1 ms)."""
+    after = ema(step_s, step_s * pause_factor)
+    assert after <= 1.1 * step_s + EMA_DECAY * OUTLIER_SLACK_S + 1e-12
+    assert ema(after, step_s) <= after  # and every normal sample brings it back down
+
+
+@given(st.floats(1e-3, 1e3), st.floats(1.5, 10.0))
+def test_a_lasting_slowdown_is_followed(step_s: float, slowdown: float) -> None:
+    value, samples = step_s, 0
+    while value < 0.95 * step_s * slowdown:
+        value = ema(value, step_s * slowdown)
+        samples += 1
+    assert samples <= math.ceil(math.log(slowdown) / math.log(1.1)) + 30
 
 
 @given(DURATION, DURATION)
