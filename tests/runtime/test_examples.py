@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -26,3 +29,28 @@ def test_torch_and_mlx_examples_share_a_run(tmp_path: Path) -> None:
     assert "alice final: model at round" in torch_out
     assert "carol final: model at round" in mlx_out
     assert "carol: joined" in mlx_out
+
+
+@pytest.mark.slow  # two transformers+peft processes: minutes of CPU on 2 cores
+def test_two_lora_finetune_nodes_share_a_run_and_ship_the_adapter_alone(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'bucket'}"
+    argv = [sys.executable, str(EXAMPLES / "lora_finetune.py"), "--mailbox", url, "--steps", "80"]
+    nodes = {
+        name: subprocess.Popen(
+            [*argv, "--node", name, "--seed", str(seed), "--save", str(tmp_path / name)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for seed, name in enumerate(("alice", "bob"))
+    }
+    outputs = {name: node.communicate(timeout=300)[0] for name, node in nodes.items()}
+    for name, node in nodes.items():
+        out = outputs[name]
+        assert node.returncode == 0, out[-3000:]
+        assert f"{name} final: model at round" in out
+        assert "the base is frozen" in out
+        assert (tmp_path / name / "adapter_config.json").exists()
+    manifest = json.loads((tmp_path / "bucket" / "manifest.json").read_text())
+    assert all(".lora_" in t["name"] for t in manifest["schema"])
+    assert len(manifest["frozen"]) > len(manifest["schema"])
