@@ -40,7 +40,7 @@ PINNED = {
     "two closers race, one fault": 15_884,
     "three closers contend for round 0": 48_931,
     "three nodes, two fragments": 47_990,
-    "the closer crashes and restarts across two rounds": 49_914,
+    "the closer crashes and restarts across two rounds": 48_871,
     "a learner dies for good, quorum 2": 11_903,
     "one node two rounds in flight": 11_867,
     "one closer, a learner gives a round up": 4_477,
