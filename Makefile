@@ -25,7 +25,7 @@ LINT_PATHS := $(wildcard src tests bench examples)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv install test test-long check-long lint format demo bench clean distclean
+.PHONY: help venv install test test-long check-long lint format demo docs bench clean distclean
 
 help:
 	@echo "make install    create .venv (torch CPU, the project with dev/torch/mlx extras) and Azurite"
@@ -35,6 +35,7 @@ help:
 	@echo "make lint       ruff check, ruff format --check, mypy --strict"
 	@echo "make format     ruff format and ruff check --fix"
 	@echo "make demo       the demo run (installs only what it needs: torch CPU, matplotlib, gm)"
+	@echo "make docs       build the documentation site into site/ (offline, warnings are errors)"
 	@echo "make bench      the benchmark suite"
 	@echo "make clean      remove caches and build output; make distclean also removes .venv and .servers"
 
@@ -81,12 +82,15 @@ $(DEMO_STAMP):
 	rm -f $(VENV)/.demo-*
 	touch $@
 
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: install
 	bash bench/setup_reference.sh
 	$(BIN)/python bench/compare.py
 
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist src/*.egg-info
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist site src/*.egg-info
 	find . -path ./$(VENV) -prune -o -path ./.servers -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean

@@ -53,7 +53,7 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = arguments()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     model = Net()
     optimizer = optim.AdamW(learning_rate=3e-3)
     step_fn: Any = nn.value_and_grad(model, loss_fn)

@@ -57,7 +57,7 @@ def arguments() -> argparse.Namespace:
 
 def main() -> None:
     args = arguments()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.seed is not None:
         torch.manual_seed(args.seed)
     model = Net()

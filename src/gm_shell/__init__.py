@@ -1,19 +1,28 @@
 """gm_shell: the effects around gm_core (mailboxes, payloads, compute backends, Session, CLI)."""
 
+from gm_core.records import Alignment, Compression, MergeRule, Partition, Reason, WireFormat
 from gm_shell.align import Checkpoint, align
 from gm_shell.pacer import StalledError
 from gm_shell.run import RunError, RunMismatchError
 from gm_shell.session import DiLoCo, DivergedError, Role, Session, SessionOptions
+from gm_shell.stores import MailboxOptions
 
 __all__ = [
+    "Alignment",
     "Checkpoint",
+    "Compression",
     "DiLoCo",
     "DivergedError",
+    "MailboxOptions",
+    "MergeRule",
+    "Partition",
+    "Reason",
     "Role",
     "RunError",
     "RunMismatchError",
     "Session",
     "SessionOptions",
     "StalledError",
+    "WireFormat",
     "align",
 ]

@@ -38,10 +38,22 @@ LOG = logging.getLogger("gm")
 LOG.addHandler(logging.NullHandler())  # a library logs only where the application says
 E = TypeVar("E", bound="Event")
 
+ACTIONABLE = frozenset({Reason.SCHEMA, Reason.CORRUPT, Reason.NONFINITE, Reason.UNSIGNED, None})
+"""Rejection reasons a user can do something about (None: a reason this shell cannot parse)."""
+
 
 @attrs.frozen(kw_only=True)
 class Event:
-    """Something that happened at ``node`` about ``round``, at ``at_s`` on its monotonic clock."""
+    """Something that happened at ``node`` about ``round``, at ``at_s`` on its monotonic clock.
+
+    Attributes:
+        kind: the event's name as the core reports it (``committed``, ``rejected``...).
+        level: the ``logging`` level it is logged at by default (see :meth:`severity`).
+        node: the node it happened at (this session's node id).
+        round: the round it is about (-1 before any round).
+        detail: the core's short detail text, as logged.
+        at_s: when, in seconds on the node's monotonic clock.
+    """
 
     kind: ClassVar[str] = "event"
     level: ClassVar[int] = logging.INFO
@@ -54,6 +66,10 @@ class Event:
         return f"{self.node}: {self.kind} round {self.round}" + (
             f" ({self.detail})" if self.detail else ""
         )
+
+    def severity(self) -> int:
+        """The ``logging`` level this event is logged at (``level`` unless it depends on fields)."""
+        return self.level
 
 
 @attrs.frozen(kw_only=True)
@@ -79,24 +95,40 @@ class Joined(Event):
 
 @attrs.frozen(kw_only=True)
 class Published(Event):
+    """This learner's snapshot of ``round`` is in the bucket.
+
+    Attributes:
+        steps: local steps the snapshot carries (since its fragment's anchor).
+    """
+
     kind: ClassVar[str] = "published"
     steps: int = 0
 
 
 @attrs.frozen(kw_only=True)
 class PublishFailed(Event):
+    """This learner gave the round up: its snapshot could not be written."""
+
     kind: ClassVar[str] = "publish_failed"
     level: ClassVar[int] = logging.WARNING
 
 
 @attrs.frozen(kw_only=True)
 class Aligned(Event):
+    """This learner folded the commit of ``round`` into its model.
+
+    Attributes:
+        version: the fragment's version after that commit.
+    """
+
     kind: ClassVar[str] = "aligned"
     version: int = 0
 
 
 @attrs.frozen(kw_only=True)
 class AlignFailed(Event):
+    """A commit could not be folded in; the learner re-joins from the newest commit."""
+
     kind: ClassVar[str] = "align_failed"
     level: ClassVar[int] = logging.WARNING
 
@@ -117,7 +149,12 @@ class Diverged(Event):
 
 @attrs.frozen(kw_only=True)
 class Committed(Event):
-    """This node's closer wrote the round's record (the commit point)."""
+    """This node's closer wrote the round's record (the commit point).
+
+    Attributes:
+        version: the fragment's new version.
+        participants: accepted snapshots merged into it.
+    """
 
     kind: ClassVar[str] = "committed"
     version: int = 0
@@ -126,30 +163,53 @@ class Committed(Event):
 
 @attrs.frozen(kw_only=True)
 class Superseded(Event):
-    """Another closer's record won this round; this node adopted it."""
+    """Another closer's record won this round; this node adopted it (INFO: the protocol's
+    answer to a takeover race, nothing to act on).
+
+    Attributes:
+        by: the node whose record won.
+    """
 
     kind: ClassVar[str] = "superseded"
-    level: ClassVar[int] = logging.WARNING
     by: str = ""
 
 
 @attrs.frozen(kw_only=True)
 class TookOver(Event):
-    """This node claimed a round from a closer that went silent."""
+    """This node claimed a round from a closer that went silent or left (INFO: the run
+    goes on; ``gm status`` counts takeovers, and frequent ones are worth a look).
+
+    Attributes:
+        claim: the number of the claim it won (1 for the first bid).
+    """
 
     kind: ClassVar[str] = "took_over"
-    level: ClassVar[int] = logging.WARNING
     claim: int = 0
 
 
 @attrs.frozen(kw_only=True)
 class Rejected(Event):
-    """A snapshot was not accepted into the round, and why (recorded in the round record)."""
+    """A snapshot was not accepted into the round, and why (recorded in the round record).
+
+    Attributes:
+        learner: the learner whose snapshot it was.
+        reason: why (``None`` if this shell does not know the reason's name).
+    """
 
     kind: ClassVar[str] = "rejected"
     level: ClassVar[int] = logging.WARNING
     learner: str = ""
     reason: Reason | None = None
+
+    def severity(self) -> int:
+        """WARNING when someone can act on it (a wrong model, NaNs, garbage, a bad key).
+
+        ``zero_steps``, ``stale`` and ``missing`` follow from timing (a commit that
+        lagged, a learner that fell behind, a payload swept or not yet readable); one
+        of them is nothing to act on, so it is logged at INFO. A config that makes them
+        routine is warned about once, when the run is created (:mod:`gm_core.advice`).
+        """
+        return logging.WARNING if self.reason in ACTIONABLE else logging.INFO
 
 
 @attrs.frozen(kw_only=True)
@@ -162,12 +222,16 @@ class RecordRejected(Event):
 
 @attrs.frozen(kw_only=True)
 class SnapshotMalformed(Event):
+    """A snapshot object did not decode; its learner is rejected ``corrupt``."""
+
     kind: ClassVar[str] = "snapshot_malformed"
     level: ClassVar[int] = logging.WARNING
 
 
 @attrs.frozen(kw_only=True)
 class ClaimRejected(Event):
+    """A takeover claim object could not be read."""
+
     kind: ClassVar[str] = "claim_rejected"
     level: ClassVar[int] = logging.WARNING
 
@@ -190,6 +254,8 @@ class LeaseFailed(Event):
 
 @attrs.frozen(kw_only=True)
 class MergeFailed(Event):
+    """The closer's merge failed; it merges again after a poll interval."""
+
     kind: ClassVar[str] = "merge_failed"
     level: ClassVar[int] = logging.WARNING
 
@@ -203,12 +269,18 @@ class Closed(Event):
 
 @attrs.frozen(kw_only=True)
 class CloserStopped(Event):
+    """This node's closer stopped (the session is closing)."""
+
     kind: ClassVar[str] = "closer_stopped"
 
 
 @attrs.frozen(kw_only=True)
 class Other(Event):
-    """A notification this version of the shell has no class for; ``name`` is its kind."""
+    """A notification this version of the shell has no class for.
+
+    Attributes:
+        name: its kind, as the core sent it.
+    """
 
     name: str = ""
 
@@ -269,6 +341,7 @@ def from_notify(note: Notify, node: str, at_s: float) -> Event:
 
 
 Callback = Callable[[Event], None]
+"""A function called with every event, on the session's event thread."""
 
 _STOP = object()
 
@@ -311,7 +384,7 @@ class EventHub:
             if event is _STOP:
                 return
             assert isinstance(event, Event)
-            LOG.log(event.level, "%s", event.describe())
+            LOG.log(event.severity(), "%s", event.describe())
             for callback in list(self._callbacks):
                 try:
                     callback(event)

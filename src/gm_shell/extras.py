@@ -19,7 +19,15 @@ from collections.abc import Sequence
 DISTRIBUTION = "gm-diloco"
 """The distribution name on PyPI (the import packages are gm_core and gm_shell)."""
 
-EXTRAS: dict[str, str] = {"torch": "torch", "matplotlib": "plot", "mlx": "mlx"}
+EXTRAS: dict[str, str] = {
+    "torch": "torch",
+    "matplotlib": "plot",
+    "mlx": "mlx",
+    "transformers": "hf",
+    "lightning": "lightning",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+}
 """The extra that installs each optional module."""
 
 TORCH_CPU = "pip install torch --index-url https://download.pytorch.org/whl/cpu"

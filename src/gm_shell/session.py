@@ -56,6 +56,7 @@ import attrs
 from gm_core import closer as core_closer
 from gm_core import keys
 from gm_core import learner as core_learner
+from gm_core.advice import advise
 from gm_core.manifest import natural_format, wire_wider_than_params
 from gm_core.records import (
     EMBEDDING_PATTERN,
@@ -89,6 +90,9 @@ def _wire_format(value: WireFormat | str | None) -> WireFormat | None:
 
 
 class Role(enum.StrEnum):
+    """What a node does: ``both`` (train, and close rounds when elected), ``learner``
+    (train only) or ``closer`` (close rounds only; no training loop)."""
+
     BOTH = "both"
     LEARNER = "learner"
     CLOSER = "closer"
@@ -96,14 +100,57 @@ class Role(enum.StrEnum):
 
 @attrs.frozen(kw_only=True)
 class DiLoCo:
-    """The algorithm every node of a run agrees on (plus ``flush_on_close``, a node's own)."""
+    """The algorithm every node of a run agrees on (plus ``flush_on_close``, a node's own).
+
+    The first node writes these settings into the run's manifest; a node started
+    later with different ones is refused with an error naming the difference. The
+    guide "Choosing the settings" in ``docs/`` says how to pick them.
+
+    Attributes:
+        sync_every: ``H``, local steps between two syncs of the same fragment. Each
+            learner publishes a fragment's delta every ``H/P`` steps.
+        fragments: ``P``, how many fragments the parameters are split into
+            (Streaming DiLoCo); one round syncs one fragment. 1 syncs everything at once.
+        quorum: accepted snapshots a round waits for before its grace window; the
+            closer never waits for a learner whose lease has lapsed.
+        in_flight: rounds a learner may publish ahead of the newest commit it has
+            aligned with before ``step()`` waits.
+        overlap_steps: if set, ``step()`` waits once it is this many steps past a
+            published round whose commit has not arrived (bounds staleness; costs waits).
+        alignment: how a learner folds a commit into its model: ``carry`` (the
+            default: the commit plus the steps trained since the snapshot), ``overwrite``
+            (the commit replaces the fragment; those steps are dropped) or ``blend``.
+        mixing: with ``blend``, the weight of the commit (1.0 behaves as overwrite).
+        merge: how a closer combines accepted deltas: ``mean`` (weighted by
+            tokens²/steps) or ``rda`` (mean norm times mean direction).
+        outer_lr: Nesterov outer learning rate η.
+        outer_momentum: Nesterov outer momentum β (0 disables momentum).
+        partition: how tensors are dealt into fragments: ``bytes`` (balanced by size)
+            or ``strided`` (blocks round-robin).
+        delta_format: wire format of a learner's delta: ``F32``, ``F16``, ``BF16``,
+            ``F8_E4M3`` or ``F4_E2M1`` (quantized with power-of-two scales).
+        commit_format: wire format of a commit's change from the previous version
+            (``F32`` publishes full fragments only).
+        compression: byte compression of payloads: ``none`` or ``zstd``.
+        global_batch_size: if set, :attr:`Session.batch_size` is this divided among
+            the learners of the newest round.
+        flush_on_close: publish the steps trained since the last snapshot when the
+            session closes (a node's own choice, not part of the run's config).
+        embedding_pattern: tensors whose name contains this are merged by plain
+            weighted mean even under ``rda``.
+        grace_gamma: γ of the adaptive grace window after quorum (0 closes at quorum).
+        lease_timeout_s: a learner whose lease has not changed for this long is
+            treated as gone (rounds stop waiting for it).
+        takeover_floor_s: the least a follower waits for the next record before it
+            claims the round from a silent closer.
+    """
 
     sync_every: int
     fragments: int = 1
     quorum: int = 1
     in_flight: int = 2
     overlap_steps: int | None = None
-    alignment: Alignment = attrs.field(default=Alignment.OVERWRITE, converter=Alignment)
+    alignment: Alignment = attrs.field(default=Alignment.CARRY, converter=Alignment)
     mixing: float = 1.0
     merge: MergeRule = attrs.field(default=MergeRule.MEAN, converter=MergeRule)
     outer_lr: float = 0.7
@@ -139,7 +186,21 @@ class DiLoCo:
 
 @attrs.frozen(kw_only=True)
 class SessionOptions:
-    """How this node behaves (not part of the run's agreed config)."""
+    """How this node behaves (not part of the run's agreed config).
+
+    Attributes:
+        poll_s: the finest polling interval: used when an object is due (sparser
+            while it is not).
+        renew_s: lease renewal interval; ``None``: half the run's ``lease_timeout_s``.
+        close_timeout_s: how long closing waits for this learner's rounds in flight.
+        stall_timeout_s: ``step()`` raises :class:`StalledError` after waiting this
+            long without progress (no closer, an unreachable bucket).
+        join_timeout_s: how long entering the session waits for the newest commit.
+        compute: merge backend: ``auto`` (torch if installed, else numpy),
+            ``torch`` or ``numpy``.
+        cache_bytes: memory for payloads this node keeps to avoid downloading them again.
+        max_sweep_rounds: rounds of garbage a closer sweeps per commit, at most.
+    """
 
     poll_s: float = 1.0
     """The finest polling interval: used when an object is due (sparser while it is not)."""
@@ -178,7 +239,38 @@ class DivergedError(RuntimeError):
 
 
 class Session:
-    """One node of a run: learner and/or closer, over one mailbox."""
+    """One node of a run: learner and/or closer, over one mailbox.
+
+    Use it as a context manager around the training loop and call :meth:`step`
+    after every optimizer step. Entering creates the run (the first node) or
+    joins it from the newest commit; leaving flushes this learner's last deltas,
+    waits (bounded) for its rounds and leaves the model at the newest commit.
+
+    Args:
+        model: the torch ``nn.Module`` (DDP/DataParallel wrappers are unwrapped) or
+            MLX module this node trains; its parameters are read and written in
+            place. Optional for ``role="closer"`` (only needed to create the run).
+        algorithm: the run's :class:`DiLoCo` settings; must match the run's if it
+            exists.
+        mailbox: the run's URL (``s3://bucket/prefix``, ``gs://``, ``az://``,
+            ``file:///abs/path`` or ``file://rel/path``, ``memory://name``), or an
+            open :class:`~gm_shell.mailbox.Mailbox`.
+        node: this node's id, unique in the run (``[A-Za-z0-9._-]``, 1-64
+            characters); default ``host-pid``. A restarted node may reuse its id.
+        role: a :class:`Role` or its name: ``both``, ``learner`` or ``closer``.
+        options: this node's :class:`SessionOptions` (polling, timeouts).
+        mailbox_options: how to reach the bucket
+            (:class:`~gm_shell.stores.MailboxOptions`: endpoint, credentials, timeouts).
+        callbacks: functions called with every :mod:`gm_shell.events` event, on
+            the session's event thread.
+        run_id: the id written into a run this node creates (default: random).
+
+    Raises:
+        ValueError: a bad node id, or no model for a training role.
+        gm_shell.RunMismatchError: the run exists with other settings or another model.
+        gm_shell.mailbox.MailboxError: the bucket cannot be used (the message says why
+            and what to do).
+    """
 
     def __init__(
         self,
@@ -292,6 +384,8 @@ class Session:
             created = self._loop.run(create(mailbox, draft, values))
             if created is not None:
                 self._emit(events.RunCreated(node=self.node, round=-1, detail=mailbox.url))
+                for advice in advise(created.config):  # the node that chose the config hears it
+                    events.LOG.warning("%s: this config wastes training: %s", self.node, advice)
                 return created
             theirs = self._loop.run(read_manifest(mailbox))
         if theirs is None:
@@ -337,7 +431,16 @@ class Session:
     # -- training --------------------------------------------------------------------------------
 
     def step(self, samples: int = 1) -> None:
-        """Count one optimizer step of ``samples`` samples; I/O-free, slow only when work is due."""
+        """Count one optimizer step of ``samples`` samples; I/O-free, slow only when work is due.
+
+        Args:
+            samples: what this step trained on, in any unit used consistently by
+                every learner (samples or tokens): it weighs this learner's deltas.
+
+        Raises:
+            StalledError: no progress for ``stall_timeout_s`` (the message says where
+                the learner waits and what to check).
+        """
         pacer = self._pacer
         if pacer is None:
             raise RuntimeError("step() needs a started session with a learner role")

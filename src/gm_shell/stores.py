@@ -34,8 +34,8 @@ Hands-on findings this module encodes:
   names one process-wide store, so several mailboxes in one process (a test
   cluster) can share a bucket the way separate machines share S3. It is never
   shared between processes: a second process that opens the same named URL
-  gets a warning saying so (marker files in the temp folder), rather than
-  silently making a second run.
+  gets a warning saying so (locked marker files in the temp folder), rather
+  than silently making a second run.
 
 The handle also records how the backend batches requests, which the meter
 needs because obstore does not report HTTP requests: list pages (S3 and GCS
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import atexit
 import enum
+import fcntl
 import hashlib
 import os
 import tempfile
@@ -55,7 +56,7 @@ import warnings
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import attrs
@@ -91,12 +92,17 @@ class MailboxOptions:
     """S3-compatible endpoint (R2, MinIO, SeaweedFS…), or Azure blob endpoint
     including the account path (Azurite: ``http://127.0.0.1:10000/devstoreaccount1``)."""
     region: str | None = None
+    """S3 region; else ``AWS_REGION`` / ``AWS_DEFAULT_REGION``."""
     access_key_id: str | None = None
+    """S3 access key id; else ``AWS_ACCESS_KEY_ID`` (or a profile, or instance metadata)."""
     secret_access_key: str | None = None
+    """S3 secret key; else ``AWS_SECRET_ACCESS_KEY``."""
     session_token: str | None = None
+    """S3 session token of temporary credentials; else ``AWS_SESSION_TOKEN``."""
     account_name: str | None = None
-    """Azure storage account."""
+    """Azure storage account; else ``AZURE_STORAGE_ACCOUNT_NAME``."""
     account_key: str | None = None
+    """Azure storage account key; else ``AZURE_STORAGE_ACCOUNT_KEY``."""
     azure_emulator: bool = False
     """Use Azurite's well-known account and key (endpoint defaults to its port 10000)."""
     service_account_path: str | None = None
@@ -113,7 +119,9 @@ class MailboxOptions:
     max_attempts: int = 4
     """Attempts per operation, the first included; transient errors only are retried."""
     backoff_base_s: float = 0.05
+    """First retry delay (up to half of it jittered); it doubles with every attempt."""
     backoff_cap_s: float = 2.0
+    """The longest retry delay."""
     seed: int | None = None
     """Seed of the retry jitter; ``None`` draws one from the OS."""
     max_concurrency: int = 32
@@ -268,7 +276,10 @@ def _memory_store(name: str, prefix: str | None) -> MemoryStore:
 
 
 MEMORY_MARKERS = Path(tempfile.gettempdir()) / f"gm-memory-{os.getuid()}"
-"""Where each process notes the memory:// URLs it opened (one empty file per URL and pid)."""
+"""Where each process notes the memory:// URLs it opened (one locked file per URL and pid)."""
+
+_HELD: dict[Path, IO[bytes]] = {}
+"""This process's markers, open and locked for as long as it lives."""
 
 
 def _warn_if_shared_across_processes(url: str) -> None:
@@ -276,26 +287,23 @@ def _warn_if_shared_across_processes(url: str) -> None:
 
     A memory store lives inside one process: two processes given one memory://
     URL make two runs that never see each other, which looks like a working
-    run with too few learners. A marker file per URL and process lets the
-    second one say so; markers of exited processes are ignored and removed.
+    run with too few learners. Each process holds an exclusive ``flock`` on a
+    marker file per URL for as long as it lives; the kernel drops the lock when
+    the process ends, however it ends, so a marker whose lock can be taken is a
+    leftover (removed), and one whose lock cannot is a live process.
     """
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
     mine = MEMORY_MARKERS / f"{digest}.{os.getpid()}"
     try:
         MEMORY_MARKERS.mkdir(exist_ok=True)
-        others = [p for p in MEMORY_MARKERS.glob(f"{digest}.*") if p != mine]
-        if not mine.exists():
-            mine.touch()
-            atexit.register(mine.unlink, missing_ok=True)
+        if mine not in _HELD:
+            held = mine.open("wb")
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _HELD[mine] = held
+            atexit.register(held.close)  # the lock would go with the process anyway
+        live = [int(p.suffix[1:]) for p in MEMORY_MARKERS.glob(f"{digest}.*") if _held(p, mine)]
     except OSError:
         return  # no temp folder to compare notes in: nothing to warn with
-    live = []
-    for marker in others:
-        pid = int(marker.suffix[1:])
-        if _alive(pid):
-            live.append(pid)
-        else:
-            marker.unlink(missing_ok=True)
     if live:
         warnings.warn(
             f"{url} is also open in process {min(live)}: a memory:// mailbox lives inside"
@@ -306,14 +314,19 @@ def _warn_if_shared_across_processes(url: str) -> None:
         )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def _held(marker: Path, mine: Path) -> bool:
+    """Whether another live process holds ``marker``; a leftover marker is removed."""
+    if marker == mine:
         return False
-    except PermissionError:
-        return True  # another user's process
-    return True
+    try:
+        with marker.open("rb") as probe:
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except FileNotFoundError:
+        return False
+    marker.unlink(missing_ok=True)
+    return False
 
 
 def _client_options(options: MailboxOptions, endpoint: str | None) -> ClientConfig:

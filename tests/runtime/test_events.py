@@ -65,3 +65,23 @@ def test_slow_and_failing_callbacks_never_block_the_emitter(
         hub.close()
     assert seen, "later callbacks still run after one failed"
     assert "callback bug" in caplog.text
+
+
+def test_only_rejections_a_user_can_act_on_are_warnings(caplog: pytest.LogCaptureFixture) -> None:
+    hub = events.EventHub([])
+    with caplog.at_level(logging.DEBUG, logger="gm"):
+        for reason in Reason:
+            hub.emit(typed("rejected", f"n1: {reason.value}"))
+        hub.emit(typed("rejected", "n1: something_newer"))
+        hub.close()
+    levels = {r.getMessage().rsplit(": ", 1)[-1].rstrip(")"): r.levelname for r in caplog.records}
+    assert levels == {
+        "zero_steps": "INFO",
+        "stale": "INFO",
+        "missing": "INFO",
+        "schema": "WARNING",
+        "corrupt": "WARNING",
+        "nonfinite": "WARNING",
+        "unsigned": "WARNING",
+        "something_newer": "WARNING",
+    }
