@@ -136,10 +136,13 @@ class AlignFailed(Event):
 @attrs.frozen(kw_only=True)
 class Diverged(Event):
     """A commit rejected this learner's delta as non-finite; the learner reloaded every
-    fragment from the newest commit. ``times``: commits in a row that did so.
+    fragment from the newest commit.
 
     The inner optimizer's state may hold the NaN too: pass ``Session(on_diverged=...)``
     to reset it; ``step()`` raises :class:`gm_shell.DivergedError` once it repeats.
+
+    Attributes:
+        times: commits in a row that rejected this learner's delta as non-finite.
     """
 
     kind: ClassVar[str] = "diverged"

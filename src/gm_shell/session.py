@@ -264,6 +264,9 @@ class Session:
         callbacks: functions called with every :mod:`gm_shell.events` event, on
             the session's event thread.
         run_id: the id written into a run this node creates (default: random).
+        on_diverged: called (on the training thread) after a commit rejected this
+            learner's delta as non-finite and the model was reloaded: reset the inner
+            optimizer's state there.
 
     Raises:
         ValueError: a bad node id, or no model for a training role.
