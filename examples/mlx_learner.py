@@ -59,7 +59,9 @@ def main() -> None:
     step_fn: Any = nn.value_and_grad(model, loss_fn)
     rng = np.random.default_rng()
     w = mx.array(np.random.default_rng(0).normal(size=(FEATURES, 1)).astype("f4"))
-    algorithm = DiLoCo(sync_every=args.sync_every, fragments=args.fragments, quorum=1)
+    algorithm = DiLoCo(
+        sync_every=args.sync_every, fragments=args.fragments, quorum=1, alignment="carry"
+    )
     with Session(
         model,
         algorithm=algorithm,

@@ -63,7 +63,9 @@ def main() -> None:
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     w = teacher()
-    algorithm = DiLoCo(sync_every=args.sync_every, fragments=args.fragments, quorum=1)
+    algorithm = DiLoCo(
+        sync_every=args.sync_every, fragments=args.fragments, quorum=1, alignment="carry"
+    )
     with Session(
         model,
         algorithm=algorithm,
