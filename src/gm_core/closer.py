@@ -536,9 +536,18 @@ def _paced(state: CloserState, now_s: float) -> CloserState:
     poll_at_s = max(state.poll_at_s, cadence.next_look_s(snapshots, now_s, state.options.poll_s))
     if not _live(state, now_s):
         # Idle: no learner to wait for. One arriving writes its lease first, and the
-        # lease listing (once per timeout) wakes us for it (:func:`_newcomer_outcome`).
-        poll_at_s = max(poll_at_s, now_s + state.manifest.config.lease_timeout_s)
+        # lease listing, at this same slow pace while idle, wakes us for it
+        # (:func:`_discover`, :func:`_newcomer_outcome`).
+        poll_at_s = max(poll_at_s, now_s + _idle_s(state))
     return attrs.evolve(state, snapshots=snapshots, poll_at_s=poll_at_s)
+
+
+IDLE_POLLS = 20
+"""An idle leader looks every this many polls (at most once per lease timeout)."""
+
+
+def _idle_s(state: CloserState) -> float:
+    return min(state.manifest.config.lease_timeout_s, IDLE_POLLS * state.options.poll_s)
 
 
 def _snapshot_learner(key: str, round_: int) -> str | None:
@@ -1007,7 +1016,8 @@ def _discover(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSt
         return state
     state, req = _busy(state, Purpose(kind="discover", round=state.round))
     cmds.append(List(req=req, prefix=keys.LEASES_PREFIX))
-    return attrs.evolve(state, discover_at_s=now_s + state.manifest.config.lease_timeout_s)
+    every_s = state.manifest.config.lease_timeout_s if _live(state, now_s) else _idle_s(state)
+    return attrs.evolve(state, discover_at_s=now_s + every_s)
 
 
 _SWEPT_FOLDERS = (keys.SNAPSHOTS_PREFIX, keys.CLAIMS_PREFIX, keys.PAYLOADS_PREFIX)
