@@ -1020,7 +1020,12 @@ def _discover(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSt
     return attrs.evolve(state, discover_at_s=now_s + every_s)
 
 
-_SWEPT_FOLDERS = (keys.SNAPSHOTS_PREFIX, keys.CLAIMS_PREFIX, keys.PAYLOADS_PREFIX)
+_SWEPT_FOLDERS = {
+    keys.SNAPSHOTS_PREFIX: keys.snapshot_prefix,
+    keys.CLAIMS_PREFIX: keys.claim_prefix,
+    keys.PAYLOADS_PREFIX: keys.payload_prefix,
+}
+"""The folders a sweep deletes round by round, and each round's prefix in them."""
 COLLECT_EVERY_TIMEOUTS = 3
 """Lease timeouts between the leader's listings of the round folders (:func:`_collect_late`)."""
 COLLECT_MAX_ROUNDS = 64
@@ -1034,6 +1039,10 @@ def _collect_late(state: CloserState, now_s: float, cmds: list[Command]) -> Clos
     crash, or an object written into a round after its sweep (a slow learner's
     snapshot, a late claim) would stay for good. Every round below ``swept_below``
     is unpinned and closed for good, so whatever is found there is deleted.
+
+    The mark comes from the newest record, so it is never trusted past what a
+    correct closer could have swept: rounds within ``KEEP_CYCLES`` cycles of the
+    round being closed are never collected, whatever a record claims.
     """
     if now_s < state.collect_at_s or state.swept_below == 0:
         return state
@@ -1049,6 +1058,8 @@ def _late_outcome(
 ) -> CloserState:
     if not isinstance(event, Listed):
         return state  # the next listing tries again
+    kept = state.round - retention.KEEP_CYCLES * state.manifest.config.fragments
+    limit = min(state.swept_below, kept)
     below: set[int] = set()
     for key in event.keys:
         try:
@@ -1057,13 +1068,9 @@ def _late_outcome(
             continue
         match parsed:
             case keys.SnapshotKey() | keys.ClaimKey() | keys.PayloadKey():
-                if parsed.round < state.swept_below:
+                if parsed.round < limit:
                     below.add(parsed.round)
-    prefix_of = {
-        keys.SNAPSHOTS_PREFIX: keys.snapshot_prefix,
-        keys.CLAIMS_PREFIX: keys.claim_prefix,
-        keys.PAYLOADS_PREFIX: keys.payload_prefix,
-    }[purpose.name]
+    prefix_of = _SWEPT_FOLDERS[purpose.name]
     for round_ in sorted(below)[:COLLECT_MAX_ROUNDS]:
         state, req = issue(state, Purpose(kind="sweep", round=round_))
         cmds.append(DeletePrefix(req=req, prefix=prefix_of(round_)))

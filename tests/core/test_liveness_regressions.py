@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import attrs
+
 from gm_core import closer, keys, learner
 from gm_core import cluster as cl
 from gm_core.commands import Capture, Command, DeletePrefix, Get, List, Probe, PutOnce
+from gm_core.events import Listed, TimerFired
 from gm_core.records import AlgorithmConfig, Alignment
 
 L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
@@ -26,23 +29,41 @@ def no_fault(node: str, cmd: Command) -> cl.Fault:
     return cl.Fault.NONE
 
 
+Hold = Callable[[cl.Cluster, cl.InFlight], bool]
+After = Callable[[cl.Cluster], cl.Cluster]
+
+
+def never(c: cl.Cluster, item: cl.InFlight) -> bool:
+    return False
+
+
+def unchanged(c: cl.Cluster) -> cl.Cluster:
+    return c
+
+
 def run(
     config: AlgorithmConfig,
     seconds: float,
     fault: FaultRule = no_fault,
     roles: Mapping[str, frozenset[cl.Machine]] = ONE_CLOSER,
     c: cl.Cluster | None = None,
+    *,
+    hold: Hold = never,
+    after: After = unchanged,
 ) -> cl.Cluster:
-    """Every node trains a step per 0.25 s; requests complete in order unless ``fault`` says."""
+    """Every node trains a step per 0.25 s; requests complete in order unless ``fault`` says,
+    except those ``hold`` keeps in flight for now; ``after`` sees the cluster after each."""
     if c is None:
         c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
         for name in sorted(roles):
             c = cl.start(c, name)
     end_s = c.now_s + seconds
     while c.now_s < end_s:
-        while c.inflight:
-            item = c.inflight[0]
-            c = cl.deliver(c, 0, fault(item.node, item.command))
+        ready = [i for i, item in enumerate(c.inflight) if not hold(c, item)]
+        while ready:
+            item = c.inflight[ready[0]]
+            c = after(cl.deliver(c, ready[0], fault(item.node, item.command)))
+            ready = [i for i, item in enumerate(c.inflight) if not hold(c, item)]
         for name, machine in cl.due_timers(c):
             c = cl.fire(c, name, machine)
         for name in sorted(roles):
@@ -114,27 +135,13 @@ def test_carry_contributes_every_step_of_a_straggler_exactly_once() -> None:
     config = AlgorithmConfig(
         sync_every=8, fragments=2, quorum=2, in_flight=2, alignment=Alignment.CARRY
     )
-    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
-    for name in sorted(ONE_CLOSER):
-        c = cl.start(c, name)
     late = keys.snapshot(6, "n2")
-    while c.now_s < 120.0:
-        closed_6 = len(cl.records(c)) > 6
-        held = [i for i, f in enumerate(c.inflight) if _writes(f.command, late) and not closed_6]
-        ready = [i for i in range(len(c.inflight)) if i not in held]
-        while ready:
-            c = cl.deliver(c, ready[0])
-            closed_6 = len(cl.records(c)) > 6
-            held = [
-                i for i, f in enumerate(c.inflight) if _writes(f.command, late) and not closed_6
-            ]
-            ready = [i for i in range(len(c.inflight)) if i not in held]
-        for name, machine in cl.due_timers(c):
-            c = cl.fire(c, name, machine)
-        for name in sorted(ONE_CLOSER):
-            c = cl.train(c, name, 1)
-        c = cl.tick(c, 0.25)
-    assert not cl.check(c), cl.check(c)
+
+    def until_round_6_closed(c: cl.Cluster, item: cl.InFlight) -> bool:
+        writes = isinstance(item.command, PutOnce) and item.command.key == late
+        return writes and len(cl.records(c)) <= 6
+
+    c = run(config, 120.0, hold=until_round_6_closed)
     tape = cl.records(c)
     assert "n2" not in {p.learner for p in tape[6].participants}, "the snapshot was not late"
     state = c.nodes["n2"].learner
@@ -151,10 +158,6 @@ def test_carry_contributes_every_step_of_a_straggler_exactly_once() -> None:
         assert merged + pending == state.step, (fragment, merged, pending, state.step)
 
 
-def _writes(cmd: Command, key: str) -> bool:
-    return isinstance(cmd, PutOnce) and cmd.key == key
-
-
 def test_a_learner_whose_delta_went_non_finite_reloads_every_fragment_and_is_told() -> None:
     """n2 publishes one NaN delta; the commit rejects it, so n2 must reload its whole model
     from the newest commit (as on joining), say so by name, and contribute again."""
@@ -165,20 +168,16 @@ def test_a_learner_whose_delta_went_non_finite_reloads_every_fragment_and_is_tol
     c = run(config, 20.0, c=c)
     c = cl.set_poison(c, "n2", True)
     poisoned: list[int] = []
-    while c.now_s < 80.0:
-        while c.inflight:
-            item = c.inflight[0]
-            if item.node == "n2" and isinstance(item.command, Capture) and not poisoned:
-                poisoned.append(item.command.round)
-            c = cl.deliver(c, 0)
-            if poisoned:
-                c = cl.set_poison(c, "n2", False)  # the inner optimizer was reset
-        for name, machine in cl.due_timers(c):
-            c = cl.fire(c, name, machine)
-        for name in sorted(ONE_CLOSER):
-            c = cl.train(c, name, 1)
-        c = cl.tick(c, 0.25)
-    assert not cl.check(c), cl.check(c)
+
+    def note_first_capture(node: str, cmd: Command) -> cl.Fault:
+        if node == "n2" and isinstance(cmd, Capture) and not poisoned:
+            poisoned.append(cmd.round)
+        return cl.Fault.NONE
+
+    def reset_optimizer(c: cl.Cluster) -> cl.Cluster:
+        return cl.set_poison(c, "n2", False) if poisoned else c
+
+    c = run(config, 60.0, note_first_capture, c=c, after=reset_optimizer)
     tape = cl.records(c)
     rejected = [r.round for r in tape if any(x.learner == "n2" for x in r.rejections)]
     assert rejected == poisoned, (rejected, poisoned)
@@ -291,3 +290,21 @@ def test_an_idle_closer_backs_off_and_wakes_within_a_lease_period_of_a_learner()
     c = cl.start(c, "n1")
     c = run(config, 2 * timeout_s + 4.0, roles=roles, c=c)
     assert len(cl.records(c)) > rounds_before, "the closer never woke for the new learner"
+
+
+def test_a_forged_sweep_mark_never_collects_rounds_a_correct_closer_keeps() -> None:
+    """The mark travels in records: one claiming far more than was swept must not make the
+    leader delete the payloads of recent rounds (the frontier's among them)."""
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=2, in_flight=2)
+    c = run(config, 30.0)
+    leader = c.nodes["n0"].closer
+    assert leader is not None
+    forged = attrs.evolve(leader, swept_below=10**6, collect_at_s=0.0)
+    forged, cmds = closer.advance(forged, TimerFired(now_s=c.now_s))
+    lists = [x for x in cmds if isinstance(x, List) and x.prefix == keys.PAYLOADS_PREFIX]
+    assert lists, "the late collection did not list"
+    c = _write_late_snapshot(c, round_=1, learner="n2")  # an old payload to collect
+    listed = c.store.list(keys.PAYLOADS_PREFIX)
+    forged, cmds = closer.advance(forged, Listed(now_s=c.now_s, req=lists[0].req, keys=listed))
+    deleted = {x.prefix for x in cmds if isinstance(x, DeletePrefix)}
+    assert deleted == {keys.payload_prefix(1)}, sorted(deleted)
