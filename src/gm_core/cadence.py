@@ -69,11 +69,19 @@ def seen(cadence: Cadence, now_s: float) -> Cadence:
     return Cadence(since_s=now_s, wait_s=wait_s)
 
 
-def next_look_s(cadence: Cadence, now_s: float, poll_s: float) -> float:
-    """When to look next: half the expected remaining wait from now, at least ``poll_s``."""
+def next_look_s(
+    cadence: Cadence, now_s: float, poll_s: float, *, longest_s: float = float("inf")
+) -> float:
+    """When to look next: half the expected remaining wait from now, at least ``poll_s``
+    and at most ``longest_s``.
+
+    The cap keeps one outlier wait (a pause, a stalled run) from spacing looks out
+    for as long as it lasted: callers pass the lease timeout, the pace at which a
+    run's nodes prove life anyway.
+    """
     if poll_s < 0:
         raise ValueError(f"poll_s must be >= 0, got {poll_s}")
     if cadence.since_s is None or cadence.wait_s is None:
         return now_s + poll_s
     remaining_s = cadence.since_s + cadence.wait_s - now_s
-    return now_s + max(poll_s, remaining_s / 2)
+    return now_s + max(poll_s, min(remaining_s / 2, longest_s))

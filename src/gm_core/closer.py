@@ -387,7 +387,9 @@ def _watch_outcome(
             return state  # a leader's look for a usurper: its listing sets the pace
         # Sparse looks, but one at the takeover deadline: a bid needs a miss after it.
         records = cadence.missed(state.records)
-        look_s = cadence.next_look_s(records, now_s, state.options.poll_s)
+        look_s = cadence.next_look_s(
+            records, now_s, state.options.poll_s, longest_s=state.manifest.config.lease_timeout_s
+        )
         poll_at_s = max(state.poll_at_s, min(look_s, _takeover_due(state)))
         missed_at_s = state.looked_at_s  # the record was absent when this look was sent
         return attrs.evolve(state, records=records, missed_at_s=missed_at_s, poll_at_s=poll_at_s)
@@ -533,7 +535,9 @@ def _paced(state: CloserState, now_s: float) -> CloserState:
             state, first_seen_s=now_s, snapshots=cadence.seen(state.snapshots, now_s)
         )
     snapshots = cadence.missed(state.snapshots)
-    poll_at_s = max(state.poll_at_s, cadence.next_look_s(snapshots, now_s, state.options.poll_s))
+    longest_s = state.manifest.config.lease_timeout_s
+    look_s = cadence.next_look_s(snapshots, now_s, state.options.poll_s, longest_s=longest_s)
+    poll_at_s = max(state.poll_at_s, look_s)
     if not _live(state, now_s):
         # Idle: no learner to wait for. One arriving writes its lease first, and the
         # lease listing, at this same slow pace while idle, wakes us for it

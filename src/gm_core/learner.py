@@ -320,7 +320,9 @@ def _record_outcome(
         if state.phase is Phase.BOOTING:
             return _begin_loading(state, cmds)
         records = cadence.missed(state.records)
-        idle_until_s = cadence.next_look_s(records, now_s, poll_s)
+        idle_until_s = cadence.next_look_s(
+            records, now_s, poll_s, longest_s=state.manifest.config.lease_timeout_s
+        )
         return attrs.evolve(poll_later, records=records, idle_until_s=idle_until_s)
     parsed = parse_record(event.data, purpose.round)
     if isinstance(parsed, BadRecord):

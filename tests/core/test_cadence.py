@@ -86,3 +86,13 @@ def test_an_estimate_too_long_shrinks_when_objects_come_early(wait_s: float, p: 
         c = cadence.seen(c, first)
     assert c.wait_s is not None
     assert c.wait_s <= 2 * p + 1e-6
+
+
+@given(times, waits, times, polls, st.floats(0.01, 1e3, allow_nan=False))
+def test_never_further_than_the_longest_look(
+    since_s: float, wait_s: float, now_s: float, p: float, longest_s: float
+) -> None:
+    """One outlier wait must not space looks out for as long as it lasted."""
+    c = Cadence(since_s=since_s, wait_s=wait_s)
+    assert cadence.next_look_s(c, now_s, p, longest_s=longest_s) <= now_s + max(p, longest_s)
+    assert cadence.next_look_s(c, now_s, p, longest_s=longest_s) <= cadence.next_look_s(c, now_s, p)
