@@ -59,9 +59,7 @@ def main() -> None:
     step_fn: Any = nn.value_and_grad(model, loss_fn)
     rng = np.random.default_rng()
     w = mx.array(np.random.default_rng(0).normal(size=(FEATURES, 1)).astype("f4"))
-    algorithm = DiLoCo(
-        sync_every=args.sync_every, fragments=args.fragments, quorum=1, alignment="carry"
-    )
+    algorithm = DiLoCo(sync_every=args.sync_every, fragments=args.fragments, quorum=1)
     with Session(
         model,
         algorithm=algorithm,

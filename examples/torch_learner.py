@@ -63,9 +63,7 @@ def main() -> None:
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     w = teacher()
-    algorithm = DiLoCo(
-        sync_every=args.sync_every, fragments=args.fragments, quorum=1, alignment="carry"
-    )
+    algorithm = DiLoCo(sync_every=args.sync_every, fragments=args.fragments, quorum=1)
     with Session(
         model,
         algorithm=algorithm,

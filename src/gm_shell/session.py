@@ -117,10 +117,9 @@ class DiLoCo:
             aligned with before ``step()`` waits.
         overlap_steps: if set, ``step()`` waits once it is this many steps past a
             published round whose commit has not arrived (bounds staleness; costs waits).
-        alignment: how a learner folds a commit into its model: ``overwrite`` (the
-            default: the commit replaces the fragment; the steps trained since the
-            snapshot are dropped), ``carry`` (the commit plus those steps; wastes
-            nothing, see ``gm_core.advice``) or ``blend``.
+        alignment: how a learner folds a commit into its model: ``carry`` (the
+            default: the commit plus the steps trained since the snapshot), ``overwrite``
+            (the commit replaces the fragment; those steps are dropped) or ``blend``.
         mixing: with ``blend``, the weight of the commit (1.0 behaves as overwrite).
         merge: how a closer combines accepted deltas: ``mean`` (weighted by
             tokens²/steps) or ``rda`` (mean norm times mean direction).
@@ -151,7 +150,7 @@ class DiLoCo:
     quorum: int = 1
     in_flight: int = 2
     overlap_steps: int | None = None
-    alignment: Alignment = attrs.field(default=Alignment.OVERWRITE, converter=Alignment)
+    alignment: Alignment = attrs.field(default=Alignment.CARRY, converter=Alignment)
     mixing: float = 1.0
     merge: MergeRule = attrs.field(default=MergeRule.MEAN, converter=MergeRule)
     outer_lr: float = 0.7

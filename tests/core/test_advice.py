@@ -42,11 +42,11 @@ def test_every_fix_the_advice_names_silences_it(c: AlgorithmConfig) -> None:
         assert str(advice).startswith(f"alignment={c.alignment.value} in_flight={c.in_flight}")
 
 
-def test_carry_is_not_wasteful_and_overwrite_at_the_default_in_flight_is() -> None:
+def test_the_default_session_config_is_not_wasteful() -> None:
     from gm_shell import DiLoCo
 
-    assert advise(DiLoCo(sync_every=100, alignment="carry").config()) == ()
-    assert advise(DiLoCo(sync_every=100, fragments=4, alignment="carry").config()) == ()
+    assert advise(DiLoCo(sync_every=100).config()) == ()
+    assert advise(DiLoCo(sync_every=100, fragments=4).config()) == ()
     overwrite = DiLoCo(sync_every=100, alignment="overwrite").config()
     (only,) = advise(overwrite)
     assert str(only) == (
