@@ -22,7 +22,9 @@ Decoding runs in stages, each refusing what the next could misread:
    string for an int, no bool for a number, no number for a string; an integer is
    accepted where a float is expected), arrays only for tuples, enum values only by
    their exact string, and every field present (defaults are never filled in: a
-   writer always writes every field) with no field unknown. cattrs reports errors as
+   writer always writes every field; the one exception is a field added after
+   format 1, :data:`ADDED_FIELDS`, which records written before it lack) with no
+   field unknown. cattrs reports errors as
    exception groups with notes; they are flattened into the first failing field in
    declaration order, so the reported path is deterministic.
 5. *Meaning*: ranges and cross-field rules that types cannot say (non-negative
@@ -44,7 +46,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final, NoReturn, TypeVar
 
 import attrs
@@ -77,6 +79,7 @@ from gm_core.records import (
     Snapshot,
     TensorSpec,
     Timing,
+    Unit,
 )
 
 MAX_RECORD_BYTES: Final = 4 * 1024 * 1024
@@ -425,17 +428,28 @@ def _optional_hook(t: Any) -> Callable[[Any, type], Any]:
     return structure
 
 
+ADDED_FIELDS: Mapping[type, Mapping[str, Any]] = {
+    AlgorithmConfig: {"unit": Unit.SAMPLES.value},
+}
+"""Fields added after format 1, with the JSON value a record written before them means.
+
+Only these may be absent (older writers never wrote them); every other field is required."""
+
+
 def _class_hook(cl: type[Any]) -> Callable[[Any, type], Any]:
     structure_fields = make_dict_structure_fn(cl, _converter)
     names = tuple(field.name for field in attrs.fields(cl))
     known = frozenset(names)
+    added = ADDED_FIELDS.get(cl, {})
 
     def structure(value: Any, _: type) -> Any:
         if type(value) is not dict:
             _wrong(value, "an object")
         # Missing before unknown, both before types: every field is required (the
-        # record's defaults serve Python callers, never a reader), and the first
-        # problem in declaration order is the one reported.
+        # record's defaults serve Python callers, never a reader) except those added
+        # later, and the first problem in declaration order is the one reported.
+        if added.keys() - value.keys():
+            value = {**added, **value}
         for name in names:
             if name not in value:
                 raise _FieldError((name,), "missing field")

@@ -73,6 +73,13 @@ class Compression(enum.StrEnum):
     ZSTD = "zstd"
 
 
+class Unit(enum.StrEnum):
+    """What a run's learners count per step, carried as snapshots' ``tokens`` (merge weight)."""
+
+    SAMPLES = "samples"
+    TOKENS = "tokens"
+
+
 @attrs.frozen(kw_only=True)
 class PayloadRef:
     """A tensor payload in the bucket; ``digest`` is the hex content hash of its bytes."""
@@ -134,6 +141,9 @@ class AlgorithmConfig:
     takeover_floor_s: float = 10.0
     global_batch_size: int | None = None
     require_signatures: bool = False
+    unit: Unit = Unit.SAMPLES
+    """What ``tokens`` counts in this run's snapshots and records (the field keeps its name);
+    added after format 1: a manifest without it is a samples run (``Session.step(samples=)``)."""
 
 
 @attrs.frozen(kw_only=True)
