@@ -33,7 +33,13 @@ function. The loop checks it all the same: a note whose captures or pace differ
 from what the core then says stops the runtime (a bug, never a guess).
 
 A step that is not due but has commits to fold in does them and leaves an
-:class:`AppliedNote`, also without waiting. Where no plan fits — the core will
+:class:`AppliedNote`, also without waiting. A planned step folds in only the
+commits its plan needs; others queued then wait for the next step (the barrier
+stays down), so the copy is all a due step does in the common case: folding a
+commit in costs more than the copy (a read, the alignment arithmetic, a write
+back), and numpy's arithmetic lets go of the GIL, which the loop thread may then
+hold for up to the interpreter's switch interval. The core hears of the commit
+applied one step later, as if it had arrived a step later. Where no plan fits — the core will
 stall training at that step, the step is past the planned one (the pace arrived
 late) — or training is stalled, the slow path, :meth:`Pacer.serve`, does what
 it always did:
@@ -266,7 +272,11 @@ class Pacer:
                 self._plan = None
                 self._next_step = plan.next_step
                 self._reported = (self.step, self.tokens)
-            work, self._work = self._work, []
+                # Commits the plan does not need wait for the next step (see the module doc).
+                work: list[Work] = [w for w in self._work if isinstance(w, CaptureWork)]
+                self._work = [w for w in self._work if not isinstance(w, CaptureWork)]
+            else:
+                work, self._work = self._work, []
             self._refresh()
         self._perform(work)
         return True

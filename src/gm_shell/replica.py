@@ -20,12 +20,16 @@ progress, ``θ ← θ + (Θ − anchor)``, i.e. carry with the old anchor as the
 snapshot. The core then keeps counting steps from the old anchor, so the next
 delta ``Θ − θ`` is again exactly the local steps it reports.
 
-Buffers. A copy is made into a buffer kept from the fragment's previous
-capture, so a due step only copies (no allocation or page faults after the
-first cycle). Ownership passes with the :class:`Taken`: the worker that
-encodes the delta gives the buffer back (:meth:`Taken.delta` then
+Buffers. A copy is made into a buffer kept from an earlier capture, so a due
+step only copies (no allocation or page faults after the first cycles: on a
+due step that follows a pause, a fresh ``numpy.empty`` alone costs tens of
+microseconds of cold code). Ownership passes with the :class:`Taken`: the
+worker that encodes the delta gives the buffer back (:meth:`Taken.delta` then
 :meth:`Replica.recycle`), except a ``carry`` copy, which the replica keeps
-until the round's commit is applied and is never reused.
+until the round's commit is applied; it is free again when that commit used it
+as the snapshot, since the commit's record names the delta, which the worker
+had finished encoding before it was uploaded. Folding a commit in uses a free
+buffer as its scratch too.
 
 Anchors are fp32, and they are the commit *as the model holds it*: a bf16 model
 holds a committed fp32 value rounded to bf16, and anchoring at the unrounded
@@ -49,9 +53,10 @@ from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment, FragmentPlan
 from gm_shell.models import FragmentAccess, ModelAdapter
 
-POOLED = 1
-"""Free buffers kept per fragment: a fragment's next capture is a whole cycle later, long
-after the worker gave the last one back; more would only hold memory."""
+POOLED = 2
+"""Free buffers kept per fragment. A ``carry`` copy comes back only when its round's
+commit is folded in, which can be after the fragment's next capture (``in_flight`` ≥ P):
+two cover that lag; more would only hold memory."""
 
 
 class Taken(NamedTuple):
@@ -97,18 +102,25 @@ class Replica:
         """θ of ``fragment`` now, copied into a pooled buffer; kept for carry if asked."""
         anchor = self._anchors[fragment]
         assert anchor is not None, "a fragment is captured only after the join loaded it"
-        free = self._free[fragment]
-        theta = np.empty(anchor.shape[0], dtype=np.float32) if keep_copy or not free else free.pop()
+        theta = self._buffer(fragment, anchor.shape[0])
         self.fragments[fragment].gather(theta)
         if keep_copy:
             self._taken[round_] = theta
         return Taken(round_, fragment, anchor, theta, keep_copy)
 
+    def _buffer(self, fragment: int, size: int) -> F32:
+        free = self._free[fragment]
+        return free.pop() if free else np.empty(size, dtype=np.float32)
+
+    def _give_back(self, fragment: int, buffer: F32) -> None:
+        free = self._free[fragment]
+        if len(free) < POOLED:
+            free.append(buffer)  # deque appends and pops are atomic
+
     def recycle(self, taken: Taken) -> None:
         """``taken``'s buffer is free again (its delta was encoded); any thread may call."""
-        free = self._free[taken.fragment]
-        if not taken.kept and len(free) < POOLED:
-            free.append(taken.theta)  # deque appends and pops are atomic
+        if not taken.kept:
+            self._give_back(taken.fragment, taken.theta)
 
     def forget(self, round_: int) -> None:
         """The snapshot of ``round_`` was never published: carry must not use its copy."""
@@ -120,14 +132,19 @@ class Replica:
         """Fold ``committed`` into the model by ``mode``; it becomes the fragment's anchor."""
         access = self.fragments[fragment]
         anchor = self._anchors[fragment]
+        kept = self._taken.pop(round_, None)
         if mode is Alignment.OVERWRITE or anchor is None:
             access.scatter(committed)
         else:
-            theta = self.read(fragment)
-            snapshot = self._taken.get(round_, anchor) if mode is Alignment.CARRY else None
+            theta = self._buffer(fragment, access.layout.total)
+            access.gather(theta)
+            snapshot = (anchor if kept is None else kept) if mode is Alignment.CARRY else None
             align(theta, committed, mode, mixing, snapshot)
             access.scatter(theta)
+            self._give_back(fragment, theta)
         self._anchors[fragment] = access.held(committed)
+        if kept is not None:  # the commit took our delta: the worker is done with this copy
+            self._give_back(fragment, kept)
         for old in [r for r in self._taken if r <= round_]:
             del self._taken[old]
 

@@ -221,8 +221,14 @@ class Runtime:
     # -- feeding the machines (loop thread only) ------------------------------------------------
 
     def _feed(self, machine: Machine, event: Event | None) -> None:
-        """Feed the training thread's notes, then ``event``, then plan the next due step."""
-        if self.pacer is None:
+        """Feed the training thread's notes, then ``event``, then plan the next due step.
+
+        The closer's events need none of that: they change neither the learner's state
+        nor the queue a plan is made from, so they are fed without the pacer's lock (a
+        due step never waits for a closer's transition) and leave the notes to the
+        learner's next feed, which :meth:`wake` has already asked for.
+        """
+        if self.pacer is None or machine is Machine.CLOSER:
             if event is not None:
                 self._step(machine, event)
             return

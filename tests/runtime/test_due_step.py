@@ -24,7 +24,7 @@ import torch
 from runtime_worker import IN, TEACHER, torch_model
 
 from gm_core import codec, keys, schedule
-from gm_core.records import RoundRecord, Snapshot
+from gm_core.records import Alignment, FragmentPlan, RoundRecord, Snapshot
 from gm_shell import DiLoCo, Session, SessionOptions
 from gm_shell.fragments import FragmentCodec, Role
 from gm_shell.loopthread import LoopThread
@@ -201,3 +201,36 @@ def test_posts_reach_the_loop_in_order_and_stop_ends_the_forwarder() -> None:
     assert {"post-test", "post-test-post"} <= before
     loop.stop()
     assert not {"post-test", "post-test-post"} & {t.name for t in threading.enumerate()}
+
+
+def test_a_carry_copy_is_reused_after_its_commit_took_it_never_while_a_worker_may_read() -> None:
+    """A ``carry`` copy comes back to the fragment's free buffers when the commit that
+    used it as the snapshot is folded in (the worker had encoded it before the upload the
+    commit names), so the fragment's next capture copies into it; a copy forgotten because
+    the commit left the snapshot out (its worker may still be encoding it) never does."""
+    model = torch.nn.Linear(4, 3)
+    replica = Replica(adapt(model), FragmentPlan(fragments=(("weight", "bias"),)))
+    replica.overwrite_all([replica.read(0)])
+    rng = np.random.default_rng(3)
+
+    def train() -> np.ndarray:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.from_numpy(rng.normal(size=tuple(p.shape)).astype(np.float32)))
+        return replica.read(0)
+
+    theta = train()
+    first = replica.take(0, 0, keep_copy=True)
+    np.testing.assert_array_equal(first.theta, theta)
+    committed = rng.normal(size=theta.shape[0]).astype(np.float32)
+    after = train()
+    replica.apply(0, 0, committed, Alignment.CARRY, 1.0)
+    np.testing.assert_allclose(replica.read(0), after - theta + committed, rtol=1e-6)
+    theta = train()
+    second = replica.take(2, 0, keep_copy=True)
+    assert second.theta is first.theta  # the commit took round 0's copy: reused
+    np.testing.assert_array_equal(second.theta, theta)
+    replica.forget(2)  # round 2's commit left our snapshot out: a worker may still read it
+    replica.apply(2, 0, committed, Alignment.CARRY, 1.0)
+    for round_ in (4, 6, 8):
+        assert replica.take(round_, 0, keep_copy=True).theta is not second.theta
