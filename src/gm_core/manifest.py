@@ -34,6 +34,8 @@ adapter deltas meaningless.
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 
 from gm_core.records import AlgorithmConfig, FrozenTensor, Manifest, TensorSpec, WireFormat
@@ -67,11 +69,16 @@ def _format_mismatch(mine: int, theirs: int) -> list[str]:
 def config_mismatch(mine: AlgorithmConfig, theirs: AlgorithmConfig) -> list[str]:
     """One phrase per config field that differs, in declaration order."""
     return [
-        f"config.{field.name}: the run has {getattr(theirs, field.name)!r}, "
-        f"this node has {getattr(mine, field.name)!r}"
+        f"config.{field.name}: the run has {_shown(getattr(theirs, field.name))}, "
+        f"this node has {_shown(getattr(mine, field.name))}"
         for field in attrs.fields(AlgorithmConfig)
         if getattr(mine, field.name) != getattr(theirs, field.name)
     ]
+
+
+def _shown(value: object) -> str:
+    """A config value as the user wrote it: an enum by its value (``'carry'``, not its repr)."""
+    return repr(value.value if isinstance(value, enum.Enum) else value)
 
 
 def schema_mismatch(mine: tuple[TensorSpec, ...], theirs: tuple[TensorSpec, ...]) -> list[str]:

@@ -67,6 +67,7 @@ from gm_core.records import (
     MergeRule,
     Partition,
     TensorSpec,
+    Unit,
     WireFormat,
 )
 from gm_shell import events, leaving
@@ -143,6 +144,8 @@ class DiLoCo:
             treated as gone (rounds stop waiting for it).
         takeover_floor_s: the least a follower waits for the next record before it
             claims the round from a silent closer.
+        unit: what ``step()`` counts: ``samples`` (``step(samples=n)``) or ``tokens``
+            (``step(tokens=n)``); it weighs the deltas and ``gm status`` reports it.
     """
 
     sync_every: int
@@ -167,6 +170,7 @@ class DiLoCo:
     grace_gamma: float = 0.5
     lease_timeout_s: float = 30.0
     takeover_floor_s: float = 10.0
+    unit: Unit = attrs.field(default=Unit.SAMPLES, converter=Unit)
     sync_filter: str | None = None
     """Which parameters the run synchronizes: None, the trainable ones (``requires_grad``;
     a LoRA model's adapters); else those whose name this regular expression matches. The
@@ -305,6 +309,8 @@ class Session:
         self._on_diverged = on_diverged
         self._divergences = 0
         self._pacer: Pacer | None = None
+        self._counts_tokens = False
+        """The run's ``unit`` is tokens (set from its manifest when the session starts)."""
         self._runtime: Runtime | None = None
         self._loop: LoopThread | None = None
         self._mailbox: Mailbox | None = None
@@ -337,6 +343,7 @@ class Session:
             self._mailbox = self._open_mailbox()
             adapter = self._adapt()
             self.manifest = self._open_run(adapter)
+            self._counts_tokens = self.manifest.config.unit is Unit.TOKENS
             self._warn_if_wire_is_wide(adapter, self.manifest)
             if adapter is not None and self.role is not Role.CLOSER:
                 self._replica = Replica(adapter, self.manifest.plan)
@@ -433,27 +440,49 @@ class Session:
 
     # -- training --------------------------------------------------------------------------------
 
-    def step(self, samples: int = 1) -> None:
-        """Count one optimizer step of ``samples`` samples; I/O-free, slow only when work is due.
+    def step(self, samples: int | None = None, *, tokens: int | None = None) -> None:
+        """Count one optimizer step; I/O-free, slow only when work is due.
 
         Args:
-            samples: what this step trained on, in any unit used consistently by
-                every learner (samples or tokens): it weighs this learner's deltas.
+            samples: the examples (sequences, images, rows) this step trained on;
+                counted by a run of ``DiLoCo(unit="samples")``, the default (1 if omitted).
+            tokens: the tokens this step trained on; counted by a run of
+                ``DiLoCo(unit="tokens")``, where it is required.
+
+        The run's unit weighs this learner's deltas (tokens²/steps, whichever unit) and is
+        what ``gm status`` reports as committed; the other count, when given too, is ignored.
 
         Raises:
+            ValueError: only the count the run does not use was given.
             StalledError: no progress for ``stall_timeout_s`` (the message says where
                 the learner waits and what to check).
         """
         pacer = self._pacer
         if pacer is None:
             raise RuntimeError("step() needs a started session with a learner role")
+        count = tokens if self._counts_tokens else samples
+        if count is None:
+            count = self._missing_count(samples, tokens)
         pacer.step += 1
-        pacer.tokens += samples
+        pacer.tokens += count
         if pacer.step >= pacer.barrier:
             pacer.stepped(self.options.stall_timeout_s, self._why)
             runtime = self._runtime
             if runtime is not None and runtime.divergences != self._divergences:
                 self._diverged(runtime.divergences)
+
+    def _missing_count(self, samples: int | None, tokens: int | None) -> int:
+        """``step()`` without the run's count: one sample, or a mistake worth naming."""
+        if self._counts_tokens:
+            raise ValueError(
+                "this run counts tokens (DiLoCo(unit='tokens')): pass step(tokens=...)"
+            )
+        if tokens is not None:
+            raise ValueError(
+                "this run counts samples: pass step(samples=...), or create the run with "
+                "DiLoCo(unit='tokens') to count tokens"
+            )
+        return 1
 
     def _diverged(self, times: int) -> None:
         """The learner reloaded its model after a non-finite delta (on this thread, between

@@ -106,7 +106,8 @@ class LearnerTally:
     trains is reported once per fragment; the sum over the window divided by ``P``
     counts it once (with ``carry`` and no rejections, what the learner trained)."""
     tokens: int
-    """Tokens whose work reached a commit, counted like ``steps``."""
+    """Samples or tokens (the run's ``config.unit``; the records' field name) whose work
+    reached a commit, counted like ``steps``."""
     rejected: int
     last_round: int
 
@@ -645,7 +646,7 @@ def format_status(s: RunStatus) -> str:
                         "learner",
                         "rounds",
                         "steps committed",
-                        "tokens committed",
+                        f"{s.config.unit} committed",
                         "rejected",
                         "last round",
                     ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import attrs
@@ -29,6 +30,7 @@ from gm_core.records import (
     Partition,
     PayloadRef,
     TensorSpec,
+    Unit,
     WireFormat,
 )
 
@@ -57,6 +59,7 @@ configs = st.builds(
     partition=st.just(Partition.BYTES),
     delta_format=st.sampled_from(list(WireFormat)),
     compression=st.sampled_from(list(Compression)),
+    unit=st.sampled_from(list(Unit)),
 )
 
 
@@ -96,7 +99,13 @@ CHANGES: dict[str, Any] = {
     "compression": lambda v: Compression.ZSTD if v is Compression.NONE else Compression.NONE,
     "lease_timeout_s": lambda v: v + 1,
     "global_batch_size": lambda v: 64 if v is None else v * 2,
+    "unit": lambda v: Unit.TOKENS if v is Unit.SAMPLES else Unit.SAMPLES,
 }
+
+
+def shown(value: Any) -> str:
+    """How a mismatch message writes a value: as the user spells it (an enum by its value)."""
+    return repr(value.value if isinstance(value, enum.Enum) else value)
 
 
 @given(configs, schemas(), st.lists(st.sampled_from(sorted(CHANGES)), min_size=1, unique=True))
@@ -109,8 +118,8 @@ def test_every_changed_config_field_is_named_with_both_values(
     for name in attrs.fields_dict(AlgorithmConfig):
         assert (f"config.{name}:" in message) == (name in changed), (name, message)
     for name in changed:
-        assert f"the run has {getattr(config, name)!r}" in message
-        assert f"this node has {getattr(mine, name)!r}" in message
+        assert f"the run has {shown(getattr(config, name))}" in message
+        assert f"this node has {shown(getattr(mine, name))}" in message
 
 
 @given(configs, schemas(), st.data())

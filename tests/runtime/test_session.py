@@ -149,6 +149,27 @@ def test_a_node_with_another_config_or_model_is_refused_by_name() -> None:
             align(other, mailbox=url)
 
 
+def test_a_run_counts_samples_or_tokens_and_step_names_the_one_it_needs() -> None:
+    model, _ = torch_model(0)
+    url = fresh_url()
+    with Session(
+        model, algorithm=algorithm(quorum=1, unit="tokens"), mailbox=url, options=FAST
+    ) as s:
+        with pytest.raises(ValueError, match=r"counts tokens .*step\(tokens=\.\.\.\)"):
+            s.step(samples=32)
+        s.step(samples=32, tokens=32 * 64)
+        assert s.step_count == 1
+        with pytest.raises(
+            RunMismatchError, match=r"config\.unit: the run has 'tokens', this node has 'samples'"
+        ):
+            Session(model, algorithm=algorithm(quorum=1), mailbox=url).start()
+    with Session(model, algorithm=algorithm(quorum=1), mailbox=fresh_url(), options=FAST) as s:
+        with pytest.raises(ValueError, match=r"counts samples: pass step\(samples=\.\.\.\)"):
+            s.step(tokens=32 * 64)
+        s.step()  # one sample
+        assert s.step_count == 1
+
+
 def test_without_a_run_or_a_closer_the_errors_say_what_is_missing() -> None:
     with pytest.raises(RunError, match="no run here"):
         Session(role="closer", algorithm=algorithm(), mailbox=fresh_url()).start()

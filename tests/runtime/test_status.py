@@ -38,6 +38,7 @@ from gm_shell.status import RunStatus, gather_status
 H, P = 4, 2
 STEPS = 48
 POISON_STEP = 20
+TOKENS_PER_SAMPLE = 16
 S3_MARKS = (pytest.mark.servers, pytest.mark.xdist_group("runtime-s3"))
 """As in this folder's conftest: the SeaweedFS tests share one worker and one server."""
 
@@ -51,8 +52,11 @@ FAST = SessionOptions(
 )
 
 
-def train_two_nodes(url: str, *, poison: bool = True, alignment: str = "overwrite") -> list[int]:
-    """Two sessions train STEPS steps of 32 samples; n1 turns NaN at POISON_STEP if ``poison``.
+def train_two_nodes(
+    url: str, *, poison: bool = True, alignment: str = "overwrite", unit: str = "samples"
+) -> list[int]:
+    """Two sessions train STEPS steps of 32 samples (of TOKENS_PER_SAMPLE tokens each, counted
+    if ``unit`` is tokens); n1 turns NaN at POISON_STEP if ``poison``.
 
     Returns their final rounds.
     """
@@ -64,6 +68,7 @@ def train_two_nodes(url: str, *, poison: bool = True, alignment: str = "overwrit
         alignment=alignment,
         lease_timeout_s=3.0,
         takeover_floor_s=4.0,
+        unit=unit,
     )
     barrier = threading.Barrier(2)
     finals: dict[int, int] = {}
@@ -80,7 +85,7 @@ def train_two_nodes(url: str, *, poison: bool = True, alignment: str = "overwrit
                         model.fc2.bias.fill_(float("nan"))
                 x = rng.normal(size=(32, IN)).astype(np.float32)
                 train(x, x @ TEACHER)
-                s.step(samples=32)
+                s.step(samples=32, tokens=32 * TOKENS_PER_SAMPLE)
             barrier.wait(timeout=60)  # nobody leaves while the other still needs a closer
         assert s.checkpoint is not None
         finals[i] = s.checkpoint.round
@@ -240,10 +245,14 @@ def test_the_newest_round_frontier_and_window_are_what_the_tape_holds(tape: Tape
     assert s.status_requests.get_requests <= status.DEFAULT_LAST + 4
 
 
-def test_each_learner_is_credited_with_the_steps_and_tokens_it_trained(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("unit", "per_step"), [("samples", 32), ("tokens", 32 * TOKENS_PER_SAMPLE)]
+)
+def test_each_learner_is_credited_with_the_steps_and_samples_or_tokens_it_trained(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], unit: str, per_step: int
 ) -> None:
-    """A run with known totals: two healthy learners, STEPS steps of 32 samples each, carry.
+    """A run with known totals: two healthy learners, STEPS steps of 32 samples each, carry;
+    the run counts samples or tokens (its ``unit``), and status names the one it counts.
 
     Every step a learner trains is in the snapshot of each of the P fragments, so the
     snapshots' sum is P times the training; status counts each step once. Steps after a
@@ -251,7 +260,7 @@ def test_each_learner_is_credited_with_the_steps_and_tokens_it_trained(
     whose previous round is still open), so up to a gap of H/P steps per fragment is lost.
     """
     folder = tmp_path / "run"
-    train_two_nodes(url(folder), poison=False, alignment="carry")
+    train_two_nodes(url(folder), poison=False, alignment="carry", unit=unit)
     records = records_on_disk(folder)
     assert not any(r.rejections for r in records)  # the premise: everything trained counts
     s = read(folder, everything=True)
@@ -262,10 +271,10 @@ def test_each_learner_is_credited_with_the_steps_and_tokens_it_trained(
         assert STEPS - H // P <= steps <= STEPS, (name, steps)
         summed = sum(p.steps for r in records for p in r.participants if p.learner == name)
         assert steps == round(summed / P)
-        assert tokens == round(32 * summed / P)  # 32 samples in every step
+        assert tokens == round(per_step * summed / P)  # the same count in every step
     code, out, _ = gm(capsys, url(folder), "--all")
     assert code == 0
-    assert "steps committed  tokens committed" in out
+    assert f"steps committed  {unit} committed" in out
     row = next(line.split() for line in out.splitlines() if line.strip().startswith("n0 "))
     assert row[2:4] == [f"{credited['n0'][0]:,}", f"{credited['n0'][1]:,}"]
 

@@ -58,6 +58,7 @@ def algorithm(spec: DemoSpec) -> DiLoCo:
         overlap_steps=knobs.overlap_steps,
         delta_format=knobs.delta_format,
         partition="strided",
+        unit="tokens",
     )
 
 
@@ -104,7 +105,7 @@ def run_learner(spec: DemoSpec, run: layout.RunDir, index: int, out: ProgressWri
     ) as session:
         hooks = Hooks(
             batch_of=lambda step: stream.batch(step, index),
-            after_step=lambda _: session.step(samples=tokens),
+            after_step=lambda _: session.step(samples=spec.data.batch, tokens=tokens),
             round_of=lambda: session.round,
         )
         totals = train(spec, model, optimizer, hooks, out)
