@@ -11,6 +11,7 @@ Keys are relative to the run prefix (the mailbox prepends it)::
     payloads/{round:012d}/{digest}.st          tensor bytes, named by their content hash
     leases/{node}.json                         a node's liveness token
     claims/{round:012d}/{attempt:04d}.json     create-once takeover bids for a round
+    nodes/{node}/resume.bin                    a node's own training state (opt-in resume)
 
 Numbers are zero-padded to a fixed width so that the byte order of keys, which is
 what every object store lists in, equals numeric order: the newest round is the last
@@ -54,6 +55,8 @@ SNAPSHOTS_PREFIX = "snapshots/"
 PAYLOADS_PREFIX = "payloads/"
 LEASES_PREFIX = "leases/"
 CLAIMS_PREFIX = "claims/"
+NODES_PREFIX = "nodes/"
+RESUME_NAME = "resume.bin"
 
 _ROUND_WIDTH = 12
 _ATTEMPT_WIDTH = 4
@@ -150,7 +153,16 @@ class ClaimKey:
     attempt: int
 
 
-ParsedKey = ManifestKey | HeadKey | RoundKey | SnapshotKey | PayloadKey | LeaseKey | ClaimKey
+@attrs.frozen
+class ResumeKey:
+    """``nodes/{node}/resume.bin``."""
+
+    node: str
+
+
+ParsedKey = (
+    ManifestKey | HeadKey | RoundKey | SnapshotKey | PayloadKey | LeaseKey | ClaimKey | ResumeKey
+)
 
 
 # --- builders ------------------------------------------------------------------------
@@ -228,6 +240,15 @@ def claim(r: int, attempt: int) -> str:
     return f"{claim_prefix(r)}{number}{_JSON}"
 
 
+def resume(node: str) -> str:
+    """Key of ``node``'s resume state: what its own training needs beyond the shared model.
+
+    Under a folder of the node's own (``nodes/{node}/``), which no closer lists or sweeps:
+    only that node writes and reads it, and it lives as long as the run.
+    """
+    return f"{NODES_PREFIX}{_id(node, 'node')}/{RESUME_NAME}"
+
+
 def build(parsed: ParsedKey) -> str:
     """The key a parsed value stands for; the inverse of :func:`parse`."""
     match parsed:
@@ -245,6 +266,8 @@ def build(parsed: ParsedKey) -> str:
             return lease(node)
         case ClaimKey(round=r, attempt=attempt):
             return claim(r, attempt)
+        case ResumeKey(node=node):
+            return resume(node)
         case _:
             assert_never(parsed)
 
@@ -317,6 +340,11 @@ def parse(key: str) -> ParsedKey:
         r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
         attempt = _parse_number(key, _strip(key, name, _JSON), _ATTEMPT_WIDTH, "attempt")
         return ClaimKey(r, attempt)
+    if folder == NODES_PREFIX[:-1]:
+        _, node, name = _segments(key, parts, 3)
+        if name != RESUME_NAME:
+            raise BadKey(key, f"{name!r} is not {RESUME_NAME!r}")
+        return ResumeKey(_parse_id(key, node, "node"))
     raise BadKey(key, f"unknown folder {folder!r}")
 
 

@@ -3,6 +3,7 @@
 from gm_core.records import Alignment, Compression, MergeRule, Partition, Reason, WireFormat
 from gm_shell.align import Checkpoint, align
 from gm_shell.pacer import StalledError
+from gm_shell.resume import ResumeError
 from gm_shell.run import RunError, RunMismatchError
 from gm_shell.session import DiLoCo, DivergedError, Role, Session, SessionOptions
 from gm_shell.stores import MailboxOptions
@@ -17,6 +18,7 @@ __all__ = [
     "MergeRule",
     "Partition",
     "Reason",
+    "ResumeError",
     "Role",
     "RunError",
     "RunMismatchError",

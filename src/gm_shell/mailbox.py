@@ -122,6 +122,15 @@ class UnavailableError(MailboxError):
     """Transient failures outlasted the retry budget; the store may come back."""
 
 
+class TooLargeError(MailboxError):
+    """An object is bigger than its reader allows: refused before its body is downloaded."""
+
+    def __init__(self, key: str, size: int, limit: int) -> None:
+        super().__init__("get", key, f"the object is {size:,} bytes, over the {limit:,}-byte limit")
+        self.size = size
+        self.limit = limit
+
+
 class PutOutcome(enum.Enum):
     CREATED = "created"
     EXISTS = "exists"
@@ -378,12 +387,18 @@ class Mailbox:
             raise UnavailableError("put", key, "object vanished right after it was written")
         return etag
 
-    async def get(self, key: str) -> Got | None:
-        """The object's bytes and ETag, or None when it does not exist."""
+    async def get(self, key: str, *, max_bytes: int | None = None) -> Got | None:
+        """The object's bytes and ETag, or None when it does not exist.
+
+        With ``max_bytes``, an object whose reply declares more is refused with
+        :class:`TooLargeError` once its headers are in, before its body is read.
+        """
         check_key(key, "get")
 
-        def fetch() -> tuple[bytes, Any]:
+        def fetch() -> tuple[bytes | None, Any]:
             result = self._store.get(key)
+            if max_bytes is not None and result.meta["size"] > max_bytes:
+                return None, result.meta  # the body is never read
             return result.bytes().to_bytes(), result.meta
 
         try:
@@ -392,6 +407,8 @@ class Mailbox:
             # A GET's 404 body names a missing bucket, so this absence is real.
             self._bucket_confirmed = True
             return None
+        if data is None:
+            raise TooLargeError(key, meta["size"], max_bytes or 0)
         self._meter.received(len(data))
         return Got(data=data, etag=_etag(meta["e_tag"], meta))
 

@@ -47,7 +47,7 @@ import socket
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -56,6 +56,7 @@ import attrs
 from gm_core import closer as core_closer
 from gm_core import keys
 from gm_core import learner as core_learner
+from gm_core import resume as core_resume
 from gm_core.advice import advise
 from gm_core.manifest import natural_format, wire_wider_than_params
 from gm_core.records import (
@@ -79,6 +80,7 @@ from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, adapt
 from gm_shell.pacer import Pacer, StalledError
 from gm_shell.replica import Replica
+from gm_shell.resume import Resumer, default_max_bytes
 from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
 from gm_shell.runtime import Machine, Runtime, now
 from gm_shell.stores import MailboxOptions
@@ -220,6 +222,13 @@ class SessionOptions:
     max_divergences: int = 2
     """Non-finite rejections in a row (each followed by a reload) before ``step()`` raises
     :class:`DivergedError`."""
+    resume_every_rounds: int | None = None
+    """With ``Session(resume=...)``: rounds of commits between two saves of this node's resume
+    state; None: the run's ``fragments`` (one save per ``sync_every`` steps)."""
+    resume_max_bytes: int | None = None
+    """With ``Session(resume=...)``: the largest resume state this node saves or reads back (a
+    bigger object in the bucket is refused unread); None: 16 bytes per synchronized parameter
+    plus 64 MiB."""
 
 
 class WireWidthWarning(UserWarning):
@@ -271,9 +280,21 @@ class Session:
         on_diverged: called (on the training thread) after a commit rejected this
             learner's delta as non-finite and the model was reloaded: reset the inner
             optimizer's state there.
+        resume: this node's own training state, to resume exactly after a restart with the
+            same ``node`` id: a dict of names to values, e.g. ``{"optimizer": opt,
+            "scheduler": sched, "data": loader}``. Values with ``state_dict()`` and
+            ``load_state_dict()`` are restored in place, others replaced in the dict. It is
+            saved to the bucket (``nodes/{node}/resume.bin``) when the node joins, at commit
+            boundaries (:attr:`SessionOptions.resume_every_rounds`) and when it closes, and
+            restored on entering, before training starts; :attr:`step_count` then goes on
+            from the saved step. The model is not in it: its parameters come from the newest
+            commit. See the guide "Resuming".
 
     Raises:
-        ValueError: a bad node id, or no model for a training role.
+        ValueError: a bad node id, no model for a training role, or ``resume`` for a
+            closer or holding the model.
+        gm_shell.ResumeError: ``resume`` was given and the node's saved state cannot be read
+            (the message names the object and how to start afresh).
         gm_shell.RunMismatchError: the run exists with other settings or another model.
         gm_shell.mailbox.MailboxError: the bucket cannot be used (the message says why
             and what to do).
@@ -292,10 +313,15 @@ class Session:
         callbacks: Sequence[events.Callback] = (),
         run_id: str | None = None,
         on_diverged: Callable[[], None] | None = None,
+        resume: MutableMapping[str, Any] | None = None,
     ) -> None:
         self.role = Role(role)
         if model is None and self.role is not Role.CLOSER:
             raise ValueError(f"role {self.role} trains a model: pass one")
+        if resume is not None and (
+            self.role is Role.CLOSER or any(v is model for v in resume.values())
+        ):
+            raise ValueError("resume= holds a learner's own state, not the model (the bucket's)")
         self.node = node or default_node_id()
         if not keys.valid_id(self.node):
             raise ValueError(f"node id {self.node!r}: 1-64 of [A-Za-z0-9._-], no '..'")
@@ -308,6 +334,9 @@ class Session:
         self._hub = events.EventHub(callbacks)
         self._on_diverged = on_diverged
         self._divergences = 0
+        self._resume = resume
+        self._resumer: Resumer | None = None
+        self._step_base = 0
         self._pacer: Pacer | None = None
         self._counts_tokens = False
         """The run's ``unit`` is tokens (set from its manifest when the session starts)."""
@@ -353,9 +382,37 @@ class Session:
             self._runtime.start()
             if self._pacer is not None:
                 self._pacer.serve(self._pacer.running, self.options.join_timeout_s, self._why)
+                self._start_resume(self.manifest)
         except BaseException:
             self._leave()  # the runtime may have written the lease already
             raise
+
+    def _start_resume(self, manifest: Manifest) -> None:
+        """Restore this node's saved training state, or save its first one (opt-in)."""
+        if self._resume is None:
+            return
+        assert self._mailbox is not None
+        assert self._loop is not None
+        parameters = sum(math.prod(t.shape) for t in manifest.schema)
+        opts = self.options
+        self._resumer = Resumer(
+            self._resume,
+            mailbox=self._mailbox,
+            loop=self._loop,
+            run=manifest.run_id,
+            node=self.node,
+            every=core_resume.every_rounds(opts.resume_every_rounds, manifest.config.fragments),
+            max_bytes=opts.resume_max_bytes or default_max_bytes(parameters),
+        )
+        saved = self._resumer.restore()
+        if saved is None:
+            self._resumer.save(self.round, 0)
+        else:
+            self._step_base = saved.step
+            self._resumer.saved_round = self.round
+            events.LOG.info(
+                "%s: resumed at step %d (saved at round %d)", self.node, saved.step, saved.round
+            )
 
     def _adapt(self) -> ModelAdapter | None:
         if self._model is None:
@@ -470,6 +527,8 @@ class Session:
             runtime = self._runtime
             if runtime is not None and runtime.divergences != self._divergences:
                 self._diverged(runtime.divergences)
+            if self._resumer is not None:
+                self._resumer.at_boundary(self.round, self.step_count)
 
     def _missing_count(self, samples: int | None, tokens: int | None) -> int:
         """``step()`` without the run's count: one sample, or a mistake worth naming."""
@@ -544,6 +603,8 @@ class Session:
                     timeout_s = self.options.close_timeout_s + 30.0
                     pacer.serve(runtime.learner_closed.is_set, timeout_s, self._why)
                     self.checkpoint = self._leave_at_newest(runtime)
+                    if self._resumer is not None:
+                        self._resumer.save(self.checkpoint.round, self.step_count, raising=False)
                 if runtime.closer is not None:
                     runtime.request_close(Machine.CLOSER)
         except BaseException:
@@ -635,7 +696,8 @@ class Session:
 
     @property
     def step_count(self) -> int:
-        return self._pacer.step if self._pacer is not None else 0
+        """Optimizer steps this node has counted, from the saved step when it resumed."""
+        return self._step_base + (self._pacer.step if self._pacer is not None else 0)
 
     @property
     def round(self) -> int:

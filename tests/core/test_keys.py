@@ -19,6 +19,7 @@ from gm_core.keys import (
     ManifestKey,
     ParsedKey,
     PayloadKey,
+    ResumeKey,
     RoundKey,
     SnapshotKey,
 )
@@ -51,6 +52,7 @@ parsed_keys: st.SearchStrategy[ParsedKey] = st.one_of(
     st.builds(PayloadKey, rounds, digests),
     st.builds(LeaseKey, ids),
     st.builds(ClaimKey, rounds, attempts),
+    st.builds(ResumeKey, ids),
 )
 
 # Pieces that look like parts of keys, so that fuzzing reaches deep into the parser.
@@ -62,6 +64,8 @@ TOKENS = [
     "payloads",
     "leases",
     "claims",
+    "nodes",
+    "resume.bin",
     "/",
     "//",
     ".json",
@@ -223,6 +227,16 @@ def test_builders_refuse_invalid_ids(bad: str) -> None:
         keys.snapshot(0, bad)
     with pytest.raises(ValueError, match="not a valid id"):
         keys.lease(bad)
+    with pytest.raises(ValueError, match="not a valid id"):
+        keys.resume(bad)
+
+
+@given(ids)
+def test_a_resume_key_sits_in_its_nodes_own_folder_outside_every_swept_one(node: str) -> None:
+    key = keys.resume(node)
+    assert key == f"nodes/{node}/resume.bin"
+    swept = (keys.SNAPSHOTS_PREFIX, keys.PAYLOADS_PREFIX, keys.CLAIMS_PREFIX, keys.LEASES_PREFIX)
+    assert not key.startswith(swept)
 
 
 @pytest.mark.parametrize("bad", ["", "A" * 64, "a" * 63, "a" * 65, "g" * 64, "a" * 63 + "\n"])
@@ -248,6 +262,7 @@ def test_parse_inverts_each_builder(r: int, name: str, digest: str, attempt: int
     assert keys.parse(keys.payload(r, digest)) == PayloadKey(r, digest)
     assert keys.parse(keys.lease(name)) == LeaseKey(name)
     assert keys.parse(keys.claim(r, attempt)) == ClaimKey(r, attempt)
+    assert keys.parse(keys.resume(name)) == ResumeKey(name)
 
 
 def _parses_exactly_or_refuses(key: str) -> bool:
@@ -336,6 +351,13 @@ HOSTILE_KEYS = [
     "claims/000000000001/000a.json",
     "claims/000000000001.json",
     "claims/000000000001/0001/x.json",
+    "nodes/a/resume.json",
+    "nodes/a/resume.bin/",
+    "nodes/../resume.bin",
+    "nodes/.a/resume.bin",
+    "nodes/a/b/resume.bin",
+    "nodes/resume.bin",
+    "nodes/a/Resume.bin",
 ]
 
 

@@ -20,7 +20,7 @@ import pytest
 from mailbox_targets import Target
 
 from gm_shell.accounting import RequestClass
-from gm_shell.mailbox import Listed, Mailbox, PutOutcome
+from gm_shell.mailbox import Listed, Mailbox, PutOutcome, TooLargeError
 
 WRITERS = 16
 RACE_KEYS = 3
@@ -187,6 +187,22 @@ def test_large_payload_round_trips(target: Target) -> None:
         assert spent.put_requests - spent.retries <= 1
         assert spent.bytes_out >= LARGE_BYTES
         assert spent.bytes_in == LARGE_BYTES
+
+    asyncio.run(body())
+
+
+def test_a_bounded_get_refuses_a_bigger_object_by_its_declared_size(target: Target) -> None:
+    mailbox = target.open()
+    data = random.Random(8).randbytes(1 << 20)
+
+    async def body() -> None:
+        await mailbox.put("nodes/a/resume.bin", data)
+        with pytest.raises(TooLargeError, match="1,048,576 bytes, over the 1,048,575-byte limit"):
+            await mailbox.get("nodes/a/resume.bin", max_bytes=len(data) - 1)
+        got = await mailbox.get("nodes/a/resume.bin", max_bytes=len(data))
+        assert got is not None
+        assert got.data == data
+        assert await mailbox.get("nodes/b/resume.bin", max_bytes=1) is None
 
     asyncio.run(body())
 
