@@ -26,7 +26,12 @@ what accelerate's ``prepare`` returns) and ``torch.compile`` (``_orig_mod.``),
 and the segments torch's wrappers insert inside names (``_orig_mod`` of a
 compiled submodule, FSDP's ``_fsdp_wrapped_module``, activation checkpointing's
 ``_checkpoint_wrapped_module``) are dropped: torch reserves them, no model names
-its own parameters so.
+its own parameters so. accelerate's ``prepare`` returns one of these wrappers (DDP
+across processes, FSDP with its plugin) or the model itself. FSDP must leave each
+parameter whole in the process that runs the ``Session``: ``use_orig_params=True``
+(not its flat parameter) and no sharding across ranks (``NO_SHARD``, or one rank);
+FSDP2's ``fully_shard`` parameters are DTensors, read through their local tensor
+when it holds the whole parameter. Anything else is refused by name.
 
 What a run synchronizes is a choice (:data:`Sync`): by default the *trainable*
 parameters (torch ``requires_grad``, MLX ``trainable_parameters()``), so a LoRA
@@ -181,19 +186,66 @@ def unwrap_torch(model: Any) -> Any:
             return model
 
 
+def _refuse_sharded_fsdp(model: Any) -> None:
+    """FSDP (``FullyShardedDataParallel``) that shards over several ranks holds a slice of each
+    parameter here, shaped unlike the model's: refused, naming what works."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return  # no process group, no sharding (and no import of FSDP for a plain model)
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    for module in model.modules():
+        if not isinstance(module, FullyShardedDataParallel):
+            continue
+        if module.world_size > 1 and module.sharding_strategy is not ShardingStrategy.NO_SHARD:
+            raise ModelError(
+                f"FSDP shards this model over {module.world_size} ranks "
+                f"({module.sharding_strategy.name}), so this process holds slices of its "
+                "parameters; a Session needs whole parameters: use "
+                "sharding_strategy=ShardingStrategy.NO_SHARD or DDP"
+            )
+
+
+def _whole(name: str, p: Any) -> Any:
+    """The tensor gm reads and writes for parameter ``name``: the parameter itself, or the
+    local tensor of a DTensor (FSDP2's ``fully_shard``) that holds all of it; a flat or
+    sharded parameter is refused by name."""
+    if getattr(p, "_is_flat_param", False):
+        raise ModelError(
+            f"{name!r} is FSDP's flat parameter, not one of the model's: wrap the model with "
+            "FullyShardedDataParallel(..., use_orig_params=True)"
+        )
+    to_local = getattr(p, "to_local", None)
+    if to_local is None:
+        return p
+    local = to_local()
+    if tuple(local.shape) != tuple(p.shape):
+        raise ModelError(
+            f"{name!r} is sharded: this process holds {tuple(local.shape)} of "
+            f"{tuple(p.shape)}; a Session needs whole parameters (fully_shard over one rank, "
+            "or DDP)"
+        )
+    return local
+
+
 class TorchModel:
     """A ``torch.nn.Module``'s ``named_parameters()``, unwrapped, by canonical name."""
 
     framework = "torch"
 
     def __init__(self, model: Any, sync: Sync = None) -> None:
+        model = unwrap_torch(model)
+        _refuse_sharded_fsdp(model)
         params: dict[str, Any] = {}
-        for name, p in unwrap_torch(model).named_parameters():
+        trainable: dict[str, bool] = {}
+        for name, p in model.named_parameters():
             canonical = canonical_name(name)
             if canonical in params:
                 raise ModelError(f"parameters {name!r} and {canonical!r} share one canonical name")
-            params[canonical] = p
-        synced, frozen = _split(((n, p.requires_grad) for n, p in params.items()), sync)
+            params[canonical] = _whole(name, p)
+            trainable[canonical] = p.requires_grad
+        synced, frozen = _split(trainable.items(), sync)
         self._params = {n: params[n] for n in synced}
         self._frozen = {n: params[n] for n in frozen}
         self._specs = {name: _torch_spec(name, p) for name, p in self._params.items()}

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from runtime_worker import mlx_model, torch_model
+from runtime_worker import IN, TEACHER, mlx_model, torch_model
 
 from gm_core.records import TensorSpec
 from gm_shell import models
@@ -112,3 +117,116 @@ def test_wrapped_torch_models_have_the_plain_models_schema(tmp_path: Path) -> No
         assert float(ddp.module._orig_mod.fc1.weight.detach().abs().sum()) == 0.0
     finally:
         dist.destroy_process_group()
+
+
+def test_fsdp_checkpointed_and_accelerate_models_have_the_plain_models_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real wrappers on CPU in a one-rank gloo group: FSDP (``use_orig_params``) around
+    activation-checkpointed layers, FSDP2's ``fully_shard`` (DTensor parameters) and
+    accelerate's ``prepare`` (DDP) have the plain model's schema; gm reads and writes them
+    after a training step as the plain model; FSDP's flat parameter is refused by name."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+
+    plain, train_plain = torch_model(0)
+    expected = adapt(plain).schema()
+    names = [t.name for t in expected]
+    x = np.random.default_rng(0).normal(size=(16, IN)).astype(np.float32)
+    train_plain(x, x @ TEACHER)
+    trained = np.empty(adapt(plain).fragment(names).layout.total, np.float32)
+    adapt(plain).fragment(names).gather(trained)
+
+    def same_as_plain(wrapped: torch.nn.Module, inner: torch.nn.Module) -> None:
+        """The plain model's training step on the same batch, then gather, scatter, gather."""
+        assert adapt(wrapped).schema() == expected
+        loss = ((wrapped(torch.from_numpy(x)) - torch.from_numpy(x @ TEACHER)) ** 2).mean()
+        loss.backward()
+        with torch.no_grad():
+            for p in wrapped.parameters():
+                p -= 0.05 * p.grad
+        access = adapt(wrapped).fragment(names)
+        got = np.empty(access.layout.total, np.float32)
+        access.gather(got)
+        np.testing.assert_allclose(got, trained, rtol=1e-5, atol=1e-6)
+        access.scatter(np.zeros_like(got))
+        access.gather(got)
+        assert not got.any()
+        held = [p.to_local() if hasattr(p, "to_local") else p for p in inner.parameters()]
+        assert all(not p.detach().abs().sum() for p in held)  # the module's own tensors
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        checkpointed = torch_model(0)[0]
+        apply_activation_checkpointing(
+            checkpointed, check_fn=lambda m: isinstance(m, torch.nn.Linear)
+        )
+        fsdp = FullyShardedDataParallel(
+            checkpointed, use_orig_params=True, device_id=torch.device("cpu")
+        )
+        wrapped_names = list(dict(fsdp.named_parameters()))
+        assert all(n.startswith("_fsdp_wrapped_module.") for n in wrapped_names)
+        assert any("._checkpoint_wrapped_module." in n for n in wrapped_names)
+        same_as_plain(fsdp, fsdp)
+
+        dtensors = torch_model(0)[0]
+        fully_shard(dtensors)
+        assert type(next(dtensors.parameters())).__name__ == "DTensor"
+        same_as_plain(dtensors, dtensors)
+
+        flat = FullyShardedDataParallel(torch_model(0)[0], device_id=torch.device("cpu"))
+        with pytest.raises(ModelError, match=r"flat parameter.*use_orig_params=True"):
+            adapt(flat)
+    finally:
+        dist.destroy_process_group()
+
+    import accelerate
+
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    monkeypatch.setenv("MASTER_PORT", str(port.getsockname()[1]))
+    port.close()
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))  # else set
+    try:
+        prepared = accelerate.Accelerator(cpu=True).prepare(torch_model(0)[0])
+        assert isinstance(prepared, torch.nn.parallel.DistributedDataParallel)
+        same_as_plain(prepared, prepared)
+    finally:
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_models_sharded_over_ranks_are_refused_by_name(tmp_path: Path) -> None:
+    """Two real gloo ranks on CPU: FSDP's FULL_SHARD and FSDP2's fully_shard leave each rank
+    slices of the parameters (shapes unlike the model's); adapt refuses both, naming why."""
+    script = Path(__file__).parent / "sharded_rank.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), "2", str(tmp_path)],
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        for rank in range(2)
+    ]
+    outputs = [
+        json.loads(r.communicate(timeout=120)[0].decode().strip().splitlines()[-1]) for r in ranks
+    ]
+    assert [r.returncode for r in ranks] == [0, 0]
+    for out in outputs:
+        plain, fsdp, dtensor = out["plain"], out["fsdp"], out["fully_shard"]
+        assert sorted(fsdp["held"].values()) != sorted(plain.values())  # the premise: slices
+        assert "error" in fsdp, fsdp
+        assert "FSDP shards this model over 2 ranks (FULL_SHARD)" in fsdp["error"]
+        assert dtensor["held"] == plain  # DTensors show the whole shapes,
+        assert dtensor["local"] != plain  # and each rank holds half of them
+        assert "error" in dtensor, dtensor
+        assert "error" in dtensor, dtensor
+        assert "is sharded: this process holds" in dtensor["error"]
