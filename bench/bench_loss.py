@@ -1,6 +1,6 @@
-"""Loss against data-parallel training, and quantized deltas against fp32, from real gm runs.
+"""Loss against data-parallel training as a curve, and quantized deltas vs fp32, from gm runs.
 
-Run: ``.venv/bin/python -m bench.bench_loss [--steps 800] [--learners 2,4]
+Run: ``nice -n 15 .venv/bin/python -m bench.bench_loss [--steps 800,2400] [--learners 2,4]
 [--sync-every 10,30,100] [--formats BF16,F8_E4M3,F4_E2M1] [--runs runs/bench-loss]``
 
 Every row is a real demo run (:mod:`gm_shell.demo`): ``M`` learner processes
@@ -10,24 +10,31 @@ same tokens (same seed, schedule, steps). Each figure is a ratio inside one run
 of this script: the committed gm model's held-out loss over the baseline's, and
 a quantized run's loss and delta bytes over the fp32 run's.
 
-* loss vs data-parallel: ``M`` ∈ --learners × ``H`` ∈ --sync-every; ``P``,
-  outer lr/momentum, alignment and inner lr are the demo's. One baseline per
-  ``M``, trained next to the first of its runs. Anchors (Streaming DiLoCo,
-  35M parameters): +0.6 % to +1.4 % for 2 learners, +2.6 % to +3.7 % for 4.
-* quantized deltas: the demo's ``M`` and ``H``, deltas sent as each format
-  (commits stay fp32); loss change vs the fp32 run and the measured size of a
-  delta payload (read from the newest snapshots in the bucket). Anchor: 4-bit
-  deltas cost ~0.1 % loss.
+* loss vs data-parallel, as a curve: ``M`` ∈ --learners × ``H`` ∈ --sync-every at
+  every training length in --steps (each length is its own run with its own
+  learning-rate schedule, so the short run's end is not the long run's middle);
+  ``P``, outer lr/momentum, alignment and inner lr are the demo's. One baseline
+  per ``M`` and length, trained next to the first of its runs. Longest lengths run
+  first (the figure the README quotes); a table of gm/DP by length closes the
+  output, and ``<runs>/loss-m<M>-h<H>.png`` plots held-out loss against tokens
+  for every length (gm's committed model and the baseline). Anchors (Streaming
+  DiLoCo, 35M parameters): +0.6 % to +1.4 % for 2 learners, +2.6 % to +3.7 % for 4.
+* quantized deltas (skipped with ``--formats ''``): the demo's ``M`` and ``H`` at
+  the shortest length, deltas sent as each format (commits stay fp32); loss change
+  vs the fp32 run and the measured size of a delta payload (read from the newest
+  snapshots in the bucket). Anchor: 4-bit deltas cost ~0.1 % loss.
 
-Runs share 2 cores here; a full table is ~15 demo-sized runs (tens of minutes).
-``--steps`` shortens every run (the ratios then mean less: the gap closes as
-training proceeds).
+Runs go by (M, H), every length of one before the next, so a grid stopped early
+leaves whole curves. Cost: a 2,400-step run of 2 learners and its baseline took
+about an hour on the 2 shared cores here under load (an 800-step one ~2 minutes
+on idle cores); the default grid is many hours, so state the subset you ran.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +42,9 @@ from pathlib import Path
 import attrs
 
 from gm_shell.demo import launch, layout, progress
-from gm_shell.demo.committed import CommittedEvaluator
+from gm_shell.demo.committed import COMMITTED, CommittedEvaluator
+from gm_shell.demo.plot import Curve, plot_curves
+from gm_shell.demo.progress import Evaluated
 from gm_shell.demo.spec import DemoSpec
 from gm_shell.demo.stream import TokenStream
 from gm_shell.demo.tape import delta_bytes, read_rounds
@@ -46,8 +55,14 @@ class Measured:
     loss: float
     rounds: int
     delta_bytes: float | None
-    baseline_loss: float | None
-    """Set when this run trained the baseline next to it."""
+    curve: tuple[Evaluated, ...]
+    """The committed model's held-out loss while the run trained, by tokens."""
+    baseline: tuple[Evaluated, ...] = ()
+    """The baseline's evaluations, when this run trained it next to itself."""
+
+
+def _evals(run: layout.RunDir, worker: str) -> tuple[Evaluated, ...]:
+    return tuple(progress.view(progress.read_lines(run.progress(worker))).evals)
 
 
 def measure(spec: DemoSpec, runs: Path, *, baseline: bool) -> Measured:
@@ -61,43 +76,136 @@ def measure(spec: DemoSpec, runs: Path, *, baseline: bool) -> Measured:
     finally:
         evaluator.close()
     records, _ = read_rounds(run.mailbox_url)
-    base = None
-    if baseline:
-        base = progress.view(progress.read_lines(run.progress(layout.BASELINE))).evals[-1].loss
     return Measured(
         loss=loss,
         rounds=len(records),
         delta_bytes=delta_bytes(run.mailbox_url, records, spec.gm.fragments),
-        baseline_loss=base,
+        curve=_evals(run, COMMITTED),
+        baseline=_evals(run, layout.BASELINE) if baseline else (),
     )
 
 
 def with_sync_every(spec: DemoSpec, h: int) -> DemoSpec:
     return attrs.evolve(
-        spec, name=f"loss-m{spec.learners}-h{h}", gm=attrs.evolve(spec.gm, sync_every=h)
+        spec,
+        name=f"loss-m{spec.learners}-h{h}-s{spec.steps}",
+        gm=attrs.evolve(spec.gm, sync_every=h),
     )
+
+
+def with_steps(spec: DemoSpec, steps: int) -> DemoSpec:
+    return attrs.evolve(spec, inner=attrs.evolve(spec.inner, steps=steps))
 
 
 def with_deltas(spec: DemoSpec, fmt: str) -> DemoSpec:
     return attrs.evolve(spec, name=f"fmt-{fmt}", gm=attrs.evolve(spec.gm, delta_format=fmt))
 
 
-def loss_rows(base: DemoSpec, learners: Sequence[int], hs: Sequence[int], runs: Path) -> None:
-    print("\n## gm vs data-parallel (committed model's held-out loss, nats/char)\n")
-    print("| M | H | P | rounds | gm loss | DP loss | gm / DP |")
-    print("|---|---|---|---|---|---|---|")
-    for m in learners:
-        dp: float | None = None
-        for h in hs:
-            spec = with_sync_every(attrs.evolve(base, learners=m), h)
-            got = measure(spec, runs, baseline=dp is None)
-            dp = got.baseline_loss if dp is None else dp
-            assert dp is not None
-            print(
-                f"| {m} | {h} | {spec.gm.fragments} | {got.rounds} | {got.loss:.4f} | {dp:.4f} "
-                f"| {got.loss / dp:.4f} |",
-                flush=True,
+@attrs.frozen(kw_only=True)
+class Point:
+    """One configuration at one training length: gm's run and the baseline of its ``M``."""
+
+    learners: int
+    sync_every: int
+    steps: int
+    gm: Measured
+    baseline: tuple[Evaluated, ...]
+
+    @property
+    def ratio(self) -> float:
+        return self.gm.loss / self.baseline[-1].loss
+
+
+def plot_config(points: Sequence[Point], unigram: float, path: Path) -> None:
+    """Loss vs tokens of one (M, H) at every length measured: gm solid, baseline dashed."""
+    curves: list[Curve] = []
+    for k, pt in enumerate(sorted(points, key=lambda q: q.steps)):
+        color = f"C{k}"
+        curves.append(
+            Curve(
+                label=f"data-parallel, {pt.steps:,} steps",
+                points=pt.baseline,
+                style="--",
+                color=color,
             )
+        )
+        curves.append(
+            Curve(
+                label=f"gm committed, {pt.steps:,} steps",
+                points=pt.gm.curve,
+                style=".-",
+                color=color,
+            )
+        )
+    first = points[0]
+    plot_curves(
+        curves,
+        unigram,
+        path,
+        f"{first.learners} gm learners (H={first.sync_every}) vs data-parallel",
+    )
+
+
+def loss_rows(
+    base: DemoSpec,
+    lengths: Sequence[int],
+    learners: Sequence[int],
+    hs: Sequence[int],
+    runs: Path,
+) -> list[Point]:
+    """Every (M, H) at every length, longest first; each row printed (and its plot redrawn)
+    as soon as it is measured, so an interrupted grid still leaves whole curves behind."""
+    unigram = TokenStream(base.data).unigram_nats()
+    points: list[Point] = []
+    baselines: dict[tuple[int, int], tuple[Evaluated, ...]] = {}
+    print("\n## gm vs data-parallel (committed model's held-out loss, nats/char)\n")
+    print("| steps | M | H | P | rounds | gm loss | DP loss | gm / DP |")
+    print("|---|---|---|---|---|---|---|---|")
+    for m in learners:
+        for h in hs:
+            for steps in sorted(lengths, reverse=True):
+                spec = with_sync_every(with_steps(attrs.evolve(base, learners=m), steps), h)
+                dp = baselines.get((m, steps), ())
+                got = measure(spec, runs, baseline=not dp)
+                dp = baselines.setdefault((m, steps), dp or got.baseline)
+                pt = Point(learners=m, sync_every=h, steps=steps, gm=got, baseline=dp)
+                points.append(pt)
+                print(
+                    f"| {steps:,} | {m} | {h} | {spec.gm.fragments} | {got.rounds} "
+                    f"| {got.loss:.4f} | {dp[-1].loss:.4f} | {pt.ratio:.4f} |",
+                    flush=True,
+                )
+            same = [q for q in points if (q.learners, q.sync_every) == (m, h)]
+            plot_config(same, unigram, runs / f"loss-m{m}-h{h}.png")
+    return points
+
+
+def loss_at(curve: Sequence[Evaluated], tokens: int) -> float | None:
+    """A curve's loss at ``tokens``, linear between its two nearest evaluations (None: outside)."""
+    pts = sorted((e.tokens, e.loss) for e in curve)
+    for (t0, l0), (t1, l1) in itertools.pairwise(pts):
+        if t0 <= tokens <= t1:
+            return l0 if t1 == t0 else l0 + (l1 - l0) * (tokens - t0) / (t1 - t0)
+    return None
+
+
+def curve_table(points: Sequence[Point], base: DemoSpec) -> None:
+    """gm/DP along each run: at its end (both final evaluations), and at the shorter lengths
+    and thirds of the run on its own curves (interpolated: same schedule, earlier point)."""
+    longest = max(p.steps for p in points)
+    marks = sorted({p.steps for p in points} | {longest // 3, 2 * longest // 3})
+    print("\n## gm / DP along each run (steps per learner; the last cell is the run's end)\n")
+    print("| M | H | run | " + " | ".join(f"at {n:,}" for n in marks) + " |")
+    print("|---|---|---|" + "---|" * len(marks))
+    for p in sorted(points, key=lambda q: (q.learners, q.sync_every, q.steps)):
+        spec = attrs.evolve(base, learners=p.learners)
+        cells = []
+        for n in marks:
+            gm = p.gm.loss if n == p.steps else loss_at(p.gm.curve, spec.tokens_at(n))
+            dp = p.baseline[-1].loss if n == p.steps else loss_at(p.baseline, spec.tokens_at(n))
+            cells.append("—" if n > p.steps or gm is None or dp is None else f"{gm / dp:.3f}")
+        row = f"| {p.learners} | {p.sync_every} | {p.steps:,} | " + " | ".join(cells) + " |"
+        print(row, flush=True)
 
 
 def _kib(size: float | None) -> str:
@@ -130,7 +238,7 @@ def _ints(text: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=DemoSpec().steps)
+    parser.add_argument("--steps", type=_ints, default=[DemoSpec().steps, 3 * DemoSpec().steps])
     parser.add_argument("--learners", type=_ints, default=[2, 4])
     parser.add_argument("--sync-every", type=_ints, default=[10, 30, 100])
     parser.add_argument("--formats", default="BF16,F8_E4M3,F4_E2M1")
@@ -139,10 +247,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if importlib.util.find_spec("gm_shell.session") is None:
         print("bench_loss: gm_shell.session does not exist yet (issue #6): nothing to measure")
         return 2
-    base = attrs.evolve(DemoSpec(), inner=attrs.evolve(DemoSpec().inner, steps=args.steps))
-    print(f"# bench_loss: {base.steps} steps per learner, demo spec otherwise")
-    loss_rows(base, args.learners, args.sync_every, args.runs)
-    format_rows(base, [f for f in args.formats.split(",") if f], args.runs)
+    args.runs.mkdir(parents=True, exist_ok=True)
+    lengths = ", ".join(f"{n:,}" for n in args.steps)
+    print(f"# bench_loss: {lengths} steps per learner, demo spec otherwise")
+    if args.learners and args.sync_every:
+        points = loss_rows(DemoSpec(), args.steps, args.learners, args.sync_every, args.runs)
+        curve_table(points, DemoSpec())
+    formats = [f for f in args.formats.split(",") if f]
+    if formats:
+        format_rows(with_steps(DemoSpec(), min(args.steps)), formats, args.runs)
     return 0
 
 

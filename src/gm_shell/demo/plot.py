@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-Both curves share one x axis, tokens trained by all workers together, so equal
-x means equal data. The gm curve is the committed model as the launcher found
+All curves share one x axis, tokens trained by all workers together, so equal
+x means equal data. A gm curve is the committed model as the launcher found
 it in the bucket while the run trained, ending with the final commit. matplotlib
 runs headless (Agg), imported only here so the rest of the demo never needs it.
 """
@@ -13,17 +13,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
+
 from gm_shell.demo.progress import Evaluated
 
 
-def plot_losses(
-    gm: Sequence[Evaluated],
-    baseline: Sequence[Evaluated],
-    unigram: float,
-    path: Path,
-    title: str,
-) -> None:
-    """Write a PNG of both curves and the unigram entropy for scale."""
+@attrs.frozen(kw_only=True)
+class Curve:
+    """One line of a plot: its legend label, its points, and a matplotlib format string."""
+
+    label: str
+    points: Sequence[Evaluated]
+    style: str = "-"
+    color: str | None = None
+    """A matplotlib color (curves of one run share one); None: the next in the cycle."""
+
+
+def plot_curves(curves: Sequence[Curve], unigram: float, path: Path, title: str) -> None:
+    """Write a PNG of the curves and the unigram entropy for scale (log-scaled loss)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -31,10 +38,14 @@ def plot_losses(
     from matplotlib import ticker
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
-    ax.plot(
-        [e.tokens for e in baseline], [e.loss for e in baseline], label="data-parallel baseline"
-    )
-    ax.plot([e.tokens for e in gm], [e.loss for e in gm], ".-", label="gm, committed model")
+    for curve in curves:
+        ax.plot(
+            [e.tokens for e in curve.points],
+            [e.loss for e in curve.points],
+            curve.style,
+            color=curve.color,
+            label=curve.label,
+        )
     ax.axhline(unigram, color="grey", linestyle="--", linewidth=1, label="unigram entropy")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%.1f"))
@@ -47,3 +58,22 @@ def plot_losses(
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_losses(
+    gm: Sequence[Evaluated],
+    baseline: Sequence[Evaluated],
+    unigram: float,
+    path: Path,
+    title: str,
+) -> None:
+    """The demo's plot: one gm run and its data-parallel baseline."""
+    plot_curves(
+        [
+            Curve(label="data-parallel baseline", points=baseline),
+            Curve(label="gm, committed model", points=gm, style=".-"),
+        ],
+        unigram,
+        path,
+        title,
+    )
