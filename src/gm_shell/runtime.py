@@ -246,9 +246,12 @@ class Runtime:
             self._replan()
 
     def _feed_step(self, note: StepNote) -> None:
-        """A planned step: ``Stepped``, then the commits folded in first, then the copies."""
-        stepped = Stepped(now_s=now(), step=note.step, tokens=note.tokens)
-        captures = self._step(Machine.LEARNER, stepped, made=True)
+        """A planned step: ``Stepped`` (unless the core stalled it already), then the
+        commits folded in first, then the copies."""
+        captures: list[Capture] = []
+        if not note.plan.resumes:
+            stepped = Stepped(now_s=now(), step=note.step, tokens=note.tokens)
+            captures = self._step(Machine.LEARNER, stepped, made=True)
         for req in note.plan.applied:
             aligned = Aligned(now_s=now(), req=req, step=note.step, tokens=note.tokens)
             captures += self._step(Machine.LEARNER, aligned, made=True)
@@ -306,8 +309,10 @@ class Runtime:
         """
         state = self.learner
         pace = state.pace if state is not None else None
-        if state is None or pace is None or pace.stalled or self.failure is not None:
+        if state is None or pace is None or self.failure is not None:
             return None
+        if pace.stalled:
+            return self._forecast_resume(state, applies)
         step, tokens, at_s = pace.next_step, state.tokens, now()
         applied: tuple[int, ...] = ()
         try:
@@ -328,6 +333,32 @@ class Runtime:
             captures=tuple((c.round, c.fragment) for c in captures),
             next_step=after.pace.next_step,
             applied=applied,
+        )
+
+    def _forecast_resume(
+        self, state: learner.LearnerState, applies: tuple[int, ...]
+    ) -> Plan | None:
+        """What the learner, stalled at the step it heard last, will answer once the
+        commits queued (``applies``) are folded in at that step, if it then lets training
+        go on: the training thread waiting there carries it out without a round trip."""
+        if not applies:
+            return None
+        after, captures, at_s = state, [], now()
+        try:
+            for req in applies:
+                aligned = Aligned(now_s=at_s, req=req, step=state.step, tokens=state.tokens)
+                after, cmds = learner.advance(after, aligned)
+                captures += [c for c in cmds if isinstance(c, Capture)]
+        except Exception:
+            return None  # the real feed will raise it where it belongs
+        if after.pace is None or after.pace.stalled:
+            return None
+        return Plan(
+            step=state.step,
+            captures=tuple((c.round, c.fragment) for c in captures),
+            next_step=after.pace.next_step,
+            applied=applies,
+            resumes=True,
         )
 
     def _publish_taken(self, note: StepNote, captures: list[Capture]) -> None:

@@ -111,7 +111,8 @@ def test_with_commits_folded_in_at_due_steps_each_delta_is_from_the_anchor_it_na
     """Two fragments, ``in_flight`` 1: round r's due step waits for round r−1's commit
     (the other fragment), which often arrives between steps and is then folded in at
     that very step, before the copy, without asking the loop; otherwise the step waits
-    for it, or it came earlier. In every case the snapshot's ``base_version`` names the
+    for it (and, once it is handed over, folds it in and copies without waiting for the
+    loop to hear of it), or it came earlier. In every case the snapshot's ``base_version`` names the
     anchor and the delta is that anchor minus θ at the due step. Each round is read as
     soon as its record is there: round r is swept only once r+4 commits, which needs
     snapshots that later steps make."""
