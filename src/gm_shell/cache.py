@@ -1,4 +1,4 @@
-"""A least-recently-used map of decoded fragments, bounded by bytes.
+"""Bounded least-recently-used memories: decoded fragments, and what was read by ETag.
 
 Theory of operation
 -------------------
@@ -10,13 +10,24 @@ name their content (the digest is in the key), so a cached value can never be
 stale: a key maps to one set of bytes forever. Entries are evicted oldest-used
 first once their total size passes the bound; an evicted value is fetched and
 decoded again if needed. Values are never mutated by their users.
+
+:class:`EtagMemory` remembers what a reader made of an object (its bytes, or the
+verdict that refused it) by the object's ETag, so that reading the same object
+again costs a conditional request and no download.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+import attrs
 
 from gm_core.numerics.arrays import F32
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
 class FragmentCache:
@@ -40,6 +51,60 @@ class FragmentCache:
         while self._bytes > self.max_bytes and len(self._items) > 1:
             _, evicted = self._items.popitem(last=False)
             self._bytes -= evicted.nbytes
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+
+@attrs.frozen
+class Seen(Generic[V]):
+    """What a reader made of the object that had ``etag`` at a key."""
+
+    etag: str
+    value: V
+
+
+class EtagMemory(Generic[K, V]):
+    """What a reader made of objects it read, by the ETag each had: bounded, oldest-used out.
+
+    Asking the store "is it still the object with this ETag?" (a conditional GET) costs
+    a request but no body, so an object read before — a bad record at the key every
+    learner polls, a payload that failed its checks — is never downloaded twice while
+    it stays the same; a changed object is read and judged afresh. Bounded by entries
+    and by the bytes the values hold (``size`` of each, as the caller counts it).
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[K, tuple[Seen[V], int]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: K) -> Seen[V] | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key: K, etag: str, value: V, size: int = 0) -> None:
+        self.forget(key)
+        if not etag or size > self.max_bytes:
+            return  # nothing to ask the store about, or too big to keep
+        self._items[key] = (Seen(etag=etag, value=value), size)
+        self._bytes += size
+        while len(self._items) > self.max_entries or self._bytes > self.max_bytes:
+            _, (_, evicted) = self._items.popitem(last=False)
+            self._bytes -= evicted
+
+    def forget(self, key: K) -> None:
+        item = self._items.pop(key, None)
+        if item is not None:
+            self._bytes -= item[1]
 
     def __len__(self) -> int:
         return len(self._items)

@@ -278,6 +278,30 @@ class CloserStopped(Event):
 
 
 @attrs.frozen(kw_only=True)
+class Refused(Event):
+    """An object in the bucket was refused unread: bigger than its kind can be.
+
+    A JSON object over its cap (:mod:`gm_shell.limits`) then reads as an object that
+    does not decode (``record_rejected``, a snapshot rejected ``corrupt``, a claim that
+    names nobody, no head hint); a payload bigger than its fragment can be, or than its
+    reference says, is ``corrupt``. Reported once per object (key and ETag): the same
+    object is never downloaded again.
+
+    Attributes:
+        key: the object's key, relative to the run prefix.
+        size: the object's size in bytes, as the store reported it (or the size the
+            reference declared, for a payload refused before any request).
+        limit: the most bytes its reader accepts.
+    """
+
+    kind: ClassVar[str] = "refused"
+    level: ClassVar[int] = logging.WARNING
+    key: str = ""
+    size: int = 0
+    limit: int = 0
+
+
+@attrs.frozen(kw_only=True)
 class Other(Event):
     """A notification this version of the shell has no class for.
 

@@ -16,6 +16,14 @@ blake3 digest, a zstd frame or safetensors header that does not parse
 (``corrupt``), tensors that are not this fragment's (``schema``), values that are
 NaN or ±Inf (``nonfinite``, deltas only: a committed theta is the run's truth).
 
+Every read is bounded by the fragment's layout, never by what the bytes claim
+(:meth:`FragmentCodec.limit`): the data of a fragment has an exact size, its
+header at most :func:`~gm_shell.payload.header_limit` bytes, and its sealed form
+at most the zstd worst case of that. A reference that declares more, a frame that
+declares or decodes to more, a header longer or nested deeper are all ``corrupt``
+(the wire has no other name for them: a reason a record carries must be one every
+reader knows), refused before the memory they ask for is allocated.
+
 All of it is CPU work for worker threads (payload hashing and compression refuse
 to run on an event loop). Each thread gets its own :class:`PayloadWriter`.
 Merges run on the chosen compute backend (torch where installed: on CPU its
@@ -29,6 +37,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import numpy as np
 
 from gm_core import keys
@@ -47,9 +56,13 @@ from gm_shell.payload import (
     PayloadWriter,
     byte_view,
     content_hash,
+    file_limit,
+    fragment_entries,
+    header_limit,
     read_fragment,
     read_payload,
     seal,
+    sealed_limit,
     unseal,
     write_fragment,
 )
@@ -67,6 +80,16 @@ class UnusablePayloadError(ValueError):
     def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
+        self.detail = message
+
+
+@attrs.frozen
+class Bounds:
+    """Byte bounds of one fragment's payloads: header, file, and file as sealed."""
+
+    header: int
+    file: int
+    sealed: int
 
 
 def layouts_of(manifest: Manifest) -> list[Layout]:
@@ -94,12 +117,33 @@ class FragmentCodec:
         self._numpy = NumpyBackend()
         self._compute: Backend[Any] = compute or self._numpy
         self._local = threading.local()
+        self._limits: dict[tuple[int, WireFormat], Bounds] = {}
 
     def wire(self, fragment: int, role: Role) -> WireLayout:
         return self._wires[(fragment, self._formats[role])]
 
     def size(self, fragment: int) -> int:
         return self.layouts[fragment].total
+
+    def limit(self, fragment: int, role: Role) -> int:
+        """The most bytes a payload of ``fragment`` in ``role`` can be in the bucket, as
+        sealed: a reference that declares more, or an object bigger than its reference,
+        is never downloaded."""
+        return self._bounds(fragment, role).sealed
+
+    def _bounds(self, fragment: int, role: Role) -> Bounds:
+        at = (fragment, self._formats[role])
+        bounds = self._limits.get(at)
+        if bounds is None:  # computed once per fragment and format (any thread: idempotent)
+            entries = fragment_entries(self._wires[at])
+            file = file_limit(entries)
+            bounds = Bounds(
+                header=header_limit(entries),
+                file=file,
+                sealed=sealed_limit(file, self.config.compression),
+            )
+            self._limits[at] = bounds
+        return bounds
 
     # -- writing --------------------------------------------------------------------------
 
@@ -137,9 +181,10 @@ class FragmentCodec:
     def decode(self, fragment: int, role: Role, data: bytes) -> F32:
         """A fresh flat fp32 buffer holding the payload's fragment."""
         wire = self.wire(fragment, role)
+        bounds = self._bounds(fragment, role)
         try:
-            file = unseal(data, self.config.compression)
-            payload = read_payload(file)
+            file = unseal(data, self.config.compression, bounds.file, bounds.header)
+            payload = read_payload(file, bounds.header)
         except PayloadError as error:
             raise UnusablePayloadError(Reason.CORRUPT, str(error)) from error
         try:

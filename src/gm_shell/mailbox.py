@@ -63,7 +63,7 @@ import re
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import attrs
 from obstore.exceptions import (
@@ -80,6 +80,9 @@ from obstore.exceptions import BaseError as ObstoreError
 
 from gm_shell.accounting import Meter, RequestClass, Stats
 from gm_shell.stores import Backend, MailboxOptions, StoreHandle, open_store
+
+if TYPE_CHECKING:
+    from obstore import GetOptions
 
 T = TypeVar("T")
 
@@ -125,10 +128,21 @@ class UnavailableError(MailboxError):
 class TooLargeError(MailboxError):
     """An object is bigger than its reader allows: refused before its body is downloaded."""
 
-    def __init__(self, key: str, size: int, limit: int) -> None:
+    def __init__(self, key: str, size: int, limit: int, etag: str = "") -> None:
         super().__init__("get", key, f"the object is {size:,} bytes, over the {limit:,}-byte limit")
         self.size = size
         self.limit = limit
+        self.etag = etag
+        """The refused object's ETag: a reader may remember its verdict by it."""
+
+
+class UnchangedError(Exception):
+    """The object still has the ETag the reader named (``if_none_match``): nothing was read."""
+
+    def __init__(self, key: str, etag: str) -> None:
+        super().__init__(f"get {key!r}: unchanged since ETag {etag}")
+        self.key = key
+        self.etag = etag
 
 
 class PutOutcome(enum.Enum):
@@ -180,7 +194,7 @@ def _classify(exc: BaseException) -> type[MailboxError] | None:
     text = str(exc)
     if isinstance(exc, FileNotFoundError):
         return BucketMissingError if _BUCKET_MISSING.search(text) else _PASS
-    if isinstance(exc, AlreadyExistsError):
+    if isinstance(exc, AlreadyExistsError | NotModifiedError):
         return _PASS
     if isinstance(exc, PermissionDeniedError | UnauthenticatedError):
         return AccessDeniedError
@@ -192,7 +206,6 @@ def _classify(exc: BaseException) -> type[MailboxError] | None:
         | NotSupportedError
         | UnknownConfigurationKeyError
         | PreconditionError
-        | NotModifiedError
         | ValueError
         | TypeError,
     ):
@@ -387,16 +400,25 @@ class Mailbox:
             raise UnavailableError("put", key, "object vanished right after it was written")
         return etag
 
-    async def get(self, key: str, *, max_bytes: int | None = None) -> Got | None:
+    async def get(
+        self, key: str, *, max_bytes: int | None = None, if_none_match: str | None = None
+    ) -> Got | None:
         """The object's bytes and ETag, or None when it does not exist.
 
         With ``max_bytes``, an object whose reply declares more is refused with
-        :class:`TooLargeError` once its headers are in, before its body is read.
+        :class:`TooLargeError` once its headers are in, before its body is read:
+        a reader never holds more than it allows, whatever sits at the key. With
+        ``if_none_match`` (an ETag as this mailbox spells them), an object that
+        still has that ETag is answered :class:`UnchangedError`, without its body
+        (a conditional GET: every backend here answers 304).
         """
         check_key(key, "get")
+        options: GetOptions = {}
+        if if_none_match:
+            options["if_none_match"] = f'"{if_none_match}"'  # quoted, as HTTP spells them
 
         def fetch() -> tuple[bytes | None, Any]:
-            result = self._store.get(key)
+            result = self._store.get(key, options=options)
             if max_bytes is not None and result.meta["size"] > max_bytes:
                 return None, result.meta  # the body is never read
             return result.bytes().to_bytes(), result.meta
@@ -407,10 +429,14 @@ class Mailbox:
             # A GET's 404 body names a missing bucket, so this absence is real.
             self._bucket_confirmed = True
             return None
+        except NotModifiedError:
+            assert if_none_match is not None
+            raise UnchangedError(key, if_none_match) from None
+        etag = _etag(meta["e_tag"], meta)
         if data is None:
-            raise TooLargeError(key, meta["size"], max_bytes or 0)
+            raise TooLargeError(key, meta["size"], max_bytes or 0, etag)
         self._meter.received(len(data))
-        return Got(data=data, etag=_etag(meta["e_tag"], meta))
+        return Got(data=data, etag=etag)
 
     async def probe(self, key: str) -> str | None:
         """The object's ETag (a HEAD request), or None when it does not exist."""

@@ -71,7 +71,8 @@ DTYPE_BITS: Mapping[str, int] = {
 """Bits per element of the safetensors dtypes gm reads (F4 packs two per byte)."""
 
 HEADER_LIMIT = 100_000_000
-"""Largest header accepted, as in the safetensors format itself."""
+"""Largest header accepted, as in the safetensors format itself (readers of fragments
+pass the far smaller bound their layout implies: :func:`header_limit`)."""
 
 
 class PayloadError(ValueError):
@@ -190,17 +191,27 @@ class PayloadWriter:
 # -- reading -----------------------------------------------------------------------------
 
 
-def parse_header(file: U8) -> tuple[dict[str, Any], int]:
-    """The header object and the offset where data starts."""
+def parse_header(file: U8, limit: int = HEADER_LIMIT) -> tuple[dict[str, Any], int]:
+    """The header object and the offset where data starts.
+
+    At most ``limit`` header bytes are parsed. Nesting is bounded by the parser: a
+    document nested deeper than Python's recursion limit (a legitimate header nests
+    three levels) is a PayloadError like any other bad header, never a RecursionError
+    that a caller could take for a failed request.
+    """
     if file.shape[0] < 8:
         raise PayloadError(f"payload of {file.shape[0]} bytes has no header")
     (length,) = struct.unpack("<Q", file[:8].tobytes())
-    if length > min(HEADER_LIMIT, file.shape[0] - 8):
+    if length > limit:
+        raise PayloadError(f"header of {length} bytes, over the {limit}-byte limit")
+    if length > file.shape[0] - 8:
         raise PayloadError(f"header length {length} exceeds the payload")
     try:
         header = json.loads(file[8 : 8 + length].tobytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise PayloadError(f"header is not JSON: {error}") from error
+    except RecursionError:
+        raise PayloadError("header nests too deeply to be a safetensors header") from None
     if not isinstance(header, dict):
         raise PayloadError("header is not a JSON object")
     return header, 8 + length
@@ -225,10 +236,10 @@ def parse_entry(name: str, fields: Any) -> tuple[TensorEntry, int, int]:
     return entry, begin, end
 
 
-def read_payload(data: BytesLike) -> Payload:
+def read_payload(data: BytesLike, header_limit: int = HEADER_LIMIT) -> Payload:
     """Parse and validate a payload; tensor data are views of ``data`` (no copy)."""
     file = np.frombuffer(data, dtype=np.uint8)
-    header, data_start = parse_header(file)
+    header, data_start = parse_header(file, header_limit)
     metadata = header.pop("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise PayloadError("__metadata__ must map strings to strings")
@@ -241,6 +252,11 @@ def read_payload(data: BytesLike) -> Payload:
         if begin != position:
             raise PayloadError(
                 f"tensor {entry.name!r}: data starts at {begin}, expected {position}"
+            )
+        if data_start + end > file.shape[0]:
+            raise PayloadError(
+                f"tensor {entry.name!r}: declared to end at byte {data_start + end}, past the"
+                f" payload's {file.shape[0]}"
             )
         view = file[data_start + begin : data_start + end]
         tensors[entry.name] = TensorView(entry=entry, start=begin, data=view)
@@ -266,6 +282,22 @@ def fragment_entries(wire: WireLayout) -> list[TensorEntry]:
         if t.scales[1] > t.scales[0]
     ]
     return codes + scales
+
+
+def header_limit(entries: Sequence[TensorEntry]) -> int:
+    """The largest header a reader of a payload of ``entries`` parses.
+
+    Generous for other writers (another key order, spacing, a little metadata):
+    twice the header this module writes, plus 64 KiB; far below what could cost a
+    reader memory.
+    """
+    return 2 * len(header_bytes(entries, {})) + (64 << 10)
+
+
+def file_limit(entries: Sequence[TensorEntry]) -> int:
+    """The largest (uncompressed) payload file of ``entries``: its data, exactly, and a
+    header of at most :func:`header_limit` bytes."""
+    return header_limit(entries) + sum(entry.nbytes for entry in entries)
 
 
 def fragment_regions(file: U8, wire: WireLayout) -> tuple[U8, U8]:
@@ -321,14 +353,22 @@ def write_fragment(
 
 def decode_fragment(file: BytesLike, wire: WireLayout, backend: Backend[Any], out: Any) -> None:
     """Validate an (uncompressed) fragment payload and decode it into ``out``."""
-    codes, scales = read_fragment(read_payload(file), wire)
+    payload = read_payload(file, header_limit(fragment_entries(wire)))
+    codes, scales = read_fragment(payload, wire)
     backend.decode(codes, scales, wire, out)
 
 
 # -- compression and hashing -------------------------------------------------------------
 
-MAX_DECOMPRESSED = 1 << 36
-"""Refuse frames that claim more than 64 GiB: a corrupt or hostile size field."""
+
+def sealed_limit(size: int, compression: Compression) -> int:
+    """The most bytes a file of ``size`` bytes can take once sealed: itself, or the
+    worst case of one zstd frame (libzstd's ``ZSTD_compressBound``, plus room for the
+    frame header and checksum)."""
+    if compression is Compression.NONE:
+        return size
+    small = ((128 << 10) - size) >> 11 if size < (128 << 10) else 0
+    return size + (size >> 8) + small + 64
 
 
 def plane_size(entry: TensorEntry) -> int:
@@ -336,9 +376,9 @@ def plane_size(entry: TensorEntry) -> int:
     return max(DTYPE_BITS[entry.dtype] // 8, 1)
 
 
-def transform(file: U8, forward: bool) -> U8:
+def transform(file: U8, forward: bool, header_limit: int = HEADER_LIMIT) -> U8:
     """A copy of ``file`` with every tensor shuffled (or unshuffled) by its element size."""
-    payload = read_payload(file)
+    payload = read_payload(file, header_limit)
     out = np.empty_like(file)
     out[: payload.data_start] = file[: payload.data_start]
     for view in payload.tensors.values():
@@ -356,20 +396,36 @@ def seal(file: U8, compression: Compression, level: int = 3) -> BytesLike:
     return zstandard.ZstdCompressor(level=level).compress(transform(file, forward=True).data)
 
 
-def unseal(data: BytesLike, compression: Compression) -> U8:
-    """Inverse of :func:`seal`; a frame that does not decompress is a PayloadError."""
+def unseal(
+    data: BytesLike, compression: Compression, max_size: int, header_limit: int = HEADER_LIMIT
+) -> U8:
+    """Inverse of :func:`seal`, producing at most ``max_size`` bytes (the largest file the
+    reader expects); a frame that declares or produces more, or does not decompress, is a
+    PayloadError. Nothing larger than ``max_size`` is ever allocated for the output."""
     if compression is Compression.NONE:
-        return np.frombuffer(data, dtype=np.uint8)
+        file = np.frombuffer(data, dtype=np.uint8)
+        if file.shape[0] > max_size:
+            raise PayloadError(f"payload of {file.shape[0]} bytes, over the {max_size}-byte limit")
+        return file
     off_event_loop("payload decompression")
     frame = byte_view(data)
-    size = zstandard.frame_content_size(frame)
-    if size < 0 or size > MAX_DECOMPRESSED:
-        raise PayloadError(f"zstd frame declares no usable content size ({size})")
     try:
-        raw = zstandard.ZstdDecompressor().decompress(frame)
+        declared = zstandard.frame_content_size(frame)
     except zstandard.ZstdError as error:
-        raise PayloadError(f"zstd frame does not decompress: {error}") from error
-    return transform(np.frombuffer(raw, dtype=np.uint8), forward=False)
+        raise PayloadError(f"not a zstd frame: {error}") from error
+    if declared > max_size:
+        raise PayloadError(f"zstd frame declares {declared} bytes, over the {max_size}-byte limit")
+    try:
+        # A frame that declares its size is decoded into exactly that many bytes (libzstd
+        # refuses to write more); one that does not gets at most max_size.
+        raw = zstandard.ZstdDecompressor().decompress(
+            frame, max_output_size=max_size, allow_extra_data=False
+        )
+    except zstandard.ZstdError as error:
+        raise PayloadError(
+            f"zstd frame does not decode within {max_size} bytes: {error}"
+        ) from error
+    return transform(np.frombuffer(raw, dtype=np.uint8), False, header_limit)
 
 
 def content_hash(data: BytesLike, key: bytes | None = None) -> str:

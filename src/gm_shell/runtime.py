@@ -102,6 +102,7 @@ from gm_shell.pacer import (
     StepNote,
     Work,
 )
+from gm_shell.reads import Reader
 from gm_shell.replica import Replica, Taken
 
 LOG = logging.getLogger("gm")
@@ -173,6 +174,9 @@ class Runtime:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"gm-compute-{node}")
         self._timers: dict[Machine, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reads = Reader(
+            node=node, mailbox=mailbox, codec=codec, compute=self._compute, emit=hub.emit, clock=now
+        )
         self._deltas = FragmentCache(cache_bytes)
         self._commits = FragmentCache(cache_bytes)
         self._momenta = FragmentCache(cache_bytes)
@@ -461,7 +465,7 @@ class Runtime:
     async def _store(self, cmd: Command) -> Event:
         mailbox = self._mailbox
         if isinstance(cmd, Get):
-            got = await mailbox.get(cmd.key)
+            got = await self._reads.json(cmd.key)
             data, etag = (None, None) if got is None else (got.data, got.etag)
             return GotObject(now_s=now(), req=cmd.req, data=data, etag=etag)
         if isinstance(cmd, Probe):
@@ -491,10 +495,7 @@ class Runtime:
         cached = cache.get(ref.key)
         if cached is not None:
             return cached
-        got = await self._mailbox.get(ref.key)
-        value = await self._compute(
-            self._codec.load, fragment, role, ref, None if got is None else got.data
-        )
+        value = await self._reads.payload(fragment, role, ref)
         cache.put(ref.key, value)
         return value
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import safetensors
 import safetensors.numpy
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numeric_strategies import fragment, layouts, seeds
@@ -27,6 +28,7 @@ from gm_shell.payload import (
     read_fragment,
     read_payload,
     seal,
+    sealed_limit,
     unseal,
     write_fragment,
 )
@@ -53,7 +55,7 @@ def test_fragment_round_trip_through_sealed_bytes(
     wire = wire_layout(layout, fmt)
     file = write_fragment(PayloadWriter(), NUMPY, x, wire, {"format": fmt.value})
     sent = bytes(seal(file, compression))
-    received = unseal(sent, compression)
+    received = unseal(sent, compression, file.shape[0])
     np.testing.assert_array_equal(received, file)
     direct, through = np.empty_like(x), np.empty_like(x)
     codes, scales = np.empty(wire.code_bytes, np.uint8), np.empty(wire.scale_bytes, np.uint8)
@@ -177,12 +179,14 @@ def test_truncated_and_garbage_payloads(f32_file: np.ndarray) -> None:
         read_payload(b"abc")
     with pytest.raises(PayloadError, match="exceeds"):
         read_payload(f32_file[:40].tobytes())
-    with pytest.raises(PayloadError, match="after the last tensor"):
+    with pytest.raises(PayloadError, match="past the payload's"):
         read_payload(f32_file[:-4].tobytes())
+    with pytest.raises(PayloadError, match="after the last tensor"):
+        read_payload(f32_file.tobytes() + bytes(4))
     with pytest.raises(PayloadError, match="not JSON"):
         read_payload(struct.pack("<Q", 8) + b"{{{{{{{{")
     with pytest.raises(PayloadError, match="zstd"):
-        unseal(b"\x28\xb5\x2f\xfd garbage", Compression.ZSTD)
+        unseal(b"\x28\xb5\x2f\xfd garbage", Compression.ZSTD, 1 << 20)
 
 
 def test_content_hash_is_blake3_and_stays_off_the_event_loop() -> None:
@@ -204,3 +208,33 @@ def test_shuffled_zstd_shrinks_smooth_fp32_data() -> None:
     x = (1.0 + np.arange(4096, dtype=np.float32) * 1e-4).astype(np.float32)
     file = write_fragment(PayloadWriter(), NUMPY, x, wire_layout(layout, WireFormat.F32))
     assert len(bytes(seal(file, Compression.ZSTD))) < 0.5 * file.shape[0]
+
+
+def test_reads_are_bounded_by_what_the_reader_expects(f32_file: np.ndarray) -> None:
+    """Sizes, decompressed sizes and nesting are judged before memory is spent on them."""
+    size = f32_file.shape[0]
+    with pytest.raises(PayloadError, match="over the 8-byte limit"):
+        read_payload(f32_file.tobytes(), header_limit=8)
+    with pytest.raises(PayloadError, match="nests too deeply"):
+        read_payload(struct.pack("<Q", 200_000) + b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(PayloadError, match=f"over the {size - 1}-byte limit"):
+        unseal(f32_file.tobytes(), Compression.NONE, size - 1)
+    frame = seal(f32_file, Compression.ZSTD)
+    assert unseal(frame, Compression.ZSTD, size).tobytes() == f32_file.tobytes()
+    with pytest.raises(PayloadError, match=f"declares {size} bytes, over the {size - 1}-byte"):
+        unseal(frame, Compression.ZSTD, size - 1)
+    undeclared = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(size))
+    with pytest.raises(PayloadError, match=f"does not decode within {size - 1} bytes"):
+        unseal(undeclared, Compression.ZSTD, size - 1)
+    with pytest.raises(PayloadError, match="does not decode"):  # a second frame after it
+        unseal(bytes(frame) + bytes(frame), Compression.ZSTD, 2 * size)
+    assert len(bytes(frame)) <= sealed_limit(size, Compression.ZSTD)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 1 << 20), st.integers(0, 2**32))
+def test_no_zstd_frame_is_bigger_than_the_sealed_limit(size: int, seed: int) -> None:
+    """Incompressible bytes are the worst case zstd can meet."""
+    data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+    frame = zstandard.ZstdCompressor(level=3).compress(data)
+    assert len(frame) <= sealed_limit(size, Compression.ZSTD)

@@ -4,7 +4,9 @@ Three honest nodes train (quorum 2). A hostile writer — this test, with nothin
 the bucket — watches the tape and, two rounds ahead of the newest commit, drops
 snapshots no correct learner would write: a payload whose bytes do not match their
 digest, a delta of NaNs, a snapshot computed for another model, a payload with the
-wrong tensor shapes, a snapshot that is not JSON, and a key no learner could have.
+wrong tensor shapes, a snapshot that is not JSON, and a key no learner could have;
+and objects meant to cost a reader memory: a snapshot of 8 MiB, a reference that
+declares a payload of 10 GiB, a payload whose safetensors header nests 30,000 deep.
 Each must show up by name: in a round record's rejections, or as a node's event.
 """
 
@@ -14,13 +16,14 @@ import asyncio
 from pathlib import Path
 
 import attrs
+import blake3
 import numpy as np
 from runtime_bucket import Witness, judge
 from runtime_harness import file_run, make_harness, wait_until
 from test_chaos import committed, started
 
 from gm_core import codec, keys, plan, schedule
-from gm_core.records import Manifest, Reason, RoundRecord, Snapshot, TensorSpec
+from gm_core.records import Manifest, PayloadRef, Reason, RoundRecord, Snapshot, TensorSpec
 from gm_shell.fragments import FragmentCodec, Role
 from gm_shell.mailbox import Mailbox
 from gm_shell.stores import MailboxOptions
@@ -31,6 +34,9 @@ EXPECTED = {
     "evil-schema": Reason.SCHEMA,
     "evil-shape": Reason.SCHEMA,
     "evil-malformed": Reason.CORRUPT,
+    "evil-huge": Reason.CORRUPT,
+    "evil-declared": Reason.CORRUPT,
+    "evil-nested": Reason.CORRUPT,
 }
 
 
@@ -67,12 +73,20 @@ class Hostile:
             fragment, Role.DELTA, target, np.ones(size, np.float32)
         )
         digest = plan.schema_digest(self.manifest.schema)
+        nested = nested_header()
+        nested_digest = blake3.blake3(nested).hexdigest()
+        nested_ref = PayloadRef(
+            key=keys.payload(target, nested_digest), size=len(nested), digest=nested_digest
+        )
         payloads = {zeros_ref.key: ones, nan_ref.key: nan, shape_ref.key: shape}
+        payloads[nested_ref.key] = nested
         snapshots = {
             "evil-corrupt": (zeros_ref, digest),  # the bytes of ones under the digest of zeros
             "evil-nan": (nan_ref, digest),
             "evil-schema": (nan_ref, "0" * 64),
             "evil-shape": (shape_ref, digest),
+            "evil-declared": (attrs.evolve(zeros_ref, size=10 << 30), digest),
+            "evil-nested": (nested_ref, digest),
         }
         records = {
             keys.snapshot(target, learner): codec.encode(
@@ -91,8 +105,15 @@ class Hostile:
             for learner, (ref, schema_digest) in snapshots.items()
         }
         records[keys.snapshot(target, "evil-malformed")] = b"{not json"
+        records[keys.snapshot(target, "evil-huge")] = b" " * (8 << 20)
         records[f"{keys.snapshot_prefix(target)}nested/evil.json"] = b"{}"
         return payloads, records
+
+
+def nested_header(depth: int = 30_000) -> bytes:
+    """A safetensors file whose header is an array nested ``depth`` deep."""
+    header = b"[" * depth + b"]" * depth
+    return len(header).to_bytes(8, "little") + header
 
 
 def transposed(manifest: Manifest) -> Manifest:
@@ -139,6 +160,7 @@ def test_bad_input_is_rejected_by_name_and_the_run_goes_on(tmp_path: Path) -> No
     events = {(e["event"], e.get("detail", "")) for e in h.all_events()}
     assert any(kind == "bad_key" and "nested/evil.json" in d for kind, d in events), events
     assert any(kind == "snapshot_malformed" for kind, _ in events)
+    assert any(kind == "refused" and "evil-huge" in d for kind, d in events), events
 
 
 async def attack_until_all_rejected(url: str, options: MailboxOptions, witness: Witness) -> None:

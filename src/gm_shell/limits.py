@@ -1,0 +1,46 @@
+"""How many bytes a reader accepts from each kind of object in the bucket.
+
+Theory of operation
+-------------------
+Every object in the bucket is hostile until judged (DESIGN.md §7), and judging it
+starts with its size: a reader asks the store for an object with a cap
+(:meth:`gm_shell.mailbox.Mailbox.get` ``max_bytes``), and anything bigger is
+refused from its reply's headers, before its body is downloaded. The caps here
+are for the JSON records, by the kind the key names; payloads are bounded by their
+fragment's layout instead (:meth:`gm_shell.fragments.FragmentCodec.limit`).
+
+The caps are generous for the largest record a correct writer can produce:
+
+- a **snapshot**, **claim**, **lease** or **head** has a fixed set of fields whose
+  values are bounded (ids of at most 64 characters, 64-bit numbers, one payload
+  reference): well under 1 KiB encoded (``tests/mailbox/test_bounded.py`` encodes the
+  largest of each), so 64 KiB leaves room for a signature and later fields;
+- a **round record** grows with the number of fragments (its frontier) and of
+  learners (participants, rejections), and a **manifest** with the schema: neither is
+  bounded by the protocol, so both get the codec's own limit,
+  :data:`gm_core.codec.MAX_RECORD_BYTES`, beyond which no reader could decode them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from gm_core import codec, keys
+
+SMALL_RECORD_BYTES: Final = 64 << 10
+"""Cap of snapshots, claims, leases and the head hint."""
+
+
+def json_limit(key: str) -> int:
+    """The most bytes a reader downloads of the JSON object at ``key``.
+
+    A key that does not parse as a protocol key (no reader here asks for one) gets
+    the codec's limit, the bound every record shares.
+    """
+    try:
+        parsed = keys.parse(key)
+    except keys.BadKey:
+        return codec.MAX_RECORD_BYTES
+    if isinstance(parsed, keys.SnapshotKey | keys.ClaimKey | keys.LeaseKey | keys.HeadKey):
+        return SMALL_RECORD_BYTES
+    return codec.MAX_RECORD_BYTES
