@@ -11,11 +11,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import attrs
 import torch
 
 from gm_shell import DiLoCo, SessionOptions
 
 ALGORITHM = DiLoCo(sync_every=4, fragments=2, quorum=2, lease_timeout_s=5.0, takeover_floor_s=5.0)
+SEQUENCE = 16
+"""Tokens per sample of the Trainer's GPT-2, whose run counts tokens (Lightning's, samples)."""
 OPTIONS = SessionOptions(poll_s=0.05, renew_s=1.0, stall_timeout_s=120.0, join_timeout_s=120.0)
 BATCH = 4
 
@@ -26,9 +29,10 @@ def hf(url: str, node: str, steps: int) -> Any:
     from gm_shell.integrations.hf import GmTrainerCallback
 
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    config = GPT2Config(vocab_size=64, n_positions=SEQUENCE, n_embd=16, n_layer=1, n_head=2)
     model = GPT2LMHeadModel(config)
-    tokens = torch.randint(0, 64, (steps * BATCH, 16), generator=torch.Generator().manual_seed(1))
+    shape = (steps * BATCH, SEQUENCE)
+    tokens = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(1))
     data = [{"input_ids": t, "labels": t} for t in tokens]
     args = TrainingArguments(
         output_dir=f"/tmp/gm-hf-{node}",
@@ -41,8 +45,10 @@ def hf(url: str, node: str, steps: int) -> Any:
         use_cpu=True,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        include_num_input_tokens_seen=True,
     )
-    callback = GmTrainerCallback(ALGORITHM, mailbox=url, node=node, options=OPTIONS)
+    algorithm = attrs.evolve(ALGORITHM, unit="tokens")
+    callback = GmTrainerCallback(algorithm, mailbox=url, node=node, options=OPTIONS)
     Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
     return callback.session
 

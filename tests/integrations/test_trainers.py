@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from integration_worker import BATCH, SEQUENCE
 
 from gm_shell.mailbox import Mailbox
 from gm_shell.status import gather_status
@@ -58,6 +59,11 @@ def test_a_trainer_callback_drives_a_two_node_run(kind: str, tmp_path: Path) -> 
     assert s.created_by in {"n0", "n1"}  # type: ignore[attr-defined]  # one run, two nodes
     credited = {t.learner: t.steps for t in window.learners}
     assert set(credited) == {"n0", "n1"}
+    # The Trainer's run counts tokens (its GPT-2's sequences), Lightning's samples.
+    per_step = BATCH * SEQUENCE if kind == "hf" else BATCH
+    assert s.config.unit == ("tokens" if kind == "hf" else "samples")  # type: ignore[attr-defined]
+    for t in window.learners:
+        assert abs(t.tokens - per_step * t.steps) <= per_step, t  # both rounded over P
     for steps in credited.values():  # optimizer steps counted once (P times would be 48)
         # The final flush skips a fragment whose previous round is still open, so the
         # last few steps may never reach a commit (up to a gap per fragment in flight).

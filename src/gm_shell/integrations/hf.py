@@ -13,7 +13,10 @@ around it. ``on_train_begin`` enters the session with the Trainer's model (the
 first node creates the run, the others join and start from the newest commit);
 ``on_step_end``, which the Trainer calls after each optimizer and scheduler
 step, counts that step with the samples it trained (per-device batch size times
-the devices of this process times gradient accumulation); ``on_train_end``
+the devices of this process times gradient accumulation) and, when the Trainer
+counts them (``include_num_input_tokens_seen``), the tokens: a run of
+``DiLoCo(unit="tokens")`` needs that setting (the callback refuses to start
+without it); ``on_train_end``
 closes the session, so the model is left at the newest commit. Commits are
 folded into the model's parameters in place between steps, which the
 optimizer and the scheduler do not notice. One process is one learner.
@@ -29,7 +32,13 @@ require("GmTrainerCallback", ("transformers", "torch"), extra="hf")
 
 from transformers import TrainerCallback  # noqa: E402 (after the extra check)
 
+from gm_core.records import Unit  # noqa: E402
 from gm_shell.session import DiLoCo, Session  # noqa: E402
+
+
+def _counts(args: Any) -> bool:
+    """Whether the Trainer counts input tokens (``include_num_input_tokens_seen``)."""
+    return args.include_num_input_tokens_seen not in (False, None, "no")
 
 
 class GmTrainerCallback(TrainerCallback):
@@ -47,17 +56,29 @@ class GmTrainerCallback(TrainerCallback):
         self.mailbox = mailbox
         self.session_kwargs = session
         self.session: Session | None = None
+        self._tokens_seen = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.algorithm.unit is Unit.TOKENS and not _counts(args):
+            raise ValueError(
+                "DiLoCo(unit='tokens') counts tokens: set TrainingArguments("
+                "include_num_input_tokens_seen=True) so the Trainer counts them"
+            )
         model = kwargs["model"]
         self.session = Session(
             model, algorithm=self.algorithm, mailbox=self.mailbox, **self.session_kwargs
         )
         self.session.start()
+        self._tokens_seen = state.num_input_tokens_seen
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:
-            self.session.step(samples=args.train_batch_size * args.gradient_accumulation_steps)
+            seen = state.num_input_tokens_seen
+            tokens = seen - self._tokens_seen if _counts(args) else None
+            self._tokens_seen = seen
+            self.session.step(
+                samples=args.train_batch_size * args.gradient_accumulation_steps, tokens=tokens
+            )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:
