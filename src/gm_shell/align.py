@@ -20,6 +20,8 @@ mailbox=url)``); :func:`newest_record` and :func:`load_frontier` are shared with
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,9 +36,12 @@ from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, ModelError, adapt
+from gm_shell.reads import Reader, read_json
 from gm_shell.replica import Replica
 from gm_shell.run import RunError, RunMismatchError, read_manifest
 from gm_shell.stores import MailboxOptions
+
+LOG = logging.getLogger("gm")
 
 
 @attrs.frozen(kw_only=True)
@@ -51,8 +56,7 @@ class Checkpoint:
 
 async def newest_record(mailbox: Mailbox, known: int = -1) -> tuple[RoundRecord | None, str]:
     """The newest decodable record at or after round ``known`` (or the head hint)."""
-    got = await mailbox.get(keys.head())
-    start = max(parse_head(None if got is None else got.data), known, 0)
+    start = max(parse_head(await read_json(mailbox, keys.head())), known, 0)
     newest, stopped = await _walk(mailbox, start)
     if newest is None and start > 0 and not stopped:
         newest, stopped = await _walk(mailbox, 0)  # the hint named a round not written
@@ -63,10 +67,10 @@ async def _walk(mailbox: Mailbox, start: int) -> tuple[RoundRecord | None, str]:
     newest: RoundRecord | None = None
     round_ = start
     while True:
-        got = await mailbox.get(keys.round_record(round_))
-        if got is None:
+        data = await read_json(mailbox, keys.round_record(round_))
+        if data is None:
             return newest, ""
-        parsed = parse_record(got.data, round_)
+        parsed = parse_record(data, round_)
         if isinstance(parsed, BadRecord):
             return newest, f"round {round_}: {parsed.reason}"
         newest, round_ = parsed, round_ + 1
@@ -102,12 +106,17 @@ def align(
         if manifest is None:
             raise RunError(f"{mailbox}: no run here (manifest.json is absent)")
         adapter = _adapter_for(model, manifest, mailbox)
-        codec = FragmentCodec(manifest)
+        reader = Reader(
+            node="align",
+            mailbox=box,
+            codec=FragmentCodec(manifest),
+            compute=asyncio.to_thread,
+            emit=lambda event: LOG.warning("%s", event.describe()),
+            clock=time.monotonic,
+        )
 
         async def fetch(fragment: int, ref: PayloadRef) -> F32:
-            got = await box.get(ref.key)
-            data = None if got is None else got.data
-            return await asyncio.to_thread(codec.load, fragment, Role.THETA, ref, data)
+            return await reader.payload(fragment, Role.THETA, ref)
 
         async def read() -> tuple[RoundRecord | None, str, list[F32]]:
             if round is None:
@@ -151,10 +160,10 @@ def _adapter_for(model: Any, manifest: Manifest, url: str) -> ModelAdapter:
 
 
 async def _record_of(box: Mailbox, url: str, round_: int) -> RoundRecord:
-    got = await box.get(keys.round_record(round_))
-    if got is None:
+    data = await read_json(box, keys.round_record(round_))
+    if data is None:
         raise RunError(f"{url}: round {round_} has no record (not committed, or not yet)")
-    parsed = parse_record(got.data, round_)
+    parsed = parse_record(data, round_)
     if isinstance(parsed, BadRecord):
         raise RunError(f"{url}: the record of round {round_} is unreadable: {parsed.reason}")
     return parsed

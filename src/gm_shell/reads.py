@@ -59,6 +59,17 @@ PayloadAt = tuple[PayloadRef, int, Role]
 """A payload as one reader judges it: its reference, fragment and role."""
 
 
+async def read_json(mailbox: Mailbox, key: str) -> bytes | None:
+    """One capped read of the JSON object at ``key``, for readers that read it once (joining,
+    :func:`gm_shell.align.align`, ``gm status``): its bytes, None when absent, and
+    ``REFUSED`` (which does not decode) when it is over its cap."""
+    try:
+        got = await mailbox.get(key, max_bytes=json_limit(key))
+    except TooLargeError:
+        return REFUSED
+    return None if got is None else got.data
+
+
 class Reader:
     """Capped, remembered reads of one node's mailbox (loop thread only)."""
 

@@ -29,7 +29,7 @@ from gm_core.manifest import manifest_mismatch
 from gm_core.numerics.arrays import F32
 from gm_core.records import AlgorithmConfig, FragmentState, FrozenTensor, Manifest, TensorSpec
 from gm_shell.fragments import FragmentCodec, Role
-from gm_shell.mailbox import Mailbox, PutOutcome
+from gm_shell.mailbox import Mailbox, PutOutcome, TooLargeError
 
 INIT_ROUND = 0
 """Initial payloads live under round 0's payload folder, pinned until each fragment commits."""
@@ -65,7 +65,10 @@ def draft_manifest(
 
 async def read_manifest(mailbox: Mailbox) -> Manifest | None:
     """The run's manifest, or None if the run does not exist yet."""
-    got = await mailbox.get(keys.manifest())
+    try:
+        got = await mailbox.get(keys.manifest(), max_bytes=codec.MAX_RECORD_BYTES)
+    except TooLargeError as error:
+        raise RunError(f"{mailbox.url}: the run's manifest is unreadable: {error}") from error
     if got is None:
         return None
     try:

@@ -45,6 +45,7 @@ from gm_core.records import AlgorithmConfig, Alignment, Manifest, Requests, Roun
 from gm_core.tape import BadRecord, parse_head, parse_record
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.mailbox import Mailbox
+from gm_shell.reads import read_json
 from gm_shell.run import RunError, read_manifest
 from gm_shell.stores import MailboxOptions, local_path
 
@@ -238,8 +239,7 @@ def open_mailbox(url: str, options: MailboxOptions | None = None) -> Mailbox:
 
 
 async def _round_bytes(box: Mailbox, round_: int) -> bytes | None:
-    got = await box.get(keys.round_record(round_))
-    return None if got is None else got.data
+    return await read_json(box, keys.round_record(round_))
 
 
 async def tape_length(box: Mailbox, hint: int, seen: dict[int, bytes]) -> int:
@@ -477,8 +477,7 @@ async def gather_status(
     manifest = await read_manifest(box)
     if manifest is None:
         raise NoRunError(f"{box.url}: no run here (manifest.json is absent)")
-    got = await box.get(keys.head())
-    hint = parse_head(None if got is None else got.data)
+    hint = parse_head(await read_json(box, keys.head()))
     seen: dict[int, bytes] = {}
     rounds = await tape_length(box, hint, seen)
     first = 0 if everything else max(rounds - last, 0)

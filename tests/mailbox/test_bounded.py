@@ -37,9 +37,11 @@ from gm_core.records import (
     Snapshot,
     TensorSpec,
 )
+from gm_shell.align import newest_record
 from gm_shell.fragments import FragmentCodec, Role
 from gm_shell.limits import SMALL_RECORD_BYTES, json_limit
 from gm_shell.mailbox import TooLargeError, UnchangedError
+from gm_shell.run import RunError, read_manifest
 
 SCRIPT = Path(__file__).parent / "scripts" / "hostile_reads.py"
 MiB = 1 << 20
@@ -271,3 +273,24 @@ def test_hostile_objects_get_named_verdicts_in_bounded_memory_and_are_read_once(
     assert max(r["peak_growth"] for r in results if r["name"] != "control") < RSS_BOUND
     # The measurement sees what a single uncapped read of one hostile object costs.
     assert first["control"]["peak_growth"] > 48 * MiB, first["control"]
+
+
+def test_one_shot_readers_refuse_an_oversized_manifest_and_record_by_name(tmp_path: Path) -> None:
+    """Joining, align() and gm status read with the same caps as the machines."""
+    target = local_target("file", tmp_path)
+    box = target.open()
+
+    async def body() -> None:
+        await box.put_once(keys.manifest(), b" " * (codec.MAX_RECORD_BYTES + 1))
+        with pytest.raises(RunError, match=r"manifest is unreadable: .* over the 4,194,304-byte"):
+            await read_manifest(box)
+        await box.put_once(keys.round_record(0), b" " * (codec.MAX_RECORD_BYTES + 1))
+        newest, stopped = await newest_record(box)
+        assert newest is None
+        assert stopped.startswith("round 0: ")
+        assert box.stats.bytes_in == 0
+
+    try:
+        asyncio.run(body())
+    finally:
+        target.close()
