@@ -302,6 +302,24 @@ class Refused(Event):
 
 
 @attrs.frozen(kw_only=True)
+class MachineRestarted(Event):
+    """A machine of this node raised; it alone starts again from the tape after a backoff.
+
+    The other machine of the node (the learner, when the closer raised) goes on. The
+    detail names the exception; the log has its traceback.
+
+    Attributes:
+        machine: ``closer`` (or ``learner``).
+        times: how often this machine of this node has restarted so far.
+    """
+
+    kind: ClassVar[str] = "machine_restarted"
+    level: ClassVar[int] = logging.WARNING
+    machine: str = ""
+    times: int = 0
+
+
+@attrs.frozen(kw_only=True)
 class Other(Event):
     """A notification this version of the shell has no class for.
 

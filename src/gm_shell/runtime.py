@@ -32,8 +32,15 @@ pacer's lock and feeds the waiting notes first, in order, so each note meets
 the state the training thread saw (see :mod:`gm_shell.pacer`).
 
 Any exception in carrying out a command becomes ``RequestFailed``; the core
-decides what to do about it. An exception from ``advance`` itself is a bug or a
-misuse: the runtime stops feeding and the training thread raises it.
+decides what to do about it. An exception from the learner's ``advance`` is a bug
+or a misuse: the runtime stops feeding and the training thread raises it. The
+closer is isolated from it and from the learner: an exception from the closer's
+``advance`` (or in interpreting its commands) is reported as a
+:class:`~gm_shell.events.MachineRestarted` event, and the closer alone starts again
+from the tape — a fresh machine, fed ``Started`` after a backoff that doubles with
+each restart (1 s up to 60 s) — while the learner trains on. Outcomes of commands
+the old incarnation issued are dropped (:attr:`Runtime._epochs`), so its requests
+can never be mistaken for the new one's.
 """
 
 from __future__ import annotations
@@ -119,6 +126,12 @@ def now() -> float:
     return time.monotonic()
 
 
+RESTART_FIRST_S = 1.0
+"""Delay before a machine that raised starts again from the tape; doubled per restart."""
+RESTART_LONGEST_S = 60.0
+"""The longest delay between restarts (a machine that raises at every start retries so)."""
+
+
 def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
@@ -143,6 +156,8 @@ class Runtime:
         digest = plan.schema_digest(manifest.schema)
         self.node = node
         self.manifest = manifest
+        self._digest = digest
+        self._closer_options = closer_options
         self.learner = (
             learner.initial(node, manifest, digest, learner_options)
             if replica is not None and learner_options is not None
@@ -173,6 +188,11 @@ class Runtime:
         self._loop = loop
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"gm-compute-{node}")
         self._timers: dict[Machine, asyncio.TimerHandle] = {}
+        self._epochs = dict.fromkeys(Machine, 0)
+        """Incarnations of each machine: an outcome reaches only the one that asked for it."""
+        self.restarts = dict.fromkeys(Machine, 0)
+        """How often each machine raised and started again from the tape."""
+        self._closing: set[Machine] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._reads = Reader(
             node=node, mailbox=mailbox, codec=codec, compute=self._compute, emit=hub.emit, clock=now
@@ -195,7 +215,11 @@ class Runtime:
         return [machine for machine, state in present if state is not None]
 
     def request_close(self, machine: Machine) -> None:
-        self._loop.call(lambda: self._feed(machine, CloseRequested(now_s=now())))
+        def close() -> None:
+            self._closing.add(machine)  # a machine waiting to restart stays stopped
+            self._feed(machine, CloseRequested(now_s=now()))
+
+        self._loop.call(close)
 
     def shutdown(self, grace_s: float = 5.0) -> None:
         """Cancel timers, let commands in flight finish (bounded), stop the loop and workers."""
@@ -267,6 +291,9 @@ class Runtime:
         that thread made them already at a planned step: then they are returned."""
         if self.failure is not None:
             return []
+        if machine is Machine.CLOSER:
+            self._step_closer(event)
+            return []
         try:
             cmds = self._advance(machine, event)
         except Exception as error:
@@ -288,6 +315,36 @@ class Runtime:
             self.pacer.publish(work, pace)
         self._note_closed()
         return captures if made else []
+
+    def _step_closer(self, event: Event) -> None:
+        """One closer transition, isolated: whatever it raises restarts the closer alone."""
+        try:
+            for cmd in self._advance(Machine.CLOSER, event):
+                self._interpret(Machine.CLOSER, cmd)
+        except Exception as error:
+            self._restart_closer(error)
+
+    def _restart_closer(self, error: Exception) -> None:
+        """Report ``error``, drop the closer's state and its requests in flight, and start
+        a fresh closer from the tape after the backoff."""
+        assert self.closer is not None
+        self._epochs[Machine.CLOSER] += 1
+        self.restarts[Machine.CLOSER] += 1
+        times = self.restarts[Machine.CLOSER]
+        delay_s = min(RESTART_FIRST_S * 2.0 ** (times - 1), RESTART_LONGEST_S)
+        LOG.error("gm closer of %s raised", self.node, exc_info=error)
+        self._hub.emit(
+            events.MachineRestarted(
+                node=self.node,
+                round=self.closer.round,
+                detail=f"closer: {_describe(error)}; starts again from the tape in {delay_s:g} s",
+                at_s=now(),
+                machine=Machine.CLOSER.value,
+                times=times,
+            )
+        )
+        self.closer = closer.initial(self.node, self.manifest, self._digest, self._closer_options)
+        self._wake(Machine.CLOSER, now() + delay_s, restart=True)
 
     def _replan(self) -> None:
         """Remake the pacer's plan if the learner or the commits queued for it changed
@@ -431,29 +488,35 @@ class Runtime:
     def _spawn(self, machine: Machine, req: int, work: Coroutine[Any, Any, Event | None]) -> None:
         """Carry out ``work``; feed its outcome, or ``RequestFailed`` if it raised."""
 
+        epoch = self._epochs[machine]
+
         async def outcome() -> None:
             try:
                 event = await work
             except Exception as error:
                 event = RequestFailed(now_s=now(), req=req, error=_describe(error))
-            if event is not None:
+            if event is not None and self._epochs[machine] == epoch:
                 self._feed(machine, event)
 
         task = asyncio.get_running_loop().create_task(outcome())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _wake(self, machine: Machine, at_s: float) -> None:
+    def _wake(self, machine: Machine, at_s: float, *, restart: bool = False) -> None:
+        """Replace the machine's one timer; ``restart`` starts the machine when it fires."""
         old = self._timers.pop(machine, None)
         if old is not None:
             old.cancel()
         loop = asyncio.get_running_loop()
-        self._timers[machine] = loop.call_at(at_s, self._fire, machine, at_s)
+        self._timers[machine] = loop.call_at(at_s, self._fire, machine, at_s, restart)
 
-    def _fire(self, machine: Machine, at_s: float) -> None:
+    def _fire(self, machine: Machine, at_s: float, restart: bool) -> None:
         self._timers.pop(machine, None)
         # asyncio may run a timer a clock tick early; the machine must see its deadline passed.
-        self._feed(machine, TimerFired(now_s=max(now(), at_s)))
+        at_s = max(now(), at_s)
+        if restart and machine in self._closing:
+            return
+        self._feed(machine, Started(now_s=at_s) if restart else TimerFired(now_s=at_s))
 
     async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
         """CPU work (codecs, hashing, merges) on a worker thread, never on the loop."""
