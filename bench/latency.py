@@ -79,8 +79,8 @@ class SlowStore:
     def put(self, path: str, file: bytes, **options: Any) -> Any:
         return self._request("PUT", path, 1, lambda: self._bucket.put(path, file, **options))
 
-    def get(self, path: str) -> Any:
-        return self._request("GET", path, 1, lambda: self._bucket.get(path))
+    def get(self, path: str, **options: Any) -> Any:
+        return self._request("GET", path, 1, lambda: self._bucket.get(path, **options))
 
     def head(self, path: str) -> Any:
         return self._request("GET", path, 1, lambda: self._bucket.head(path))
