@@ -11,6 +11,7 @@ are the ``Session`` and ``s.step(samples=...)`` after each optimizer update.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 from typing import Any
 
@@ -69,14 +70,19 @@ def main() -> None:
         options=SessionOptions(poll_s=0.2, renew_s=2.0),
         mailbox_options=MailboxOptions(endpoint=args.endpoint),
     ) as session:
-        for step in range(args.steps):
-            x = mx.array(rng.normal(size=(BATCH, FEATURES)).astype("f4"))
-            loss, grads = step_fn(model, x, x @ w)
-            optimizer.update(model, grads)
-            mx.eval(model.parameters(), optimizer.state)
-            session.step(samples=BATCH)
-            if step % 200 == 0:
-                print(f"{session.node} step {step}: loss {loss.item():.4f} (round {session.round})")
+        if args.role == "closer":  # no training loop: close rounds until Ctrl-C
+            with contextlib.suppress(KeyboardInterrupt):
+                session.serve()
+        else:
+            for step in range(args.steps):
+                x = mx.array(rng.normal(size=(BATCH, FEATURES)).astype("f4"))
+                loss, grads = step_fn(model, x, x @ w)
+                optimizer.update(model, grads)
+                mx.eval(model.parameters(), optimizer.state)
+                session.step(samples=BATCH)
+                if step % 200 == 0:
+                    where = f"(round {session.round})"
+                    print(f"{session.node} step {step}: loss {loss.item():.4f} {where}")
     checkpoint = session.checkpoint
     print(f"{session.node} final: model at round {checkpoint.round if checkpoint else '?'}")
 

@@ -5,7 +5,9 @@
 
 Every process started with the same ``--mailbox`` joins the same run: the first creates
 it (manifest and initial parameters), the others adopt it and start from the newest
-commit. Kill any of them at any moment; start them again; the run goes on. See
+commit. Kill any of them at any moment; start them again; the run goes on. With
+``--resume`` a node restarted with the same ``--node`` also goes on with its own optimizer
+state and step count (saved in the bucket at commit boundaries). See
 ``examples/README.md`` for running across machines on S3, R2 or MinIO.
 
 The task is a regression onto a fixed random teacher, so the loss printed should fall
@@ -16,6 +18,7 @@ towards zero on every node. The training loop is plain torch; the only gm lines 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 
 import numpy as np
@@ -52,7 +55,13 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--fragments", type=int, default=2, help="P: fragments per cycle")
     parser.add_argument("--endpoint", default=None, help="S3-compatible endpoint (R2, MinIO)")
     parser.add_argument("--seed", type=int, default=None)
-    return parser.parse_args()
+    parser.add_argument(
+        "--resume", action="store_true", help="keep this node's optimizer and step across restarts"
+    )
+    args = parser.parse_args()
+    if args.resume and (args.node is None or args.role == "closer"):
+        parser.error("--resume is for a learner with a --node id: the id finds its saved state")
+    return args
 
 
 def main() -> None:
@@ -62,7 +71,6 @@ def main() -> None:
         torch.manual_seed(args.seed)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    w = teacher()
     algorithm = DiLoCo(sync_every=args.sync_every, fragments=args.fragments, quorum=1)
     with Session(
         model,
@@ -72,19 +80,31 @@ def main() -> None:
         role=args.role,
         options=SessionOptions(poll_s=0.2, renew_s=2.0),
         mailbox_options=MailboxOptions(endpoint=args.endpoint),
+        resume={"optimizer": optimizer} if args.resume else None,
     ) as session:
-        for step in range(args.steps):
-            x = torch.randn(BATCH, FEATURES)
-            loss = torch.nn.functional.mse_loss(model(x), x @ w)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            session.step(samples=BATCH)
-            if step % 200 == 0:
-                print(f"{session.node} step {step}: loss {loss.item():.4f} (round {session.round})")
+        if args.role == "closer":  # no training loop: close rounds until Ctrl-C
+            with contextlib.suppress(KeyboardInterrupt):
+                session.serve()
+        else:
+            train(session, model, optimizer, args.steps)
     checkpoint = session.checkpoint
     print(f"{session.node} final: model at round {checkpoint.round if checkpoint else '?'}")
     print(f"{session.node} requests: {session.stats.as_metrics()}")
+
+
+def train(session: Session, model: Net, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    """Plain torch training; ``session.step`` after each optimizer step is the only gm line."""
+    w = teacher()
+    print(f"{session.node} starts at step {session.step_count}")
+    while (step := session.step_count) < steps:
+        x = torch.randn(BATCH, FEATURES)
+        loss = torch.nn.functional.mse_loss(model(x), x @ w)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        session.step(samples=BATCH)
+        if step % 200 == 0:
+            print(f"{session.node} step {step}: loss {loss.item():.4f} (round {session.round})")
 
 
 if __name__ == "__main__":

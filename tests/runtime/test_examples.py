@@ -12,9 +12,9 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def start(script: str, url: str, node: str, steps: int) -> subprocess.Popen[str]:
+def start(script: str, url: str, node: str, steps: int, *more: str) -> subprocess.Popen[str]:
     argv = [sys.executable, str(EXAMPLES / script), "--mailbox", url, "--node", node]
-    argv += ["--steps", str(steps), "--sync-every", "40"]
+    argv += ["--steps", str(steps), "--sync-every", "40", *more]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -29,6 +29,21 @@ def test_torch_and_mlx_examples_share_a_run(tmp_path: Path) -> None:
     assert "alice final: model at round" in torch_out
     assert "carol final: model at round" in mlx_out
     assert "carol: joined" in mlx_out
+
+
+def test_a_torch_example_node_started_again_with_resume_goes_on_from_its_step(
+    tmp_path: Path,
+) -> None:
+    url = f"file://{tmp_path / 'bucket'}"
+    outputs = []
+    for steps in (20, 30):
+        node = start("torch_learner.py", url, "alice", steps, "--resume")
+        outputs.append(node.communicate(timeout=240)[0])
+        assert node.returncode == 0, outputs[-1][-3000:]
+    assert "alice starts at step 0" in outputs[0]
+    assert "alice starts at step 20" in outputs[1]
+    assert "alice: resumed at step 20" in outputs[1]
+    assert "alice final: model at round" in outputs[1]
 
 
 @pytest.mark.slow  # two transformers+peft processes: minutes of CPU on 2 cores
