@@ -697,7 +697,13 @@ def _new_anchor(state: LearnerState, record: RoundRecord, step: int, tokens: int
 def _pump(
     state: LearnerState, now_s: float, cmds: list[Command], *, exact_step: bool
 ) -> LearnerState:
-    """After any event: publish what is due, align what arrived, poll, renew, pace."""
+    """After any event: publish what is due, align what arrived, poll, renew, pace.
+
+    Publishing goes first so that a due capture sees the model before a commit of
+    its fragment lands in it; it runs again after aligning, since an alignment
+    that needs no fetch can lift an ``in_flight`` stall at once, and the round
+    that stall held back is due at exactly this (stalled, hence exact) step.
+    """
     if state.phase in (Phase.IDLE, Phase.CLOSED):
         return state
     if state.phase is Phase.RUNNING:
@@ -705,6 +711,8 @@ def _pump(
     if state.phase in (Phase.RUNNING, Phase.CLOSING):
         state = _retry_due(state, now_s, cmds, exact_step=exact_step)
         state = _align_next(state, cmds)
+    if state.phase is Phase.RUNNING and exact_step:
+        state = _publish_due(state, cmds)
     state = _poll(state, now_s, cmds)
     state = _renew(state, now_s, cmds)
     if state.phase is Phase.CLOSING:

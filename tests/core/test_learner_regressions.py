@@ -9,9 +9,11 @@ it, so the learner never probed again and training stalled for good.
 
 from __future__ import annotations
 
-from gm_core import closer, learner
+import attrs
+
+from gm_core import closer, codec, learner
 from gm_core import cluster as cl
-from gm_core.commands import Align, Get
+from gm_core.commands import Align, Capture, Get
 from gm_core.events import GotObject, RequestFailed, TimerFired
 from gm_core.records import AlgorithmConfig
 
@@ -60,3 +62,51 @@ def test_a_failed_alignment_then_an_empty_probe_does_not_stop_probing() -> None:
     assert probes, f"stuck: probing={state.probing} pending={dict(state.pending)}"
     if state.probing:
         assert any(p.kind == "record" for p in state.pending.values()), dict(state.pending)
+
+
+def stalled_with_a_probe_out() -> tuple[learner.LearnerState, int, float, cl.Cluster]:
+    """A learner-only node stalled at its ``in_flight`` bound, its probe of the next record out."""
+    roles = {"n0": frozenset({L, C}), "n1": frozenset({L})}
+    config = AlgorithmConfig(sync_every=4, fragments=1, quorum=2, in_flight=1)
+    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(roles):
+        c = cl.start(c, name)
+    for _ in range(400):
+        state = c.nodes["n1"].learner
+        assert state is not None
+        probes = [
+            f.command.req
+            for f in c.inflight
+            if f.node == "n1" and isinstance(f.command, Get) and f.command.key.startswith("rounds/")
+        ]
+        if state.pace is not None and state.pace.stalled and state.aligned_round >= 0 and probes:
+            return state, probes[0], c.now_s, c
+        if c.inflight:
+            c = cl.deliver(c, 0)
+            continue
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        for name, steps in (("n0", 1), ("n1", 2)):  # n1 outruns the run and stalls
+            c = cl.train(c, name, steps) if cl.can_train(c, name) else c
+        c = cl.tick(c, 0.25)
+    raise AssertionError("n1 never stalled with a probe out")
+
+
+def test_a_commit_that_lifts_a_stall_without_a_fetch_publishes_at_the_held_step() -> None:
+    """An empty commit (version unchanged) aligns at once; the round the stall held is due now.
+
+    Before, publishing ran only before aligning, so the learner was told to train one
+    more step and captured the round a step after its due step.
+    """
+    state, probe, now_s, c = stalled_with_a_probe_out()
+    (aligned,) = [x for x in cl.records(c) if x.round == state.aligned_round]
+    round_ = state.aligned_round + 1
+    empty = attrs.evolve(aligned, round=round_, participants=(), rejections=())
+    held, step = state.next_round, state.step
+    state, cmds = learner.advance(
+        state, GotObject(now_s=now_s, req=probe, data=codec.encode(empty), etag="e")
+    )
+    assert state.aligned_round == round_
+    captures = [x for x in cmds if isinstance(x, Capture)]
+    assert [x.round for x in captures] == [held]
+    assert state.outgoing[held].step == step == learner.schedule_step(state, held)
