@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import assert_never
 
 import attrs
 
@@ -115,6 +116,31 @@ class Phase(enum.StrEnum):
     STOPPED = "stopped"
 
 
+class Ask(enum.StrEnum):
+    """What the closer asked the store for; the outcome is routed by it (:func:`_outcome`)."""
+
+    TAPE = "tape"
+    WATCH = "watch"
+    CLAIM = "claim"
+    CLAIM_READ = "claim_read"
+    LEASE = "lease"
+    CLOSER_LEASE = "closer_lease"
+    LIST = "list"
+    DISCOVER = "discover"
+    NEWCOMER = "newcomer"
+    LATE = "late"
+    SNAPSHOT = "snapshot"
+    VERIFY = "verify"
+    MERGE = "merge"
+    COMMIT = "commit"
+    CHECK = "check"
+    HEAD = "head"
+    OWN_LEASE = "own_lease"
+    SWEEP = "sweep"
+    RELEASE = "release"
+    LEASE_GC = "lease_gc"
+
+
 class Stage(enum.StrEnum):
     FETCHING = "fetching"
     VERIFYING = "verifying"
@@ -179,7 +205,7 @@ class CloserState:
     """When the leader next lists the round folders for objects left below the sweep mark."""
     others: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
     """Leases of nodes that do not learn, watched at each listing only to collect them."""
-    busy: frozenset[str] = frozenset()
+    busy: frozenset[Ask] = frozenset()
     poll_at_s: float = 0.0
     leases_at_s: float = 0.0
     discover_at_s: float = 0.0
@@ -189,7 +215,7 @@ class CloserState:
     own_base: Requests = attrs.field(factory=Requests)
     own_draft: Requests | None = None
     wake_s: float = NEVER
-    pending: Mapping[int, Purpose] = attrs.field(factory=dict)
+    pending: Mapping[int, Purpose[Ask]] = attrs.field(factory=dict)
     next_req: int = 1
 
 
@@ -232,7 +258,7 @@ def advance(state: CloserState, event: Event) -> Result:
     return state, cmds
 
 
-def _busy(state: CloserState, purpose: Purpose) -> tuple[CloserState, int]:
+def _busy(state: CloserState, purpose: Purpose[Ask]) -> tuple[CloserState, int]:
     """Issue a request of a kind of which at most one is outstanding."""
     state, req = issue(state, purpose)
     return attrs.evolve(state, busy=state.busy | {purpose.kind}), req
@@ -241,14 +267,14 @@ def _busy(state: CloserState, purpose: Purpose) -> tuple[CloserState, int]:
 def _start(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     if state.phase is not Phase.IDLE:
         return state
-    state, req = _busy(state, Purpose(kind="tape", name="head"))
+    state, req = _busy(state, Purpose(kind=Ask.TAPE, name="head"))
     cmds.append(Get(req=req, key=keys.head()))
     return attrs.evolve(state, phase=Phase.BOOTING, probe_round=-2, lease_at_s=now_s)
 
 
 def _stop(state: CloserState, cmds: list[Command]) -> CloserState:
     if state.options.write_lease and state.phase is not Phase.IDLE:
-        state, req = issue(state, Purpose(kind="release"))
+        state, req = issue(state, Purpose(kind=Ask.RELEASE))
         cmds.append(Delete(req=req, keys=(keys.lease(state.node),)))
     cmds.append(Notify(kind="closer_stopped", round=state.round))
     return attrs.evolve(state, phase=Phase.STOPPED)
@@ -268,36 +294,48 @@ def _gap(state: CloserState) -> int:
 
 
 def _outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
-    handlers = {
-        "tape": _tape_outcome,
-        "watch": _watch_outcome,
-        "claim": _claim_outcome,
-        "claim_read": _claim_read,
-        "lease": _lease_outcome,
-        "closer_lease": _lease_outcome,
-        "list": _list_outcome,
-        "discover": _discover_outcome,
-        "newcomer": _newcomer_outcome,
-        "late": _late_outcome,
-        "snapshot": _snapshot_outcome,
-        "verify": _verify_outcome,
-        "merge": _merge_outcome,
-        "commit": _commit_outcome,
-        "check": _check_outcome,
-    }
-    handler = handlers.get(purpose.kind)
-    if handler is None:
-        return state  # own lease, head hint, sweeps, release: nothing depends on them
-    return handler(state, purpose, event, cmds)
+    match purpose.kind:
+        case Ask.TAPE:
+            return _tape_outcome(state, purpose, event, cmds)
+        case Ask.WATCH:
+            return _watch_outcome(state, purpose, event, cmds)
+        case Ask.CLAIM:
+            return _claim_outcome(state, purpose, event, cmds)
+        case Ask.CLAIM_READ:
+            return _claim_read(state, purpose, event, cmds)
+        case Ask.LEASE | Ask.CLOSER_LEASE:
+            return _lease_outcome(state, purpose, event, cmds)
+        case Ask.LIST:
+            return _list_outcome(state, purpose, event, cmds)
+        case Ask.DISCOVER:
+            return _discover_outcome(state, purpose, event, cmds)
+        case Ask.NEWCOMER:
+            return _newcomer_outcome(state, purpose, event, cmds)
+        case Ask.LATE:
+            return _late_outcome(state, purpose, event, cmds)
+        case Ask.SNAPSHOT:
+            return _snapshot_outcome(state, purpose, event, cmds)
+        case Ask.VERIFY:
+            return _verify_outcome(state, purpose, event, cmds)
+        case Ask.MERGE:
+            return _merge_outcome(state, purpose, event, cmds)
+        case Ask.COMMIT:
+            return _commit_outcome(state, purpose, event, cmds)
+        case Ask.CHECK:
+            return _check_outcome(state, purpose, event, cmds)
+        case Ask.HEAD | Ask.OWN_LEASE | Ask.SWEEP | Ask.RELEASE | Ask.LEASE_GC:
+            return state  # best effort: a failure is retried by the next sweep or renewal
+        case unknown:
+            assert_never(unknown)
 
 
 # --- finding the tape and taking part in rounds ---------------------------------------------
 
 
 def _tape_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     """Booting: read the head hint, then probe forward to the newest record."""
     if not isinstance(event, GotObject):
@@ -374,7 +412,7 @@ def _adopt(
 
 
 def _watch_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if not isinstance(event, GotObject) or purpose.round != state.round:
         return state
@@ -414,7 +452,7 @@ def _blocked(state: CloserState, bad: BadRecord, now_s: float, cmds: list[Comman
 
 
 def _claim_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if purpose.round != state.round or state.phase is not Phase.CLAIMING:
         return state
@@ -422,13 +460,13 @@ def _claim_outcome(
         return _open(state, event.now_s, int(purpose.name), cmds)
     # Taken by another follower, or unknown after a lost response: read who holds it,
     # and stay CLAIMING until we know (bidding again before would race ourselves).
-    state, req = issue(state, Purpose(kind="claim_read", round=purpose.round, name=purpose.name))
+    state, req = issue(state, Purpose(kind=Ask.CLAIM_READ, round=purpose.round, name=purpose.name))
     cmds.append(Get(req=req, key=keys.claim(purpose.round, int(purpose.name))))
     return state
 
 
 def _claim_read(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if purpose.round != state.round or state.phase is not Phase.CLAIMING:
         return state
@@ -458,11 +496,11 @@ def _claim_holder(data: bytes, round_: int, attempt: int) -> str:
 
 
 def _lease_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if not isinstance(event, Probed):
         return state
-    if purpose.kind == "closer_lease":
+    if purpose.kind is Ask.CLOSER_LEASE:
         current = state.phase is Phase.FOLLOWING and purpose.round == state.round
         if current and purpose.name == _watched(state):
             view = liveness.observe(state.closer_lease, event.etag, event.now_s)
@@ -484,7 +522,7 @@ def _watched(state: CloserState) -> str:
 
 
 def _list_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if not isinstance(event, Listed) or purpose.round != state.round:
         return state
@@ -502,10 +540,10 @@ def _list_outcome(
         if learner in entries:
             continue
         entries[learner] = Entry(learner=learner, stage=Stage.FETCHING)
-        state, req = issue(state, Purpose(kind="snapshot", round=state.round, name=learner))
+        state, req = issue(state, Purpose(kind=Ask.SNAPSHOT, round=state.round, name=learner))
         cmds.append(Get(req=req, key=key))
         if learner not in state.leases:
-            state, req = issue(state, Purpose(kind="lease", round=state.round, name=learner))
+            state, req = issue(state, Purpose(kind=Ask.LEASE, round=state.round, name=learner))
             cmds.append(Probe(req=req, key=keys.lease(learner)))
         else:
             state = _touch(state, learner, event.now_s)
@@ -565,7 +603,7 @@ def _snapshot_learner(key: str, round_: int) -> str | None:
 
 
 def _snapshot_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if purpose.round != state.round or state.phase is not Phase.COLLECTING:
         return state
@@ -582,7 +620,7 @@ def _snapshot_outcome(
     reason = _judge(state, learner, snapshot)
     if reason is not None:
         return _reject(state, learner, reason, cmds)
-    state, req = issue(state, Purpose(kind="verify", round=state.round, name=learner))
+    state, req = issue(state, Purpose(kind=Ask.VERIFY, round=state.round, name=learner))
     cmds.append(Verify(req=req, round=state.round, learner=learner, payload=snapshot.payload))
     return _set_entry(state, Entry(learner=learner, stage=Stage.VERIFYING, snapshot=snapshot))
 
@@ -615,7 +653,7 @@ def max_stale_versions(in_flight: int, fragments: int) -> int:
 
 
 def _verify_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if purpose.round != state.round or state.phase is not Phase.COLLECTING:
         return state
@@ -712,7 +750,7 @@ def _merge(
         Contribution(learner=x.learner, payload=x.payload, weight=w, final=x.final)
         for x, w in zip(snapshots, weights, strict=True)
     )
-    state, req = issue(state, Purpose(kind="merge", round=state.round))
+    state, req = issue(state, Purpose(kind=Ask.MERGE, round=state.round))
     cmds.append(
         Merge(
             req=req,
@@ -727,7 +765,7 @@ def _merge(
 
 
 def _merge_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if purpose.round != state.round or state.phase is not Phase.MERGING:
         return state
@@ -750,7 +788,7 @@ def _commit(
     record = _draft(state, now_s, merged)
     own = merged.requests if merged is not None and state.options.account_own else None
     state = attrs.evolve(state, own_draft=own)
-    state, req = issue(state, Purpose(kind="commit", round=state.round))
+    state, req = issue(state, Purpose(kind=Ask.COMMIT, round=state.round))
     cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=codec.encode(record)))
     return attrs.evolve(state, phase=Phase.COMMITTING, draft=record)
 
@@ -834,31 +872,31 @@ def _participant(entry: Entry) -> Participant:
 
 
 def _commit_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if purpose.round != state.round or state.phase is not Phase.COMMITTING:
         return state
     if isinstance(event, PutDone) and event.created and state.draft is not None:
         return _committed(state, state.draft, event.now_s, cmds)
     # Taken, or unknown after a lost response: read the record to learn which.
-    state, req = issue(state, Purpose(kind="check", round=state.round))
+    state, req = issue(state, Purpose(kind=Ask.CHECK, round=state.round))
     cmds.append(Get(req=req, key=keys.round_record(state.round)))
     return state
 
 
 def _check_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     draft = state.draft
     if purpose.round != state.round or state.phase is not Phase.COMMITTING or draft is None:
         return state
     if not isinstance(event, GotObject):
-        state, req = issue(state, Purpose(kind="check", round=state.round))
+        state, req = issue(state, Purpose(kind=Ask.CHECK, round=state.round))
         cmds.append(Get(req=req, key=keys.round_record(state.round)))
         return state
     if event.data is None:
         # Our write never landed: write the same bytes again.
-        state, req = issue(state, Purpose(kind="commit", round=state.round))
+        state, req = issue(state, Purpose(kind=Ask.COMMIT, round=state.round))
         data = codec.encode(draft)
         cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=data))
         return state
@@ -878,7 +916,7 @@ def _committed(
     cmds.append(Notify(kind="committed", round=record.round, detail=detail))
     if state.own_draft is not None:  # our record counted our requests up to its merge
         state = attrs.evolve(state, own_base=state.own_draft, own_draft=None)
-    state, req = issue(state, Purpose(kind="head"))
+    state, req = issue(state, Purpose(kind=Ask.HEAD))
     cmds.append(PutOver(req=req, key=keys.head(), data=codec.encode(Head(round=record.round))))
     if state.options.write_lease:
         # A committed record proves this node alive to everyone who follows the tape.
@@ -905,9 +943,9 @@ def _sweep(state: CloserState, record: RoundRecord, cmds: list[Command]) -> Clos
     )
     for round_ in rounds:
         for prefix in (keys.snapshot_prefix(round_), keys.claim_prefix(round_)):
-            state, req = issue(state, Purpose(kind="sweep", round=round_))
+            state, req = issue(state, Purpose(kind=Ask.SWEEP, round=round_))
             cmds.append(DeletePrefix(req=req, prefix=prefix))
-        state, req = issue(state, Purpose(kind="sweep", round=round_))
+        state, req = issue(state, Purpose(kind=Ask.SWEEP, round=round_))
         cmds.append(DeletePrefix(req=req, prefix=keys.payload_prefix(round_)))
     swept_below = retention.new_swept_below(
         committed_round=record.round,
@@ -938,18 +976,18 @@ def _pump(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
 
 
 def _boot_probe(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
-    if "tape" in state.busy or state.probe_round < 0 or now_s < state.poll_at_s:
+    if Ask.TAPE in state.busy or state.probe_round < 0 or now_s < state.poll_at_s:
         return state
     round_ = state.probe_round
-    state, req = _busy(state, Purpose(kind="tape", round=round_))
+    state, req = _busy(state, Purpose(kind=Ask.TAPE, round=round_))
     cmds.append(Get(req=req, key=keys.round_record(round_)))
     return state
 
 
 def _watch(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     """GET our round's record key when due (a miss is the cheapest request there is)."""
-    if "watch" not in state.busy and now_s >= state.poll_at_s:
-        state, req = _busy(state, Purpose(kind="watch", round=state.round))
+    if Ask.WATCH not in state.busy and now_s >= state.poll_at_s:
+        state, req = _busy(state, Purpose(kind=Ask.WATCH, round=state.round))
         cmds.append(Get(req=req, key=keys.round_record(state.round)))
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s, looked_at_s=now_s)
     return state
@@ -962,7 +1000,7 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
     if closer == state.node:
         return state
     if now_s >= state.leases_at_s and closer:
-        state, req = issue(state, Purpose(kind="closer_lease", round=state.round, name=closer))
+        state, req = issue(state, Purpose(kind=Ask.CLOSER_LEASE, round=state.round, name=closer))
         cmds.append(Probe(req=req, key=keys.lease(closer)))
         state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
     if state.closer_lease is None and closer:
@@ -984,18 +1022,18 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
         return _watch(attrs.evolve(state, poll_at_s=poll_at_s), now_s, cmds)
     attempt = election.next_attempt(state.claims)
     claim = Claim(round=state.round, attempt=attempt, node=state.node)
-    state, req = issue(state, Purpose(kind="claim", round=state.round, name=str(attempt)))
+    state, req = issue(state, Purpose(kind=Ask.CLAIM, round=state.round, name=str(attempt)))
     cmds.append(PutOnce(req=req, key=keys.claim(state.round, attempt), data=codec.encode(claim)))
     return attrs.evolve(state, phase=Phase.CLAIMING)
 
 
 def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
-    if "list" not in state.busy and now_s >= state.poll_at_s:
-        state, req = _busy(state, Purpose(kind="list", round=state.round))
+    if Ask.LIST not in state.busy and now_s >= state.poll_at_s:
+        state, req = _busy(state, Purpose(kind=Ask.LIST, round=state.round))
         cmds.append(List(req=req, prefix=keys.snapshot_prefix(state.round)))
-        if "watch" not in state.busy:
+        if Ask.WATCH not in state.busy:
             # Someone who judged us dead may have closed this round: its record ends it.
-            state, req = _busy(state, Purpose(kind="watch", round=state.round))
+            state, req = _busy(state, Purpose(kind=Ask.WATCH, round=state.round))
             cmds.append(Get(req=req, key=keys.round_record(state.round)))
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
     state = _discover(state, now_s, cmds)
@@ -1003,7 +1041,7 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
     unreported = _unreported(state)
     if now_s >= state.leases_at_s and unreported:
         for learner in unreported:
-            state, req = issue(state, Purpose(kind="lease", round=state.round, name=learner))
+            state, req = issue(state, Purpose(kind=Ask.LEASE, round=state.round, name=learner))
             cmds.append(Probe(req=req, key=keys.lease(learner)))
         state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
     return _maybe_close(state, now_s, cmds)
@@ -1016,9 +1054,9 @@ def _discover(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSt
     is open: a learner that joined out of phase with the run would never be waited
     for, and so never get in.
     """
-    if now_s < state.discover_at_s or "discover" in state.busy:
+    if now_s < state.discover_at_s or Ask.DISCOVER in state.busy:
         return state
-    state, req = _busy(state, Purpose(kind="discover", round=state.round))
+    state, req = _busy(state, Purpose(kind=Ask.DISCOVER, round=state.round))
     cmds.append(List(req=req, prefix=keys.LEASES_PREFIX))
     every_s = state.manifest.config.lease_timeout_s if _live(state, now_s) else _idle_s(state)
     return attrs.evolve(state, discover_at_s=now_s + every_s)
@@ -1051,14 +1089,14 @@ def _collect_late(state: CloserState, now_s: float, cmds: list[Command]) -> Clos
     if now_s < state.collect_at_s or state.swept_below == 0:
         return state
     for folder in _SWEPT_FOLDERS:
-        state, req = issue(state, Purpose(kind="late", round=state.round, name=folder))
+        state, req = issue(state, Purpose(kind=Ask.LATE, round=state.round, name=folder))
         cmds.append(List(req=req, prefix=folder))
     every_s = COLLECT_EVERY_TIMEOUTS * state.manifest.config.lease_timeout_s
     return attrs.evolve(state, collect_at_s=now_s + every_s)
 
 
 def _late_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if not isinstance(event, Listed):
         return state  # the next listing tries again
@@ -1076,13 +1114,13 @@ def _late_outcome(
                     below.add(parsed.round)
     prefix_of = _SWEPT_FOLDERS[purpose.name]
     for round_ in sorted(below)[:COLLECT_MAX_ROUNDS]:
-        state, req = issue(state, Purpose(kind="sweep", round=round_))
+        state, req = issue(state, Purpose(kind=Ask.SWEEP, round=round_))
         cmds.append(DeletePrefix(req=req, prefix=prefix_of(round_)))
     return state
 
 
 def _discover_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if not isinstance(event, Listed):
         return state
@@ -1094,13 +1132,15 @@ def _discover_outcome(
         if not isinstance(parsed, keys.LeaseKey) or parsed.node == state.node:
             continue
         if parsed.node not in state.leases or parsed.node in state.dead:
-            state, req = issue(state, Purpose(kind="newcomer", round=state.round, name=parsed.node))
+            state, req = issue(
+                state, Purpose(kind=Ask.NEWCOMER, round=state.round, name=parsed.node)
+            )
             cmds.append(Get(req=req, key=key))
     return state
 
 
 def _newcomer_outcome(
-    state: CloserState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     """A lease found by listing: a learner's counts from now on (a closer's never does).
 
@@ -1134,7 +1174,7 @@ def _collect_lease(
     """Delete the lease of a node gone for several timeouts, and forget the node."""
     if not liveness.collectable(view, now_s, state.manifest.config.lease_timeout_s):
         return state
-    state, req = issue(state, Purpose(kind="lease_gc", round=state.round, name=node))
+    state, req = issue(state, Purpose(kind=Ask.LEASE_GC, round=state.round, name=node))
     cmds.append(Delete(req=req, keys=(keys.lease(node),)))
     cmds.append(Notify(kind="lease_collected", round=state.round, detail=node))
     return attrs.evolve(
@@ -1169,7 +1209,7 @@ def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
         return state
     renew_s = _renew_s(state)
     lease = Lease(node=state.node, roles=("closer",), seq=state.lease_seq, renew_s=renew_s)
-    state, req = issue(state, Purpose(kind="own_lease"))
+    state, req = issue(state, Purpose(kind=Ask.OWN_LEASE))
     cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
     return attrs.evolve(state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + renew_s)
 
@@ -1183,10 +1223,10 @@ def _probe_s(state: CloserState) -> float:
 
 
 _POLLED_BY = {
-    Phase.BOOTING: "tape",
-    Phase.FOLLOWING: "watch",
-    Phase.BLOCKED: "watch",
-    Phase.COLLECTING: "list",
+    Phase.BOOTING: Ask.TAPE,
+    Phase.FOLLOWING: Ask.WATCH,
+    Phase.BLOCKED: Ask.WATCH,
+    Phase.COLLECTING: Ask.LIST,
 }
 """The request kind each phase's polling issues (at most one in flight)."""
 
@@ -1211,7 +1251,7 @@ def _wake(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
             times.append(takeover_at)
     if state.phase is Phase.COLLECTING:
         probes_at = state.leases_at_s if _unreported(state) else NEVER
-        discover_at = state.discover_at_s if "discover" not in state.busy else NEVER
+        discover_at = state.discover_at_s if Ask.DISCOVER not in state.busy else NEVER
         collect_at = state.collect_at_s if state.swept_below > 0 else NEVER
         times.extend(
             (probes_at, discover_at, collect_at, state.close_at_s, _lease_expiry(state, now_s))

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from typing import assert_never
 
 import attrs
 
@@ -89,6 +90,20 @@ MAX_PUBLISH_ATTEMPTS = 3
 """Snapshot writes in a row before the round is captured afresh (the shell retries each too)."""
 MAX_FETCHED = 64
 """Records fetched ahead of alignment; probing pauses beyond this (bounded memory)."""
+
+
+class Ask(enum.StrEnum):
+    """What the learner asked for; the outcome is routed by it (:func:`_outcome`)."""
+
+    HEAD = "head"
+    RECORD = "record"
+    CAPTURE = "capture"
+    SNAPSHOT = "snapshot"
+    SNAPSHOT_CHECK = "snapshot_check"
+    ALIGN = "align"
+    LOAD = "load"
+    LEASE = "lease"
+    RELEASE = "release"
 
 
 class Phase(enum.StrEnum):
@@ -189,7 +204,7 @@ class LearnerState:
     close_by_s: float = NEVER
     pace: Pace | None = None
     wake_s: float = NEVER
-    pending: Mapping[int, Purpose] = attrs.field(factory=dict)
+    pending: Mapping[int, Purpose[Ask]] = attrs.field(factory=dict)
     next_req: int = 1
 
 
@@ -241,7 +256,7 @@ def advance(state: LearnerState, event: Event) -> Result:
 def _start(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
     if state.phase is not Phase.IDLE:
         return state
-    state, req = issue(state, Purpose(kind="head"))
+    state, req = issue(state, Purpose(kind=Ask.HEAD))
     cmds.append(Get(req=req, key=keys.head()))
     return attrs.evolve(state, phase=Phase.BOOTING, probing=True, lease_at_s=now_s)
 
@@ -285,35 +300,41 @@ def _close(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerSta
 
 
 def _outcome(
-    state: LearnerState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: LearnerState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> LearnerState:
-    if purpose.kind in ("head", "record"):
-        return _record_outcome(state, purpose, event, cmds)
-    if purpose.kind == "capture":
-        return _captured(state, purpose.round, event, cmds)
-    if purpose.kind == "snapshot":
-        return _snapshot_written(state, purpose.round, event, cmds)
-    if purpose.kind == "snapshot_check":
-        return _snapshot_checked(state, purpose.round, event, cmds)
-    if purpose.kind in ("align", "load"):
-        return _aligned(state, purpose, event, cmds)
-    if purpose.kind == "lease" and isinstance(event, RequestFailed):
-        cmds.append(Notify(kind="lease_failed", round=state.seen_round, detail=event.error))
-    if purpose.kind == "release" and isinstance(event, Deleted | RequestFailed):
-        cmds.append(Notify(kind="closed", round=state.aligned_round))
-        return attrs.evolve(state, phase=Phase.CLOSED)
-    return state
+    match purpose.kind:
+        case Ask.HEAD | Ask.RECORD:
+            return _record_outcome(state, purpose, event, cmds)
+        case Ask.CAPTURE:
+            return _captured(state, purpose.round, event, cmds)
+        case Ask.SNAPSHOT:
+            return _snapshot_written(state, purpose.round, event, cmds)
+        case Ask.SNAPSHOT_CHECK:
+            return _snapshot_checked(state, purpose.round, event, cmds)
+        case Ask.ALIGN | Ask.LOAD:
+            return _aligned(state, purpose, event, cmds)
+        case Ask.LEASE:
+            if isinstance(event, RequestFailed):
+                cmds.append(Notify(kind="lease_failed", round=state.seen_round, detail=event.error))
+            return state
+        case Ask.RELEASE:
+            if not isinstance(event, Deleted | RequestFailed):
+                return state
+            cmds.append(Notify(kind="closed", round=state.aligned_round))
+            return attrs.evolve(state, phase=Phase.CLOSED)
+        case unknown:
+            assert_never(unknown)
 
 
 def _record_outcome(
-    state: LearnerState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: LearnerState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> LearnerState:
     """A head hint or a round record arrived (or did not): move the tape forward."""
     now_s, poll_s = event.now_s, state.options.poll_s
     poll_later = attrs.evolve(state, probing=False, probe_at_s=now_s + poll_s)
     if not isinstance(event, GotObject):
         return poll_later
-    if purpose.kind == "head":
+    if purpose.kind is Ask.HEAD:
         hint = parse_head(event.data)
         return attrs.evolve(state, probing=False, probe_at_s=now_s, seen_round=hint - 1)
     if event.data is None:
@@ -366,7 +387,7 @@ def _begin_loading(state: LearnerState, cmds: list[Command]) -> LearnerState:
     cfg = state.manifest.config
     loading = set()
     for fragment, fs in enumerate(frontier):
-        state, req = issue(state, Purpose(kind="load", round=fragment))
+        state, req = issue(state, Purpose(kind=Ask.LOAD, round=fragment))
         cmds.append(
             Align(
                 req=req,
@@ -417,7 +438,7 @@ def _publish(
     steps = state.step - anchor.step
     if (final and steps <= 0) or round_ <= state.seen_round:
         return state
-    state, req = issue(state, Purpose(kind="capture", round=round_))
+    state, req = issue(state, Purpose(kind=Ask.CAPTURE, round=round_))
     cmds.append(Capture(req=req, round=round_, fragment=fragment))
     outgoing = dict(state.outgoing)
     outgoing[round_] = Outgoing(
@@ -467,7 +488,7 @@ def _write_snapshot(state: LearnerState, out: Outgoing, cmds: list[Command]) -> 
     outgoing = dict(state.outgoing)
     outgoing[out.round] = out
     state = attrs.evolve(state, outgoing=outgoing)
-    state, req = issue(state, Purpose(kind="snapshot", round=out.round))
+    state, req = issue(state, Purpose(kind=Ask.SNAPSHOT, round=out.round))
     cmds.append(PutOnce(req=req, key=keys.snapshot(out.round, state.node), data=out.data))
     return state
 
@@ -483,7 +504,7 @@ def _snapshot_written(
         lease_at_s = max(state.lease_at_s, event.now_s + _renew_s(state))
         return _published(attrs.evolve(state, lease_at_s=lease_at_s), out, cmds)
     # Taken, or unknown after a lost response: our own earlier attempt may have landed.
-    state, req = issue(state, Purpose(kind="snapshot_check", round=round_))
+    state, req = issue(state, Purpose(kind=Ask.SNAPSHOT_CHECK, round=round_))
     cmds.append(Get(req=req, key=keys.snapshot(round_, state.node)))
     return state
 
@@ -568,14 +589,14 @@ def _retry_due(
 
 
 def _aligned(
-    state: LearnerState, purpose: Purpose, event: Event, cmds: list[Command]
+    state: LearnerState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> LearnerState:
     if not isinstance(event, Aligned):
         # The payload could not be fetched (swept while we lagged, or a store failure):
         # join again from the newest record, which re-reads its frontier.
         cmds.append(Notify(kind="align_failed", round=purpose.round, detail=failure(event)))
         return _rejoin(state)
-    if purpose.kind == "load":
+    if purpose.kind is Ask.LOAD:
         loading = state.loading - {purpose.round}
         phase = Phase.RUNNING if not loading else state.phase
         if not loading:
@@ -593,7 +614,7 @@ def _rejoin(state: LearnerState) -> LearnerState:
         aligning=None,
         fetched={},
         seen_round=state.seen_round - 1,
-        pending={r: p for r, p in state.pending.items() if p.kind not in ("load", "align")},
+        pending={r: p for r, p in state.pending.items() if p.kind not in (Ask.LOAD, Ask.ALIGN)},
     )
 
 
@@ -748,7 +769,7 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
             state = _aligned_through(state, round_, cmds)
             continue
         cfg = state.manifest.config
-        state, req = issue(state, Purpose(kind="align", round=round_))
+        state, req = issue(state, Purpose(kind=Ask.ALIGN, round=round_))
         cmds.append(
             Align(
                 req=req,
@@ -795,7 +816,7 @@ def _poll(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
     if not _can_poll(state) or now_s < _probe_at_s(state):
         return state
     round_ = max(state.seen_round + 1, 0)  # -1 while the head hint is unknown: tape start
-    state, req = issue(state, Purpose(kind="record", round=round_))
+    state, req = issue(state, Purpose(kind=Ask.RECORD, round=round_))
     cmds.append(Get(req=req, key=keys.round_record(round_)))
     return attrs.evolve(state, probing=True, seen_round=max(state.seen_round, round_ - 1))
 
@@ -805,7 +826,7 @@ def _renew(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerSta
         return state
     renew_s = _renew_s(state)
     lease = Lease(node=state.node, roles=("learner",), seq=state.lease_seq, renew_s=renew_s)
-    state, req = issue(state, Purpose(kind="lease"))
+    state, req = issue(state, Purpose(kind=Ask.LEASE))
     cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
     return attrs.evolve(state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + renew_s)
 
@@ -844,10 +865,10 @@ def _next_publish_s(state: LearnerState) -> float | None:
 def _maybe_release(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
     waiting = any(r > state.aligned_round for r in (*state.outgoing, *state.retries))
     if (waiting and now_s < state.close_by_s) or any(
-        p.kind == "release" for p in state.pending.values()
+        p.kind is Ask.RELEASE for p in state.pending.values()
     ):
         return state
-    state, req = issue(state, Purpose(kind="release"))
+    state, req = issue(state, Purpose(kind=Ask.RELEASE))
     cmds.append(Delete(req=req, keys=(keys.lease(state.node),)))
     return attrs.evolve(state, lease_at_s=NEVER)
 

@@ -12,26 +12,33 @@ incarnation, or a forged number). Both machines are frozen attrs values with a
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
-from typing import Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
 from gm_core.events import Event, RequestFailed
 
+K = TypeVar("K", bound=enum.StrEnum)
+
 
 @attrs.frozen(kw_only=True)
-class Purpose:
-    """What an outstanding request was for: a kind, the round it is about, a name."""
+class Purpose(Generic[K]):
+    """What an outstanding request was for: a kind, the round it is about, a name.
 
-    kind: str
+    Each machine has its own enum of kinds and dispatches on it with an exhaustive
+    ``match`` (the type checker refuses a kind without a branch).
+    """
+
+    kind: K
     round: int = -1
     name: str = ""
 
 
 class Numbered(Protocol):
     @property
-    def pending(self) -> Mapping[int, Purpose]: ...
+    def pending(self) -> Mapping[int, Purpose[Any]]: ...
 
     @property
     def next_req(self) -> int: ...
@@ -40,7 +47,7 @@ class Numbered(Protocol):
 S = TypeVar("S", bound=Numbered)
 
 
-def issue(state: S, purpose: Purpose) -> tuple[S, int]:
+def issue(state: S, purpose: Purpose[Any]) -> tuple[S, int]:
     """Number a new request and remember what it is for."""
     req = state.next_req
     pending = dict(state.pending)
@@ -48,7 +55,7 @@ def issue(state: S, purpose: Purpose) -> tuple[S, int]:
     return attrs.evolve(state, pending=pending, next_req=req + 1), req  # type: ignore[misc]
 
 
-def settle(state: S, req: int) -> tuple[S, Purpose | None]:
+def settle(state: S, req: int) -> tuple[S, Purpose[Any] | None]:
     """Forget request ``req`` now that its outcome is here; None if we never asked."""
     purpose = state.pending.get(req)
     if purpose is None:

@@ -61,7 +61,9 @@ def test_a_failed_alignment_then_an_empty_probe_does_not_stop_probing() -> None:
     probes = [x for x in cmds + more if isinstance(x, Get) and x.key.startswith("rounds/")]
     assert probes, f"stuck: probing={state.probing} pending={dict(state.pending)}"
     if state.probing:
-        assert any(p.kind == "record" for p in state.pending.values()), dict(state.pending)
+        assert any(p.kind == learner.Ask.RECORD for p in state.pending.values()), dict(
+            state.pending
+        )
 
 
 def stalled_with_a_probe_out() -> tuple[learner.LearnerState, int, float, cl.Cluster]:
