@@ -352,7 +352,7 @@ def _tape_outcome(
         if state.last is None and state.probe_round > 0:
             return attrs.evolve(state, probe_round=0)  # the hint led the tape: start over
         return _enter(state, event.now_s, cmds)
-    parsed = parse_record(event.data, purpose.round)
+    parsed = parse_record(event.data, purpose.round, state.manifest.config)
     if isinstance(parsed, BadRecord):
         cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
         return attrs.evolve(state, poll_at_s=event.now_s + state.options.poll_s)
@@ -431,7 +431,7 @@ def _watch_outcome(
         poll_at_s = max(state.poll_at_s, min(look_s, _takeover_due(state)))
         missed_at_s = state.looked_at_s  # the record was absent when this look was sent
         return attrs.evolve(state, records=records, missed_at_s=missed_at_s, poll_at_s=poll_at_s)
-    parsed = parse_record(event.data, purpose.round)
+    parsed = parse_record(event.data, purpose.round, state.manifest.config)
     if isinstance(parsed, BadRecord):
         return _blocked(state, parsed, now_s, cmds)
     state = attrs.evolve(state, records=cadence.seen(state.records, now_s))
@@ -810,14 +810,14 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
         for e in sorted(state.entries.values(), key=lambda e: e.learner)
         if e.stage is Stage.REJECTED and e.reason is not None
     )
-    step_samples = [e.snapshot.step_s for e in accepted if e.snapshot and e.snapshot.step_s > 0]
+    step_sample = timing.step_sample([e.snapshot.step_s for e in accepted if e.snapshot])
     first_s = state.first_seen_s if state.first_seen_s is not None else state.opened_at_s
     quorum_at_s = state.quorum_at_s if state.quorum_at_s is not None else now_s
     quorum_s = quorum_at_s - first_s
     previous = state.last.timing if state.last is not None else _NO_TIMING
     estimates = timing.update_timing(
         previous,
-        step_s=sum(step_samples) / len(step_samples) if step_samples else None,
+        step_s=step_sample,
         quorum_s=max(quorum_s, 0.0),
         sync_s=max(now_s - state.merge_at_s, 0.0),
     )
@@ -900,7 +900,7 @@ def _check_outcome(
         data = codec.encode(draft)
         cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=data))
         return state
-    parsed = parse_record(event.data, state.round)
+    parsed = parse_record(event.data, state.round, state.manifest.config)
     if isinstance(parsed, BadRecord):
         return _blocked(state, parsed, event.now_s, cmds)
     if parsed == draft:
@@ -1021,6 +1021,13 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
         poll_at_s = min(state.poll_at_s, state.looked_at_s + state.options.poll_s)
         return _watch(attrs.evolve(state, poll_at_s=poll_at_s), now_s, cmds)
     attempt = election.next_attempt(state.claims)
+    if attempt >= keys.ATTEMPT_LIMIT:
+        # Every claim number is taken (spec §15.8): nobody can take this round over, so
+        # stop bidding and keep watching for its record; say so once.
+        if state.waiting_since_s < NEVER:
+            detail = f"all {keys.ATTEMPT_LIMIT} claim numbers are taken"
+            cmds.append(Notify(kind="claims_exhausted", round=state.round, detail=detail))
+        return attrs.evolve(state, waiting_since_s=NEVER)
     claim = Claim(round=state.round, attempt=attempt, node=state.node)
     state, req = issue(state, Purpose(kind=Ask.CLAIM, round=state.round, name=str(attempt)))
     cmds.append(PutOnce(req=req, key=keys.claim(state.round, attempt), data=codec.encode(claim)))

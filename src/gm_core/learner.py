@@ -345,7 +345,7 @@ def _record_outcome(
             records, now_s, poll_s, longest_s=state.manifest.config.lease_timeout_s
         )
         return attrs.evolve(poll_later, records=records, idle_until_s=idle_until_s)
-    parsed = parse_record(event.data, purpose.round)
+    parsed = parse_record(event.data, purpose.round, state.manifest.config)
     if isinstance(parsed, BadRecord):
         cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
         return poll_later

@@ -12,14 +12,28 @@ the newest record in O(1) requests in the common case.
 
 These helpers are shared by the learner and the closer; they only decode and
 check, they hold no state.
+
+Plausibility. A record's round fixes much of what it may say: its fragment and
+step follow from the schedule, a fragment's version counts its commits so far,
+the sweep mark trails the round, and estimates are durations the timing rules
+accept (:data:`gm_core.timing.MAX_ESTIMATE_S`). A record that
+breaks one of these was not written by a correct closer of this run's config;
+it is refused by name like an undecodable one, so no forged number (a version
+at 2^63 - 1, a round at the end of the key space) reaches the arithmetic of the
+machines that follow the tape. (Authenticating the writer is a separate check.)
 """
 
 from __future__ import annotations
 
 import attrs
 
-from gm_core import codec
-from gm_core.records import FragmentState, Head, Manifest, RoundRecord
+from gm_core import codec, keys, schedule, timing
+from gm_core.records import AlgorithmConfig, FragmentState, Head, Manifest, RoundRecord
+
+LAST_ROUND = keys.ROUND_LIMIT // 2 - 1
+"""The last round a record or head hint may name: half the key space (16,000 years at a
+round a second), so every round a node derives from a plausible one (the next, a flush
+of every fragment) still has a key."""
 
 
 @attrs.frozen(kw_only=True)
@@ -30,7 +44,9 @@ class BadRecord:
     reason: str
 
 
-def parse_record(data: bytes, expected_round: int) -> RoundRecord | BadRecord:
+def parse_record(
+    data: bytes, expected_round: int, config: AlgorithmConfig
+) -> RoundRecord | BadRecord:
     """Decode the object found at ``rounds/{expected_round}``, or say why it is unusable."""
     try:
         record = codec.decode(RoundRecord, data)
@@ -40,7 +56,31 @@ def parse_record(data: bytes, expected_round: int) -> RoundRecord | BadRecord:
         return BadRecord(
             round=expected_round, reason=f"record names round {record.round}, not its key's round"
         )
-    return record
+    reason = implausible(record, config)
+    return record if reason is None else BadRecord(round=expected_round, reason=reason)
+
+
+def implausible(record: RoundRecord, config: AlgorithmConfig) -> str | None:
+    """Why no correct closer of a run with ``config`` wrote ``record`` (None: one could have)."""
+    r, fragments = record.round, config.fragments
+    if r > LAST_ROUND:
+        return f"round {r} is past the last round {LAST_ROUND}"
+    if record.fragment != schedule.fragment_of(r, fragments):
+        return f"fragment {record.fragment} is not round {r}'s"
+    if record.step != schedule.step_of(r, config.sync_every, fragments):
+        return f"step {record.step} is not round {r}'s"
+    if len(record.frontier) != fragments:
+        return f"frontier has {len(record.frontier)} fragments, the run {fragments}"
+    for f, fs in enumerate(record.frontier):
+        commits = (r - f) // fragments + 1 if r >= f else 0
+        if fs.version > commits:
+            return f"fragment {f} is at version {fs.version} after {commits} rounds of it"
+    if record.swept_below > r:
+        return f"swept_below {record.swept_below} is past round {r}"
+    estimates = (record.quorum_s, record.grace_s, *attrs.astuple(record.timing))
+    if any(not (x is None or 0.0 <= x <= timing.MAX_ESTIMATE_S) for x in estimates):
+        return f"a timing is not in [0, {timing.MAX_ESTIMATE_S:g}] s"
+    return None
 
 
 def parse_head(data: bytes | None) -> int:
@@ -48,9 +88,10 @@ def parse_head(data: bytes | None) -> int:
     if data is None:
         return -1
     try:
-        return codec.decode(Head, data).round
+        hint = codec.decode(Head, data).round
     except codec.CodecError:
         return -1
+    return hint if hint <= LAST_ROUND else -1
 
 
 def frontier_of(manifest: Manifest, record: RoundRecord | None) -> tuple[FragmentState, ...]:

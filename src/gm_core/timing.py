@@ -47,6 +47,8 @@ scalar rule keeps the records as they are. Known pauses need no estimate at all:
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 
 import attrs
 
@@ -93,6 +95,22 @@ def ema(previous: float | None, sample: float, decay: float = EMA_DECAY) -> floa
     blended = (1.0 - decay) * previous + decay * sample
     # Rounding may land an ulp outside [previous, sample]; an EMA never should.
     return min(max(blended, min(previous, sample)), max(previous, sample))
+
+
+def step_sample(reports: Sequence[float]) -> float | None:
+    """This round's ξ_step sample from the accepted snapshots' ``step_s`` (0: unmeasured).
+
+    Each report is its learner's word, so the sample is the lower median of the
+    measured ones: a minority of learners, whatever they report, cannot move it
+    outside the range of the others' reports, and with two learners it is the
+    faster one's (the step time the grace window is about). No sample while
+    fewer than half the snapshots are measured: at a run's start the first
+    snapshots carry no measurement, and one report must not set the estimate alone.
+    """
+    measured = [s for s in reports if s > 0.0]
+    if not measured or 2 * len(measured) < len(reports):
+        return None
+    return statistics.median_low(measured)
 
 
 def outlier_bound(previous: float) -> float:

@@ -30,7 +30,7 @@ import attrs
 from gm_core import keys
 from gm_core.manifest import frozen_mismatch, schema_mismatch
 from gm_core.numerics.arrays import F32
-from gm_core.records import Manifest, PayloadRef, RoundRecord
+from gm_core.records import AlgorithmConfig, Manifest, PayloadRef, RoundRecord
 from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.loopthread import LoopThread
@@ -54,23 +54,27 @@ class Checkpoint:
     """Why the walk stopped before the tape's end (an unreadable record), if it did."""
 
 
-async def newest_record(mailbox: Mailbox, known: int = -1) -> tuple[RoundRecord | None, str]:
+async def newest_record(
+    mailbox: Mailbox, config: AlgorithmConfig, known: int = -1
+) -> tuple[RoundRecord | None, str]:
     """The newest decodable record at or after round ``known`` (or the head hint)."""
     start = max(parse_head(await read_json(mailbox, keys.head())), known, 0)
-    newest, stopped = await _walk(mailbox, start)
+    newest, stopped = await _walk(mailbox, config, start)
     if newest is None and start > 0 and not stopped:
-        newest, stopped = await _walk(mailbox, 0)  # the hint named a round not written
+        newest, stopped = await _walk(mailbox, config, 0)  # the hint named a round not written
     return newest, stopped
 
 
-async def _walk(mailbox: Mailbox, start: int) -> tuple[RoundRecord | None, str]:
+async def _walk(
+    mailbox: Mailbox, config: AlgorithmConfig, start: int
+) -> tuple[RoundRecord | None, str]:
     newest: RoundRecord | None = None
     round_ = start
     while True:
         data = await read_json(mailbox, keys.round_record(round_))
         if data is None:
             return newest, ""
-        parsed = parse_record(data, round_)
+        parsed = parse_record(data, round_, config)
         if isinstance(parsed, BadRecord):
             return newest, f"round {round_}: {parsed.reason}"
         newest, round_ = parsed, round_ + 1
@@ -120,9 +124,9 @@ def align(
 
         async def read() -> tuple[RoundRecord | None, str, list[F32]]:
             if round is None:
-                record, stopped = await newest_record(box)
+                record, stopped = await newest_record(box, manifest.config)
             else:
-                record, stopped = await _record_of(box, mailbox, round), ""
+                record, stopped = await _record_of(box, mailbox, manifest.config, round), ""
             return record, stopped, await load_frontier(manifest, record, fetch)
 
         try:
@@ -159,11 +163,11 @@ def _adapter_for(model: Any, manifest: Manifest, url: str) -> ModelAdapter:
     return adapter
 
 
-async def _record_of(box: Mailbox, url: str, round_: int) -> RoundRecord:
+async def _record_of(box: Mailbox, url: str, config: AlgorithmConfig, round_: int) -> RoundRecord:
     data = await read_json(box, keys.round_record(round_))
     if data is None:
         raise RunError(f"{url}: round {round_} has no record (not committed, or not yet)")
-    parsed = parse_record(data, round_)
+    parsed = parse_record(data, round_, config)
     if isinstance(parsed, BadRecord):
         raise RunError(f"{url}: the record of round {round_} is unreadable: {parsed.reason}")
     return parsed

@@ -642,7 +642,7 @@ class Session:
         known = runtime.learner.aligned_round
 
         async def read() -> tuple[Any, str, list[Any]]:
-            record, stopped = await newest_record(mailbox, known)
+            record, stopped = await newest_record(mailbox, manifest.config, known)
             return record, stopped, await load_frontier(manifest, record, runtime.commit)
 
         record, stopped, values = self._loop.run(read())

@@ -372,7 +372,7 @@ def _counts(counter: Counter[str]) -> tuple[Count, ...]:
 
 
 async def read_window(
-    box: Mailbox, first: int, end: int, seen: dict[int, bytes]
+    box: Mailbox, config: AlgorithmConfig, first: int, end: int, seen: dict[int, bytes]
 ) -> tuple[_Tally, list[Unreadable]]:
     """Fold records ``first..end-1`` into a tally, in round order; name the unreadable."""
     tally = _Tally()
@@ -388,7 +388,7 @@ async def read_window(
                 # Below the tape's end, so it was written: something deleted it.
                 unreadable.append(Unreadable(round=round_, reason="record is missing"))
                 continue
-            parsed = parse_record(data, round_)
+            parsed = parse_record(data, round_, config)
             if isinstance(parsed, BadRecord):
                 unreadable.append(Unreadable(round=parsed.round, reason=parsed.reason))
             else:
@@ -481,7 +481,7 @@ async def gather_status(
     seen: dict[int, bytes] = {}
     rounds = await tape_length(box, hint, seen)
     first = 0 if everything else max(rounds - last, 0)
-    tally, unreadable = await read_window(box, first, rounds, seen)
+    tally, unreadable = await read_window(box, manifest.config, first, rounds, seen)
     newest = tally.newest
     config = manifest.config
     if rounds == 0:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from gm_core import closer, codec, learner
+from gm_core import closer, codec, learner, schedule
 from gm_core import cluster as cl
 from gm_core.commands import Align, Capture, Get
 from gm_core.events import GotObject, RequestFailed, TimerFired
@@ -103,12 +103,13 @@ def test_a_commit_that_lifts_a_stall_without_a_fetch_publishes_at_the_held_step(
     state, probe, now_s, c = stalled_with_a_probe_out()
     (aligned,) = [x for x in cl.records(c) if x.round == state.aligned_round]
     round_ = state.aligned_round + 1
-    empty = attrs.evolve(aligned, round=round_, participants=(), rejections=())
-    held, step = state.next_round, state.step
+    step = schedule.step_of(round_, state.manifest.config.sync_every, 1)
+    empty = attrs.evolve(aligned, round=round_, step=step, participants=(), rejections=())
+    held, at = state.next_round, state.step
     state, cmds = learner.advance(
         state, GotObject(now_s=now_s, req=probe, data=codec.encode(empty), etag="e")
     )
     assert state.aligned_round == round_
     captures = [x for x in cmds if isinstance(x, Capture)]
     assert [x.round for x in captures] == [held]
-    assert state.outgoing[held].step == step == learner.schedule_step(state, held)
+    assert state.outgoing[held].step == at == learner.schedule_step(state, held)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from gm_core import closer, keys, learner
+from gm_core import closer, codec, keys, learner
 from gm_core import cluster as cl
 from gm_core.commands import Capture, Command, DeletePrefix, Get, List, Probe, PutOnce
 from gm_core.events import Listed, TimerFired
-from gm_core.records import AlgorithmConfig, Alignment
+from gm_core.records import AlgorithmConfig, Alignment, Snapshot
 
 L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
 FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
@@ -50,6 +50,7 @@ def run(
     *,
     hold: Hold = never,
     after: After = unchanged,
+    check: bool = True,
 ) -> cl.Cluster:
     """Every node trains a step per 0.25 s; requests complete in order unless ``fault`` says,
     except those ``hold`` keeps in flight for now; ``after`` sees the cluster after each."""
@@ -69,7 +70,7 @@ def run(
         for name in sorted(roles):
             c = cl.train(c, name, 1)
         c = cl.tick(c, 0.25)
-    assert not cl.check(c), cl.check(c)
+    assert not check or not cl.check(c), cl.check(c)
     return c
 
 
@@ -308,3 +309,31 @@ def test_a_forged_sweep_mark_never_collects_rounds_a_correct_closer_keeps() -> N
     forged, cmds = closer.advance(forged, Listed(now_s=c.now_s, req=lists[0].req, keys=listed))
     deleted = {x.prefix for x in cmds if isinstance(x, DeletePrefix)}
     assert deleted == {keys.payload_prefix(1)}, sorted(deleted)
+
+
+def test_one_learner_reporting_a_huge_step_time_moves_no_estimate() -> None:
+    """A snapshot's ``step_s`` is its learner's word: one liar among three honest learners
+    (a copy of n1's snapshots under another id, claiming 10^7 s per step) must not stretch
+    ξ_step, and with it the grace window, round after round (issue 12)."""
+    config = AlgorithmConfig(sync_every=4, fragments=1, quorum=3, in_flight=2)
+    liar = "liar"
+
+    def lie(c: cl.Cluster) -> cl.Cluster:
+        for key, stored in list(c.store.objects.items()):
+            parsed = keys.parse(key)
+            if isinstance(parsed, keys.SnapshotKey) and parsed.learner == "n1":
+                forged = keys.snapshot(parsed.round, liar)
+                if c.store.get(forged) is None:
+                    lie = attrs.evolve(
+                        codec.decode(Snapshot, stored.data), learner=liar, step_s=1e7
+                    )
+                    c = cl.inject(c, forged, codec.encode(lie))
+        return c
+
+    c = run(config, 120.0, after=lie, check=False)  # the liar's snapshots are not a learner's
+    tape = cl.records(c)
+    assert len(tape) >= 60  # a round per 4 steps of 0.25 s: the run went on
+    assert all(liar in {p.learner for p in r.participants} for r in tape[1:])  # heard every time
+    estimates = [r.timing.step_s for r in tape if r.timing.step_s is not None]
+    assert estimates
+    assert max(estimates) <= 4 * 0.25, estimates  # every learner trains a step per 0.25 s

@@ -11,7 +11,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from gm_core import closer, codec, keys, learner, tape
+from gm_core import closer, codec, keys, learner, tape, timing
 from gm_core import cluster as cl
 from gm_core.commands import Capture, Get, Pace, PutOnce
 from gm_core.events import (
@@ -170,18 +170,55 @@ def test_max_stale_versions_matches_the_publishing_rule(in_flight: int, fragment
 
 @given(data=st.binary(max_size=200), round_=st.integers(0, 10))
 def test_parse_record_never_raises(data: bytes, round_: int) -> None:
-    parsed = tape.parse_record(data, round_)
+    parsed = tape.parse_record(data, round_, WARM[-1].manifest.config)
     assert isinstance(parsed, tape.BadRecord) or parsed.round == round_
 
 
 def test_parse_record_names_a_record_at_the_wrong_key() -> None:
     records = cl.records(WARM[-1])
-    bad = tape.parse_record(codec.encode(records[1]), 0)
+    bad = tape.parse_record(codec.encode(records[1]), 0, WARM[-1].manifest.config)
     assert isinstance(bad, tape.BadRecord)
     assert "round 1" in bad.reason
+
+
+def test_every_record_a_correct_run_writes_is_plausible() -> None:
+    config = WARM[-1].manifest.config
+    tape_ = cl.records(WARM[-1])
+    assert len(tape_) > 2 * config.fragments
+    assert [tape.implausible(r, config) for r in tape_] == [None] * len(tape_)
+
+
+IMPLAUSIBLE = {
+    "fragment": lambda r: {
+        "fragment": (r.fragment + 1) % 2,
+        "version": r.frontier[(r.fragment + 1) % 2].version,
+    },
+    "step": lambda r: {"step": r.step + 1},
+    "version": lambda r: {
+        "version": r.round + 2,
+        "frontier": tuple(
+            attrs.evolve(fs, version=r.round + 2) if f == r.fragment else fs
+            for f, fs in enumerate(r.frontier)
+        ),
+    },
+    "swept_below": lambda r: {"swept_below": r.round + 1},
+    "timing": lambda r: {"grace_s": timing.MAX_ESTIMATE_S * 2},
+}
+
+
+@given(which=st.sampled_from(sorted(IMPLAUSIBLE)), index=st.integers(0, 10**6))
+def test_a_record_that_breaks_one_rule_of_its_round_is_refused(which: str, index: int) -> None:
+    config = WARM[-1].manifest.config
+    tape_ = cl.records(WARM[-1])
+    genuine = tape_[index % len(tape_)]
+    forged = attrs.evolve(genuine, **IMPLAUSIBLE[which](genuine))
+    assert tape.implausible(forged, config) is not None
+    parsed = tape.parse_record(codec.encode(forged), forged.round, config)
+    assert isinstance(parsed, tape.BadRecord)
 
 
 @given(data=st.one_of(st.none(), st.binary(max_size=40)), hint=st.integers(0, 10**6))
 def test_parse_head_falls_back_to_the_tape_start(data: bytes | None, hint: int) -> None:
     assert tape.parse_head(data) == -1 or data is not None
     assert tape.parse_head(codec.encode(Head(round=hint))) == hint
+    assert tape.parse_head(codec.encode(Head(round=tape.LAST_ROUND + 1))) == -1

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from gm_core import timing
 from gm_core.records import AlgorithmConfig, Timing
 from gm_core.timing import (
     EMA_DECAY,
@@ -302,3 +303,28 @@ def test_takeover_timeout_misuse_raises(bad: float, bad_gap: int) -> None:
         takeover_timeout_s(timing, gap_steps=1, floor_s=1.0, factor=bad)
     with pytest.raises(ValueError, match="gap_steps"):
         takeover_timeout_s(timing, gap_steps=bad_gap, floor_s=1.0)
+
+
+honest_s = st.floats(min_value=1e-4, max_value=100.0)
+any_report_s = st.one_of(st.just(0.0), st.floats(min_value=0.0, max_value=timing.MAX_ESTIMATE_S))
+
+
+@given(honest=st.lists(honest_s, min_size=1, max_size=8), data=st.data())
+def test_a_minority_of_step_reports_cannot_move_the_sample_outside_the_others(
+    honest: list[float], data: st.DataObject
+) -> None:
+    liars = data.draw(st.lists(any_report_s, max_size=len(honest) - 1))
+    reports = data.draw(st.permutations(honest + liars))
+    sample = timing.step_sample(reports)
+    if sample is not None:
+        assert min(honest) <= sample <= max(honest)
+    if 2 * len(honest) >= len(reports):
+        assert sample is not None  # enough measured: there is a sample
+
+
+@given(reports=st.lists(any_report_s, max_size=8))
+def test_no_step_sample_while_fewer_than_half_are_measured(reports: list[float]) -> None:
+    measured = [s for s in reports if s > 0.0]
+    sample = timing.step_sample(reports)
+    assert (sample is None) == (not measured or 2 * len(measured) < len(reports))
+    assert sample is None or sample in measured

@@ -23,15 +23,19 @@ from gm_core import codec, keys
 from gm_core.records import RoundRecord, Snapshot
 from gm_core.tape import BadRecord, parse_record
 from gm_shell.mailbox import Mailbox
+from gm_shell.run import read_manifest
 
 
 async def _walk(box: Mailbox) -> tuple[list[RoundRecord], str]:
     records: list[RoundRecord] = []
+    manifest = await read_manifest(box)
+    if manifest is None:
+        return records, "no manifest"
     while True:
         got = await box.get(keys.round_record(len(records)))
         if got is None:
             return records, ""
-        parsed = parse_record(got.data, len(records))
+        parsed = parse_record(got.data, len(records), manifest.config)
         if isinstance(parsed, BadRecord):
             return records, f"round {parsed.round}: {parsed.reason}"
         records.append(parsed)
