@@ -743,8 +743,9 @@ def _merge(
         return _commit(state, now_s, None, cmds)
     snapshots = [e.snapshot for e in accepted if e.snapshot is not None]
     # Normalized here so that all-zero weights (no tokens reported) merge as equals.
-    weights = verdicts.normalized_weights(
-        [verdicts.merge_weight(x.tokens, x.steps) for x in snapshots]
+    weights = verdicts.capped_shares(
+        verdicts.normalized_weights([verdicts.merge_weight(x.tokens, x.steps) for x in snapshots]),
+        state.manifest.config.max_share,
     )
     contributions = tuple(
         Contribution(learner=x.learner, payload=x.payload, weight=w, final=x.final)

@@ -465,7 +465,9 @@ def _execute_payload(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Eve
     if isinstance(cmd, Verify):
         return c, Verified(now_s=now, req=cmd.req, reason=_verdict(c, cmd.payload))
     if isinstance(cmd, Merge):
-        c = _record(c, "merge_weights", invariants.merge_weights(c.store, cmd))
+        c = _record(
+            c, "merge_weights", invariants.merge_weights(c.store, cmd, c.manifest.config.max_share)
+        )
         return _merge(c, cmd)
     if isinstance(cmd, Align):
         if c.store.get(cmd.theta.key) is None:

@@ -429,7 +429,7 @@ def _optional_hook(t: Any) -> Callable[[Any, type], Any]:
 
 
 ADDED_FIELDS: Mapping[type, Mapping[str, Any]] = {
-    AlgorithmConfig: {"unit": Unit.SAMPLES.value},
+    AlgorithmConfig: {"unit": Unit.SAMPLES.value, "max_share": None},
 }
 """Fields added after format 1, with the JSON value a record written before them means.
 
@@ -554,6 +554,8 @@ def _check_frozen_tensor(path: Path, frozen: FrozenTensor) -> None:
 
 
 def _check_config(path: Path, config: AlgorithmConfig) -> None:
+    if config.max_share is not None:
+        _at_least((*path, "max_share"), config.max_share, 1.0)
     _at_least((*path, "sync_every"), config.sync_every, 1)
     _at_least((*path, "fragments"), config.fragments, 1)
     _at_least((*path, "quorum"), config.quorum, 1)

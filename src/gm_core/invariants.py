@@ -434,9 +434,11 @@ def closing_rule(knew: Closing, quorum: int) -> tuple[str, ...]:
     )
 
 
-def merge_weights(store: ModelStore, merge: Merge) -> tuple[str, ...]:
+def merge_weights(store: ModelStore, merge: Merge, max_share: float | None) -> tuple[str, ...]:
     """A merge weighs each contribution tokens²/steps of the snapshot in the round's
-    folder, normalized to sum to 1 (equal weights when all are 0), in learner order.
+    folder, normalized to sum to 1 (equal weights when all are 0), in learner order;
+    with ``max_share``, no share is above ``max(max_share, 1)/n`` and the others keep
+    their proportions (:func:`_capped_as_stated`).
     """
     names = [x.learner for x in merge.contributions]
     out = [] if names == sorted(set(names)) else [f"round {merge.round}: contributors {names}"]
@@ -452,12 +454,37 @@ def merge_weights(store: ModelStore, merge: Merge) -> tuple[str, ...]:
     raw = [_weight(x) for x in snaps]
     total = sum(raw)
     expected = [w / total if total > 0 else 1 / len(raw) for w in raw]
-    for x, want in zip(merge.contributions, expected, strict=True):
-        if abs(x.weight - want) > 1e-9:
-            out.append(f"round {merge.round}: {x.learner} weighs {x.weight}, not {want}")
+    got = [x.weight for x in merge.contributions]
+    if max_share is None or max_share >= len(got):
+        for x, want in zip(merge.contributions, expected, strict=True):
+            if abs(x.weight - want) > 1e-9:
+                out.append(f"round {merge.round}: {x.learner} weighs {x.weight}, not {want}")
+    else:
+        out.extend(f"round {merge.round}: {m}" for m in _capped_as_stated(expected, got, max_share))
     if merge.final_only != all(x.final for x in snaps):
         out.append(f"round {merge.round}: final_only {merge.final_only}")
     return tuple(out)
+
+
+def _capped_as_stated(plain: list[float], got: list[float], factor: float) -> list[str]:
+    """The cap's three promises: shares sum to 1, none is above the cap, and the
+    shares below it stand in the plain shares' proportions; none rises above its plain share
+    unless it is below the cap (excess goes only to those under it)."""
+    cap = max(factor, 1.0) / len(got)
+    out = []
+    if abs(sum(got) - 1.0) > 1e-9:
+        out.append(f"shares sum to {sum(got)}")
+    out += [f"share {g} above the cap {cap}" for g in got if g > cap + 1e-9]
+    free = [(p, g) for p, g in zip(plain, got, strict=True) if g < cap - 1e-9]
+    ratios = [g / p for p, g in free if p > 0]
+    if ratios and max(ratios) - min(ratios) > 1e-9 * max(ratios):
+        out.append(f"shares under the cap are not in proportion: {free}")
+    out += [
+        f"share {g} capped though its plain share is {p}"
+        for p, g in zip(plain, got, strict=True)
+        if g < p - 1e-9 and g < cap - 1e-9
+    ]
+    return out
 
 
 def learner_monotonic(old: learner.LearnerState, new: learner.LearnerState) -> tuple[str, ...]:

@@ -144,6 +144,9 @@ class AlgorithmConfig:
     unit: Unit = Unit.SAMPLES
     """What ``tokens`` counts in this run's snapshots and records (the field keeps its name);
     added after format 1: a manifest without it is a samples run (``Session.step(samples=)``)."""
+    max_share: float | None = None
+    """No learner's share of a merge exceeds this many times an equal share (``1/n``);
+    None caps nothing. Added after format 1: a manifest without it caps nothing."""
 
 
 @attrs.frozen(kw_only=True)

@@ -111,6 +111,37 @@ def normalized_weights(weights: Sequence[float]) -> tuple[float, ...]:
     return tuple(weight / total for weight in scaled)
 
 
+def capped_shares(shares: Sequence[float], factor: float | None) -> tuple[float, ...]:
+    """``shares`` (summing to 1) with none above ``factor`` times an equal share ``1/n``.
+
+    A snapshot's weight comes from counts its learner reports, so one learner
+    claiming 2^63 tokens would otherwise take the whole merge. Shares above the cap
+    are set to it and the excess goes to the others in proportion to their shares,
+    repeatedly, until none exceeds it (water-filling): the result sums to 1, keeps
+    the order of the shares, and equals the input when no share exceeds the cap.
+    ``None`` (or a factor that allows a share of 1) caps nothing. Shares are assumed
+    normalized (:func:`normalized_weights`).
+    """
+    n = len(shares)
+    if factor is None or n == 0 or factor >= n:
+        return tuple(shares)
+    cap = max(factor, 1.0) / n
+    capped: set[int] = set()
+    out = list(shares)
+    while True:
+        over = {i for i in range(n) if i not in capped and out[i] > cap}
+        if not over:
+            return tuple(out)
+        capped |= over
+        free = [i for i in range(n) if i not in capped]
+        left = 1.0 - cap * len(capped)
+        mass = math.fsum(out[i] for i in free)
+        for i in capped:
+            out[i] = cap
+        for i in free:
+            out[i] = left * out[i] / mass if mass > 0 else left / len(free)
+
+
 def ready_to_close(
     *, accepted: int, reported: frozenset[str], live: frozenset[str], quorum: int
 ) -> bool:

@@ -148,6 +148,11 @@ class DiLoCo:
             claims the round from a silent closer.
         unit: what ``step()`` counts: ``samples`` (``step(samples=n)``) or ``tokens``
             (``step(tokens=n)``); it weighs the deltas and ``gm status`` reports it.
+        max_share: no learner's share of a merge exceeds this many times an equal
+            share (``1/n`` of ``n`` merged): a learner's weight comes from the counts it
+            reports, so one that claims absurd counts takes at most this much (with 2
+            learners nothing is capped, with 4 at most half, with 8 a quarter); the
+            excess goes to the others in proportion. ``None`` caps nothing.
     """
 
     sync_every: int
@@ -173,6 +178,7 @@ class DiLoCo:
     lease_timeout_s: float = 30.0
     takeover_floor_s: float = 10.0
     unit: Unit = attrs.field(default=Unit.SAMPLES, converter=Unit)
+    max_share: float | None = 2.0
     sync_filter: str | None = None
     """Which parameters the run synchronizes: None, the trainable ones (``requires_grad``;
     a LoRA model's adapters); else those whose name this regular expression matches. The

@@ -51,6 +51,7 @@ def run(
     hold: Hold = never,
     after: After = unchanged,
     check: bool = True,
+    tokens: Mapping[str, int] | None = None,
 ) -> cl.Cluster:
     """Every node trains a step per 0.25 s; requests complete in order unless ``fault`` says,
     except those ``hold`` keeps in flight for now; ``after`` sees the cluster after each."""
@@ -68,7 +69,7 @@ def run(
         for name, machine in cl.due_timers(c):
             c = cl.fire(c, name, machine)
         for name in sorted(roles):
-            c = cl.train(c, name, 1)
+            c = cl.train(c, name, 1, (tokens or {}).get(name, 8))
         c = cl.tick(c, 0.25)
     assert not check or not cl.check(c), cl.check(c)
     return c
@@ -337,3 +338,18 @@ def test_one_learner_reporting_a_huge_step_time_moves_no_estimate() -> None:
     estimates = [r.timing.step_s for r in tape if r.timing.step_s is not None]
     assert estimates
     assert max(estimates) <= 4 * 0.25, estimates  # every learner trains a step per 0.25 s
+
+
+def test_a_learner_reporting_far_more_data_is_capped_at_its_share() -> None:
+    """With ``max_share`` 1.5 and four learners, n3 (100x the tokens per step) merges at
+    3/8 at most, the others in proportion; the merge_weights invariant restates the cap
+    and checks every merge of the run (issue 12)."""
+    config = AlgorithmConfig(sync_every=4, fragments=1, quorum=4, in_flight=2, max_share=1.5)
+    roles = {**ONE_CLOSER, "n3": frozenset({L})}
+    c = run(config, 30.0, roles=roles, tokens={"n3": 800})
+    tape = cl.records(c)
+    full = [r for r in tape if len(r.participants) == 4]
+    assert len(full) >= 10
+    for record in full:
+        weights = {p.learner: p.weight for p in record.participants}
+        assert weights["n3"] > 0.9 * sum(weights.values())  # uncapped, it would take > 90%

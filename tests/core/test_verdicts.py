@@ -10,6 +10,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from gm_core import verdicts
 from gm_core.records import PayloadRef, Reason, Snapshot
 from gm_core.verdicts import judge_snapshot, merge_weight, normalized_weights, ready_to_close
 
@@ -286,3 +287,36 @@ def test_ready_to_close_misuse_raises(quorum: int, accepted: int) -> None:
         ready_to_close(accepted=0, reported=frozenset(), live=frozenset(), quorum=quorum)
     with pytest.raises(ValueError, match="accepted"):
         ready_to_close(accepted=accepted, reported=frozenset(), live=frozenset(), quorum=1)
+
+
+raw_weights = st.lists(st.floats(min_value=0.0, max_value=1e300), min_size=1, max_size=12)
+factors = st.one_of(st.none(), st.floats(min_value=1.0, max_value=20.0))
+
+
+@given(raw=raw_weights, factor=factors)
+def test_capped_shares_sum_to_one_and_none_exceeds_the_cap(
+    raw: list[float], factor: float | None
+) -> None:
+    plain = verdicts.normalized_weights(raw)
+    shares = verdicts.capped_shares(plain, factor)
+    assert math.isclose(math.fsum(shares), 1.0, rel_tol=1e-9)
+    n = len(shares)
+    if factor is None or factor >= n:
+        assert shares == plain
+        return
+    cap = factor / n
+    assert all(s <= cap * (1 + 1e-9) for s in shares)
+    for p, s in zip(plain, shares, strict=True):
+        if p <= cap:  # never capped: it only gains what the capped ones gave up
+            assert s >= p * (1 - 1e-9)
+    for i in range(n):  # the order of the plain shares is kept
+        for j in range(n):
+            if plain[i] >= plain[j]:
+                assert shares[i] >= shares[j] * (1 - 1e-9) or math.isclose(shares[i], cap)
+
+
+@given(honest=st.lists(st.floats(min_value=1.0, max_value=1e6), min_size=3, max_size=9))
+def test_one_learner_claiming_absurd_counts_takes_at_most_the_cap(honest: list[float]) -> None:
+    liar = verdicts.merge_weight(2**62, 1)
+    shares = verdicts.capped_shares(verdicts.normalized_weights([*honest, liar]), 2.0)
+    assert shares[-1] <= 2.0 / (len(honest) + 1) * (1 + 1e-9)
