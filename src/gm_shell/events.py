@@ -305,8 +305,8 @@ class Refused(Event):
 class MachineRestarted(Event):
     """A machine of this node raised; it alone starts again from the tape after a backoff.
 
-    The other machine of the node (the learner, when the closer raised) goes on. The
-    detail names the exception; the log has its traceback.
+    The other machine of the node goes on; a restarted learner stalls training until it
+    has joined again. The detail names the exception; the log has its traceback.
 
     Attributes:
         machine: ``closer`` (or ``learner``).

@@ -240,6 +240,20 @@ class Pacer:
             self.barrier = 0
             self._cond.notify_all()
 
+    def restart(self) -> None:
+        """The learner machine starts again from the tape: its work, plan and pace are void.
+
+        Training stalls (the barrier drops, the next step reports and waits) until the
+        fresh machine has joined and lets it go on, as at the session's start; the
+        step and token counts go on.
+        """
+        with self._cond:
+            self._work, self._notes, self._signalled = [], [], False
+            self._plan, self._next_step, self._stalled = None, 0, True
+            self._reported = (-1, -1)
+            self._refresh()
+            self._cond.notify_all()
+
     def wake(self) -> None:
         with self._cond:
             self._cond.notify_all()

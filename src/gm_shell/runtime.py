@@ -32,15 +32,17 @@ pacer's lock and feeds the waiting notes first, in order, so each note meets
 the state the training thread saw (see :mod:`gm_shell.pacer`).
 
 Any exception in carrying out a command becomes ``RequestFailed``; the core
-decides what to do about it. An exception from the learner's ``advance`` is a bug
-or a misuse: the runtime stops feeding and the training thread raises it. The
-closer is isolated from it and from the learner: an exception from the closer's
-``advance`` (or in interpreting its commands) is reported as a
-:class:`~gm_shell.events.MachineRestarted` event, and the closer alone starts again
-from the tape — a fresh machine, fed ``Started`` after a backoff that doubles with
-each restart (1 s up to 60 s) — while the learner trains on. Outcomes of commands
-the old incarnation issued are dropped (:attr:`Runtime._epochs`), so its requests
-can never be mistaken for the new one's.
+decides what to do about it. The two machines of a node are isolated from each
+other: an exception from a machine's ``advance`` (or in interpreting its
+commands) is reported as a :class:`~gm_shell.events.MachineRestarted` event, and
+that machine alone starts again from the tape — a fresh machine, fed ``Started``
+after a backoff that doubles with each restart (1 s up to 60 s) — while the other
+goes on. Outcomes of commands the old incarnation issued are dropped
+(:attr:`Runtime._epochs`), so they are never mistaken for the new one's; a
+learner's restart also voids the work and plan handed to the training thread,
+which stalls until the fresh learner has joined (:meth:`Pacer.restart`). Only a
+failure of the runtime itself (a planned step the core then disagrees with) stops
+the node: the training thread raises it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+import attrs
 
 from gm_core import closer, learner, plan, schedule
 from gm_core.commands import (
@@ -158,6 +162,7 @@ class Runtime:
         self.manifest = manifest
         self._digest = digest
         self._closer_options = closer_options
+        self._learner_options = learner_options
         self.learner = (
             learner.initial(node, manifest, digest, learner_options)
             if replica is not None and learner_options is not None
@@ -261,7 +266,10 @@ class Runtime:
                 self._step(machine, event)
             return
         with self.pacer.lock:
+            epoch = self._epochs[Machine.LEARNER]
             for note in self.pacer.take_notes():
+                if self._epochs[Machine.LEARNER] != epoch:
+                    break  # the learner restarted: notes made for the old one are void
                 if isinstance(note, StepNote):
                     self._feed_step(note)
                 elif isinstance(note, CaptureNote):
@@ -277,13 +285,14 @@ class Runtime:
         """A planned step: ``Stepped`` (unless the core stalled it already), then the
         commits folded in first, then the copies."""
         captures: list[Capture] = []
+        epoch = self._epochs[Machine.LEARNER]
         if not note.plan.resumes:
             stepped = Stepped(now_s=now(), step=note.step, tokens=note.tokens)
             captures = self._step(Machine.LEARNER, stepped, made=True)
         for req in note.plan.applied:
             aligned = Aligned(now_s=now(), req=req, step=note.step, tokens=note.tokens)
             captures += self._step(Machine.LEARNER, aligned, made=True)
-        if self.failure is None:
+        if self.failure is None and self._epochs[Machine.LEARNER] == epoch:
             self._publish_taken(note, captures)
 
     def _step(self, machine: Machine, event: Event, *, made: bool = False) -> list[Capture]:
@@ -294,20 +303,19 @@ class Runtime:
         if machine is Machine.CLOSER:
             self._step_closer(event)
             return []
-        try:
-            cmds = self._advance(machine, event)
-        except Exception as error:
-            self._fail(error)
-            return []
         captures: list[Capture] = []
         pace: Pace | None = None
-        for cmd in cmds:
-            if isinstance(cmd, Pace):
-                pace = cmd
-            elif isinstance(cmd, Capture):
-                captures.append(cmd)
-            else:
-                self._interpret(machine, cmd)
+        try:
+            for cmd in self._advance(machine, event):
+                if isinstance(cmd, Pace):
+                    pace = cmd
+                elif isinstance(cmd, Capture):
+                    captures.append(cmd)
+                else:
+                    self._interpret(machine, cmd)
+        except Exception as error:
+            self._restart_learner(error)
+            return []
         work: list[Work] = []
         if not made:
             work = [CaptureWork(req=c.req, round=c.round, fragment=c.fragment) for c in captures]
@@ -325,26 +333,48 @@ class Runtime:
             self._restart_closer(error)
 
     def _restart_closer(self, error: Exception) -> None:
-        """Report ``error``, drop the closer's state and its requests in flight, and start
-        a fresh closer from the tape after the backoff."""
+        """Drop the closer's state and its requests in flight; a fresh one starts later."""
         assert self.closer is not None
-        self._epochs[Machine.CLOSER] += 1
-        self.restarts[Machine.CLOSER] += 1
-        times = self.restarts[Machine.CLOSER]
+        round_ = self.closer.round
+        self.closer = closer.initial(self.node, self.manifest, self._digest, self._closer_options)
+        self._restart(Machine.CLOSER, error, round_)
+
+    def _restart_learner(self, error: Exception) -> None:
+        """Drop the learner's state, its requests in flight and the work and plan handed to
+        the training thread, which stalls until a fresh learner has joined from the tape.
+
+        The fresh machine numbers its requests on from the old one's, so an outcome the
+        training thread still reports for the old one (a capture, a commit folded in) is
+        one it never asked for, and ignores.
+        """
+        assert self.learner is not None
+        old = self.learner
+        fresh = learner.initial(self.node, self.manifest, self._digest, self._learner_options)
+        self.learner = attrs.evolve(fresh, next_req=old.next_req)
+        self._planned, self._planned_applies = None, ()
+        if self.pacer is not None:
+            self.pacer.restart()
+        self._restart(Machine.LEARNER, error, old.aligned_round)
+
+    def _restart(self, machine: Machine, error: Exception, round_: int) -> None:
+        """Report ``error``, void the machine's requests in flight, and start it again from
+        the tape after the backoff."""
+        self._epochs[machine] += 1
+        self.restarts[machine] += 1
+        times = self.restarts[machine]
         delay_s = min(RESTART_FIRST_S * 2.0 ** (times - 1), RESTART_LONGEST_S)
-        LOG.error("gm closer of %s raised", self.node, exc_info=error)
+        LOG.error("gm %s of %s raised", machine.value, self.node, exc_info=error)
         self._hub.emit(
             events.MachineRestarted(
                 node=self.node,
-                round=self.closer.round,
-                detail=f"closer: {_describe(error)}; starts again from the tape in {delay_s:g} s",
+                round=round_,
+                detail=f"{machine}: {_describe(error)}; restarts from the tape in {delay_s:g} s",
                 at_s=now(),
-                machine=Machine.CLOSER.value,
+                machine=machine.value,
                 times=times,
             )
         )
-        self.closer = closer.initial(self.node, self.manifest, self._digest, self._closer_options)
-        self._wake(Machine.CLOSER, now() + delay_s, restart=True)
+        self._wake(machine, now() + delay_s, restart=True)
 
     def _replan(self) -> None:
         """Remake the pacer's plan if the learner or the commits queued for it changed
