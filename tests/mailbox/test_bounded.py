@@ -285,7 +285,7 @@ def test_one_shot_readers_refuse_an_oversized_manifest_and_record_by_name(tmp_pa
         with pytest.raises(RunError, match=r"manifest is unreadable: .* over the 4,194,304-byte"):
             await read_manifest(box)
         await box.put_once(keys.round_record(0), b" " * (codec.MAX_RECORD_BYTES + 1))
-        newest, stopped = await newest_record(box)
+        newest, stopped = await newest_record(box, AlgorithmConfig(sync_every=8, fragments=2))
         assert newest is None
         assert stopped.startswith("round 0: ")
         assert box.stats.bytes_in == 0
