@@ -66,6 +66,18 @@ def test_gm_check_passes_at_ci_bounds_and_state_counts_are_pinned(
     assert outcome.states == PINNED[name]
 
 
+def test_sets_explored_in_worker_processes_match_one_by_one_and_print_in_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sets = {f"set {t}": Bounds(roles=("lc",), rounds=1, max_time_s=t) for t in (1.0, 0.5)}
+    alone = [explore(b) for b in sets.values()]
+    together = check_cli.run_many(sets, jobs=2)
+    assert together == alone
+    printed = capsys.readouterr().out.splitlines()
+    verdicts = [line for line in printed if line.startswith("set ")]
+    assert [line.split(":")[0] for line in verdicts] == list(sets)
+
+
 def test_every_ci_bound_set_is_pinned() -> None:
     assert set(PINNED) == set(CI_BOUNDS)
 

@@ -161,6 +161,7 @@ class _Search:
         self.parents: dict[Key, tuple[Key | None, Action | None]] = {}
         self.budgets: dict[bytes, list[tuple[int, int]]] = {}
         self.store_verdicts: dict[bytes, list[invariants.Violation]] = {}
+        self.tape_lengths: dict[bytes, int] = {}
         self.transitions = 0
         self.progress_checks = 0
         self.max_records = 0
@@ -196,7 +197,7 @@ class _Search:
     def _expand(
         self, key: Key, c: cluster.Cluster, layer: list[tuple[Key, cluster.Cluster]]
     ) -> Outcome | None:
-        records = len(cluster.records(c))
+        records = self._records(c)
         self.max_records = max(self.max_records, records)
         actions: list[Action] = []
         if records < self.b.rounds:
@@ -232,6 +233,16 @@ class _Search:
                 return self._fail("violation", k2, bad)
             layer.append((k2, after))
         return None
+
+    def _records(self, c: cluster.Cluster) -> int:
+        """How many records the tape holds, remembered per store (many states share one)."""
+        if c.hostile:  # outsiders' objects are not part of the tape (never in a search yet)
+            return len(cluster.records(c))
+        key = self.prints.store(c.store)
+        count = self.tape_lengths.get(key)
+        if count is None:
+            count = self.tape_lengths[key] = len(cluster.records(c))
+        return count
 
     def _sampled(self, key: Key) -> bool:
         every = self.b.progress_every

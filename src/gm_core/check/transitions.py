@@ -11,9 +11,10 @@ calls repeat an earlier (state, event) pair.
 
 :class:`Transitions` remembers each result, keyed by the *exact* digest of the
 machine state (every field, etags included, unlike the state fingerprint) and the
-``repr`` of the event (every field of the event), so a hit returns exactly what
-the call would have returned. The returned state object is shared, which in turn
-lets the fingerprint's memo (by identity) hit. :meth:`Transitions.installed`
+event itself (a frozen value: its type and every field, compared by equality;
+hashing it costs a fraction of its ``repr``), so a hit returns exactly what the
+call would have returned. The returned state object is shared, which in turn lets
+the fingerprint's memo (by identity) hit. :meth:`Transitions.installed`
 routes :mod:`gm_core.cluster`'s calls through the cache for the duration of a
 search and restores the real functions afterwards, since the cluster harness is
 shared with the simulator and the tests and is not the checker's to change.
@@ -46,7 +47,7 @@ class Transitions:
 
     def __init__(self, limit: int = 300_000) -> None:
         self._exact = Digests(abstract=False)
-        self._results: dict[tuple[bytes, str], tuple[Any, tuple[Command, ...]]] = {}
+        self._results: dict[tuple[bytes, Event], tuple[Any, tuple[Command, ...]]] = {}
         self._decoded: dict[tuple[type, bytes], Any] = {}
         self._limit = limit
         self.hits = 0
@@ -56,7 +57,7 @@ class Transitions:
         """``real``, answering repeated (state, event) pairs from the cache."""
 
         def advance(state: S, event: Event) -> tuple[S, list[Command]]:
-            key = (self._exact.part(state), repr(event))
+            key = (self._exact.part(state), event)
             found = self._results.get(key)
             if found is None:
                 self.misses += 1
