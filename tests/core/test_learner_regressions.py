@@ -9,6 +9,9 @@ it, so the learner never probed again and training stalled for good.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
 import attrs
 
 from gm_core import closer, codec, learner, schedule
@@ -22,29 +25,54 @@ FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
 FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
 
 
-def aligning_while_probing() -> tuple[learner.LearnerState, int, int, float]:
-    """A running learner with an alignment and a probe of the next record both in flight."""
+T = TypeVar("T")
+
+
+def drive_until(
+    config: AlgorithmConfig, steps: Mapping[str, int], found: Callable[[cl.Cluster], T | None]
+) -> tuple[T, cl.Cluster]:
+    """Run n0 (learns and closes) and n1 (learns), each training ``steps[name]`` steps per
+    0.25 s, requests completing in order, until ``found`` sees what it looks for."""
     roles = {"n0": frozenset({L, C}), "n1": frozenset({L})}
-    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=2)
     c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
     for name in sorted(roles):
         c = cl.start(c, name)
-    for _ in range(400):
-        while c.inflight:
-            mine = [f.command for f in c.inflight if f.node == "n1"]
-            align = [x.req for x in mine if isinstance(x, Align)]
-            probe = [x.req for x in mine if isinstance(x, Get) and x.key.startswith("rounds/")]
-            state = c.nodes["n1"].learner
-            assert state is not None
-            if align and probe and state.phase is learner.Phase.RUNNING and state.seen_round > 0:
-                return state, align[0], probe[0], c.now_s
+    for _ in range(20_000):
+        hit = found(c)
+        if hit is not None:
+            return hit, c
+        if c.inflight:
             c = cl.deliver(c, 0)
+            continue
         for name, machine in cl.due_timers(c):
             c = cl.fire(c, name, machine)
         for name in sorted(roles):
-            c = cl.train(c, name, 1)
+            c = cl.train(c, name, steps[name]) if cl.can_train(c, name) else c
         c = cl.tick(c, 0.25)
-    raise AssertionError("never found an alignment and a probe in flight together")
+    raise AssertionError("never found what the test looks for")
+
+
+def n1_requests(c: cl.Cluster) -> tuple[list[int], list[int]]:
+    """n1's alignments and record probes in flight (their request numbers)."""
+    mine = [f.command for f in c.inflight if f.node == "n1"]
+    align = [x.req for x in mine if isinstance(x, Align)]
+    probe = [x.req for x in mine if isinstance(x, Get) and x.key.startswith("rounds/")]
+    return align, probe
+
+
+def aligning_while_probing() -> tuple[learner.LearnerState, int, int, float]:
+    """A running learner with an alignment and a probe of the next record both in flight."""
+
+    def found(c: cl.Cluster) -> tuple[learner.LearnerState, int, int, float] | None:
+        align, probe = n1_requests(c)
+        state = c.nodes["n1"].learner
+        assert state is not None
+        if align and probe and state.phase is learner.Phase.RUNNING and state.seen_round > 0:
+            return state, align[0], probe[0], c.now_s
+        return None
+
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=2)
+    return drive_until(config, {"n0": 1, "n1": 1}, found)[0]
 
 
 def test_a_failed_alignment_then_an_empty_probe_does_not_stop_probing() -> None:
@@ -68,30 +96,18 @@ def test_a_failed_alignment_then_an_empty_probe_does_not_stop_probing() -> None:
 
 def stalled_with_a_probe_out() -> tuple[learner.LearnerState, int, float, cl.Cluster]:
     """A learner-only node stalled at its ``in_flight`` bound, its probe of the next record out."""
-    roles = {"n0": frozenset({L, C}), "n1": frozenset({L})}
-    config = AlgorithmConfig(sync_every=4, fragments=1, quorum=2, in_flight=1)
-    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
-    for name in sorted(roles):
-        c = cl.start(c, name)
-    for _ in range(400):
+
+    def found(c: cl.Cluster) -> tuple[learner.LearnerState, int, float] | None:
+        _, probe = n1_requests(c)
         state = c.nodes["n1"].learner
         assert state is not None
-        probes = [
-            f.command.req
-            for f in c.inflight
-            if f.node == "n1" and isinstance(f.command, Get) and f.command.key.startswith("rounds/")
-        ]
-        if state.pace is not None and state.pace.stalled and state.aligned_round >= 0 and probes:
-            return state, probes[0], c.now_s, c
-        if c.inflight:
-            c = cl.deliver(c, 0)
-            continue
-        for name, machine in cl.due_timers(c):
-            c = cl.fire(c, name, machine)
-        for name, steps in (("n0", 1), ("n1", 2)):  # n1 outruns the run and stalls
-            c = cl.train(c, name, steps) if cl.can_train(c, name) else c
-        c = cl.tick(c, 0.25)
-    raise AssertionError("n1 never stalled with a probe out")
+        if state.pace is not None and state.pace.stalled and state.aligned_round >= 0 and probe:
+            return state, probe[0], c.now_s
+        return None
+
+    config = AlgorithmConfig(sync_every=4, fragments=1, quorum=2, in_flight=1)
+    (state, probe, now_s), c = drive_until(config, {"n0": 1, "n1": 2}, found)  # n1 outruns n0
+    return state, probe, now_s, c
 
 
 def test_a_commit_that_lifts_a_stall_without_a_fetch_publishes_at_the_held_step() -> None:

@@ -41,6 +41,16 @@ def unchanged(c: cl.Cluster) -> cl.Cluster:
     return c
 
 
+def started(
+    config: AlgorithmConfig, roles: Mapping[str, frozenset[cl.Machine]] = ONE_CLOSER
+) -> cl.Cluster:
+    """A cluster of ``roles`` with fast options, every node started."""
+    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(roles):
+        c = cl.start(c, name)
+    return c
+
+
 def run(
     config: AlgorithmConfig,
     seconds: float,
@@ -56,9 +66,7 @@ def run(
     """Every node trains a step per 0.25 s; requests complete in order unless ``fault`` says,
     except those ``hold`` keeps in flight for now; ``after`` sees the cluster after each."""
     if c is None:
-        c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
-        for name in sorted(roles):
-            c = cl.start(c, name)
+        c = started(config, roles)
     end_s = c.now_s + seconds
     while c.now_s < end_s:
         ready = [i for i, item in enumerate(c.inflight) if not hold(c, item)]
@@ -105,9 +113,7 @@ def test_a_learner_whose_snapshot_writes_fail_for_a_while_does_not_stall_the_run
             else (cl.Fault.NONE)
         )
 
-    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
-    for name in sorted(ONE_CLOSER):
-        c = cl.start(c, name)
+    c = started(config)
     for _ in range(200):
         clock[0] = c.now_s
         c = run(config, 1.0, blip_on_snapshots, c=c)
@@ -164,9 +170,7 @@ def test_a_learner_whose_delta_went_non_finite_reloads_every_fragment_and_is_tol
     """n2 publishes one NaN delta; the commit rejects it, so n2 must reload its whole model
     from the newest commit (as on joining), say so by name, and contribute again."""
     config = AlgorithmConfig(sync_every=8, fragments=2, quorum=2, in_flight=2)
-    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
-    for name in sorted(ONE_CLOSER):
-        c = cl.start(c, name)
+    c = started(config)
     c = run(config, 20.0, c=c)
     c = cl.set_poison(c, "n2", True)
     poisoned: list[int] = []
@@ -197,9 +201,7 @@ def test_the_lease_of_a_crashed_node_is_collected_within_four_lease_timeouts() -
     config = AlgorithmConfig(
         sync_every=8, fragments=2, quorum=2, in_flight=2, lease_timeout_s=timeout_s
     )
-    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
-    for name in sorted(ONE_CLOSER):
-        c = cl.start(c, name)
+    c = started(config)
     c = run(config, 10.0, c=c)
     assert c.store.get(keys.lease("n2")) is not None
     c = cl.crash(c, "n2")
@@ -220,9 +222,7 @@ def test_objects_left_below_the_sweep_mark_are_collected() -> None:
     config = AlgorithmConfig(
         sync_every=8, fragments=2, quorum=2, in_flight=2, lease_timeout_s=timeout_s
     )
-    c = cl.create(config, ONE_CLOSER, learner_options=FAST_L, closer_options=FAST_C)
-    for name in sorted(ONE_CLOSER):
-        c = cl.start(c, name)
+    c = started(config)
     clock = [0.0]
 
     def sweeps_fail_at_first(node: str, cmd: Command) -> cl.Fault:
