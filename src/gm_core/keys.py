@@ -12,6 +12,8 @@ Keys are relative to the run prefix (the mailbox prepends it)::
     leases/{node}.json                         a node's liveness token
     claims/{round:012d}/{attempt:04d}.json     create-once takeover bids for a round
     nodes/{node}/resume.bin                    a node's own training state (opt-in resume)
+    barriers/{name}/{gen:012d}/parties/{party}.json  a party's create-once arrival at a barrier
+    barriers/{name}/{gen:012d}/released.json   create-once verdict on a barrier's generation
 
 Numbers are zero-padded to a fixed width so that the byte order of keys, which is
 what every object store lists in, equals numeric order: the newest round is the last
@@ -57,6 +59,9 @@ LEASES_PREFIX = "leases/"
 CLAIMS_PREFIX = "claims/"
 NODES_PREFIX = "nodes/"
 RESUME_NAME = "resume.bin"
+BARRIERS_PREFIX = "barriers/"
+BARRIER_PARTIES = "parties"
+BARRIER_MARKER = "released.json"
 
 _ROUND_WIDTH = 12
 _ATTEMPT_WIDTH = 4
@@ -160,8 +165,34 @@ class ResumeKey:
     node: str
 
 
+@attrs.frozen
+class BarrierArrivalKey:
+    """``barriers/{name}/{generation}/parties/{party}.json``."""
+
+    name: str
+    generation: int
+    party: str
+
+
+@attrs.frozen
+class BarrierMarkerKey:
+    """``barriers/{name}/{generation}/released.json``."""
+
+    name: str
+    generation: int
+
+
 ParsedKey = (
-    ManifestKey | HeadKey | RoundKey | SnapshotKey | PayloadKey | LeaseKey | ClaimKey | ResumeKey
+    ManifestKey
+    | HeadKey
+    | RoundKey
+    | SnapshotKey
+    | PayloadKey
+    | LeaseKey
+    | ClaimKey
+    | ResumeKey
+    | BarrierArrivalKey
+    | BarrierMarkerKey
 )
 
 
@@ -249,6 +280,31 @@ def resume(node: str) -> str:
     return f"{NODES_PREFIX}{_id(node, 'node')}/{RESUME_NAME}"
 
 
+def barrier_prefix(name: str) -> str:
+    """Folder of every generation of the barrier ``name``, ending in ``/``."""
+    return f"{BARRIERS_PREFIX}{_id(name, 'barrier name')}/"
+
+
+def barrier_generation_prefix(name: str, generation: int) -> str:
+    """Folder of one generation of the barrier ``name`` (its arrivals and marker), ending in ``/``.
+
+    Generations share the round's width and limit, so they list in numeric order.
+    """
+    number = _number(generation, ROUND_LIMIT, _ROUND_WIDTH, "generation")
+    return f"{barrier_prefix(name)}{number}/"
+
+
+def barrier_arrival(name: str, generation: int, party: str) -> str:
+    """Key of ``party``'s arrival at ``generation`` of the barrier ``name``."""
+    folder = barrier_generation_prefix(name, generation)
+    return f"{folder}{BARRIER_PARTIES}/{_id(party, 'party')}{_JSON}"
+
+
+def barrier_marker(name: str, generation: int) -> str:
+    """Key of the create-once verdict (released or broken) on ``generation`` of ``name``."""
+    return f"{barrier_generation_prefix(name, generation)}{BARRIER_MARKER}"
+
+
 def build(parsed: ParsedKey) -> str:
     """The key a parsed value stands for; the inverse of :func:`parse`."""
     match parsed:
@@ -268,6 +324,10 @@ def build(parsed: ParsedKey) -> str:
             return claim(r, attempt)
         case ResumeKey(node=node):
             return resume(node)
+        case BarrierArrivalKey(name=name, generation=generation, party=party):
+            return barrier_arrival(name, generation, party)
+        case BarrierMarkerKey(name=name, generation=generation):
+            return barrier_marker(name, generation)
         case _:
             assert_never(parsed)
 
@@ -345,7 +405,24 @@ def parse(key: str) -> ParsedKey:
         if name != RESUME_NAME:
             raise BadKey(key, f"{name!r} is not {RESUME_NAME!r}")
         return ResumeKey(_parse_id(key, node, "node"))
+    if folder == BARRIERS_PREFIX[:-1]:
+        return _parse_barrier(key, parts)
     raise BadKey(key, f"unknown folder {folder!r}")
+
+
+def _parse_barrier(key: str, parts: list[str]) -> BarrierArrivalKey | BarrierMarkerKey:
+    if len(parts) not in (4, 5):
+        raise BadKey(key, f"expected 4 or 5 path segments, got {len(parts)}")
+    name = _parse_id(key, parts[1], "barrier name")
+    generation = _parse_number(key, parts[2], _ROUND_WIDTH, "generation")
+    if len(parts) == 4:
+        if parts[3] != BARRIER_MARKER:
+            raise BadKey(key, f"{parts[3]!r} is not {BARRIER_MARKER!r}")
+        return BarrierMarkerKey(name, generation)
+    if parts[3] != BARRIER_PARTIES:
+        raise BadKey(key, f"{parts[3]!r} is not {BARRIER_PARTIES!r}")
+    party = _parse_id(key, _strip(key, parts[4], _JSON), "party")
+    return BarrierArrivalKey(name, generation, party)
 
 
 def round_of_payload_key(key: str) -> int:

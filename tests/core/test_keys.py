@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from gm_core import keys
 from gm_core.keys import (
     BadKey,
+    BarrierArrivalKey,
+    BarrierMarkerKey,
     ClaimKey,
     HeadKey,
     LeaseKey,
@@ -53,6 +55,8 @@ parsed_keys: st.SearchStrategy[ParsedKey] = st.one_of(
     st.builds(LeaseKey, ids),
     st.builds(ClaimKey, rounds, attempts),
     st.builds(ResumeKey, ids),
+    st.builds(BarrierArrivalKey, ids, rounds, ids),
+    st.builds(BarrierMarkerKey, ids, rounds),
 )
 
 # Pieces that look like parts of keys, so that fuzzing reaches deep into the parser.
@@ -66,6 +70,9 @@ TOKENS = [
     "claims",
     "nodes",
     "resume.bin",
+    "barriers",
+    "parties",
+    "released.json",
     "/",
     "//",
     ".json",
@@ -160,6 +167,22 @@ def test_layout_is_the_documented_one() -> None:
     assert keys.claim(7, 3) == "claims/000000000007/0003.json"
     assert keys.claim_prefix(7) == "claims/000000000007/"
     assert keys.ROUNDS_PREFIX == "rounds/"
+    assert keys.barrier_prefix("b") == "barriers/b/"
+    assert keys.barrier_generation_prefix("b", 7) == "barriers/b/000000000007/"
+    assert keys.barrier_arrival("b", 7, "n1") == "barriers/b/000000000007/parties/n1.json"
+    assert keys.barrier_marker("b", 7) == "barriers/b/000000000007/released.json"
+
+
+@given(ids, rounds, rounds, ids)
+def test_barrier_generations_sort_numerically_and_hold_their_own_keys(
+    name: str, a: int, b: int, party: str
+) -> None:
+    assume(a < b)
+    assert keys.barrier_generation_prefix(name, a) < keys.barrier_generation_prefix(name, b)
+    for key in (keys.barrier_arrival(name, a, party), keys.barrier_marker(name, a)):
+        assert key.startswith(keys.barrier_generation_prefix(name, a))
+        assert not key.startswith(keys.barrier_generation_prefix(name, b))
+        assert key.startswith(keys.barrier_prefix(name))
 
 
 @given(rounds, ids, digests, attempts)
