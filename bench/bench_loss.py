@@ -35,8 +35,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -65,12 +66,24 @@ def _evals(run: layout.RunDir, worker: str) -> tuple[Evaluated, ...]:
     return tuple(progress.view(progress.read_lines(run.progress(worker))).evals)
 
 
-def measure(spec: DemoSpec, runs: Path, *, baseline: bool) -> Measured:
-    """One gm run (and optionally its baseline) to the end; the committed model's loss."""
+Starter = Callable[[DemoSpec, layout.RunDir], dict[str, "subprocess.Popen[bytes]"]]
+"""Starts a run's worker processes (the demo's learners, or a bench's own mix of them)."""
+
+
+def measure(
+    spec: DemoSpec, runs: Path, *, baseline: bool, start: Starter | None = None
+) -> Measured:
+    """One gm run (and optionally its baseline) to the end; the committed model's loss.
+
+    ``start`` starts the workers (default: the demo's learners, and the baseline if asked).
+    """
     run = launch.prepare(spec, runs)
     evaluator = CommittedEvaluator(spec, run, TokenStream(spec.data), launch.EVAL_PERIOD_S)
     try:
-        procs = launch.start_workers(spec, run, baseline=baseline)
+        if start is None:
+            procs = launch.start_workers(spec, run, baseline=baseline)
+        else:
+            procs = start(spec, run)
         launch.watch(spec, run, procs, sys.stderr, evaluator.poll)
         loss = evaluator.final()
     finally:

@@ -444,9 +444,9 @@ def gm_close_round(
     for _ in range(repeat):
         t0 = time.perf_counter()
         deltas = [fragments.load(0, Role.DELTA, ref, data) for data, ref in payloads]
-        theta, momentum, _cosine = fragments.merge(0, theta0, momentum0, deltas, who)
-        fragments.encode(0, Role.THETA, 2, theta)
-        fragments.encode(0, Role.MOMENTUM, 2, momentum)
+        merged = fragments.merge(0, theta0, momentum0, deltas, who)
+        fragments.encode(0, Role.THETA, 2, merged.theta)
+        fragments.encode(0, Role.MOMENTUM, 2, merged.momentum)
         best = min(best, time.perf_counter() - t0)
     return {
         "best_s": best,

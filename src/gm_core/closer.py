@@ -771,6 +771,10 @@ def _merge_outcome(
     if purpose.round != state.round or state.phase is not Phase.MERGING:
         return state
     if isinstance(event, Merged):
+        for learner in event.outliers:  # left out of the merge: rejected by name on the tape
+            entry = state.entries.get(learner)
+            if entry is not None and entry.stage is Stage.ACCEPTED:
+                state = _reject(state, learner, Reason.OUTLIER, cmds)
         return _commit(state, event.now_s, event, cmds)
     # Try the merge again after a poll interval; a follower takes over if it never succeeds.
     cmds.append(Notify(kind="merge_failed", round=state.round, detail=failure(event)))

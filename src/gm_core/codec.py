@@ -429,7 +429,14 @@ def _optional_hook(t: Any) -> Callable[[Any, type], Any]:
 
 
 ADDED_FIELDS: Mapping[type, Mapping[str, Any]] = {
-    AlgorithmConfig: {"unit": Unit.SAMPLES.value, "max_share": None},
+    AlgorithmConfig: {
+        "unit": Unit.SAMPLES.value,
+        "max_share": None,
+        "trim_fraction": 0.25,
+        "clip_norm_factor": None,
+        "outlier_norm_factor": None,
+        "outlier_cosine": None,
+    },
 }
 """Fields added after format 1, with the JSON value a record written before them means.
 
@@ -556,6 +563,14 @@ def _check_frozen_tensor(path: Path, frozen: FrozenTensor) -> None:
 def _check_config(path: Path, config: AlgorithmConfig) -> None:
     if config.max_share is not None:
         _at_least((*path, "max_share"), config.max_share, 1.0)
+    if not 0.0 <= config.trim_fraction < 0.5:
+        _fail((*path, "trim_fraction"), f"must be in [0, 0.5), got {config.trim_fraction}")
+    for name in ("clip_norm_factor", "outlier_norm_factor"):
+        factor = getattr(config, name)
+        if factor is not None:
+            _at_least((*path, name), factor, 1.0)
+    if config.outlier_cosine is not None and not -1.0 <= config.outlier_cosine <= 1.0:
+        _fail((*path, "outlier_cosine"), f"must be in [-1, 1], got {config.outlier_cosine}")
     _at_least((*path, "sync_every"), config.sync_every, 1)
     _at_least((*path, "fragments"), config.fragments, 1)
     _at_least((*path, "quorum"), config.quorum, 1)

@@ -108,6 +108,8 @@ class Merged:
     update: PayloadRef | None
     cosine: float | None
     requests: Requests = attrs.field(factory=Requests)
+    outliers: tuple[str, ...] = ()
+    """Learners whose deltas the merge left out as outliers (a robust merge's screen)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -34,6 +34,9 @@ class Reason(enum.StrEnum):
     CORRUPT = "corrupt"
     NONFINITE = "nonfinite"
     UNSIGNED = "unsigned"
+    OUTLIER = "outlier"
+    """Its delta's norm or its cosine to the robust centre of the round was an outlier
+    (:func:`gm_core.robust.outliers`); only with ``outlier_norm_factor``/``outlier_cosine``."""
 
 
 class Alignment(enum.StrEnum):
@@ -49,6 +52,10 @@ class MergeRule(enum.StrEnum):
 
     MEAN = "mean"
     RDA = "rda"
+    TRIMMED_MEAN = "trimmed_mean"
+    """Coordinate-wise: drop the ``trim`` lowest and highest values, weighted mean of the rest."""
+    MEDIAN = "median"
+    """Coordinate-wise: the trimmed mean that keeps the middle one (odd) or two (even) values."""
 
 
 class Partition(enum.StrEnum):
@@ -147,6 +154,19 @@ class AlgorithmConfig:
     max_share: float | None = None
     """No learner's share of a merge exceeds this many times an equal share (``1/n``);
     None caps nothing. Added after format 1: a manifest without it caps nothing."""
+    trim_fraction: float = 0.25
+    """Under ``trimmed_mean``, the share of a round's deltas dropped at each end of every
+    coordinate (at least one, at most ``(k-1)//2``; see :func:`gm_core.robust.trim_count`)."""
+    clip_norm_factor: float | None = None
+    """Deltas whose norm exceeds this many times the round's median delta norm are scaled
+    down to it before merging; None clips nothing."""
+    outlier_norm_factor: float | None = None
+    """A delta whose norm exceeds this many times the round's median norm is rejected as
+    ``outlier`` (rounds of 3 or more deltas; never a majority); None rejects none by norm."""
+    outlier_cosine: float | None = None
+    """A delta whose cosine to the round's coordinate-wise median is below this is rejected
+    as ``outlier`` (as above); None rejects none by direction. The robust-merge fields
+    (these four) were added after format 1: a manifest without them is a plain merge."""
 
 
 @attrs.frozen(kw_only=True)

@@ -38,7 +38,9 @@ LOG = logging.getLogger("gm")
 LOG.addHandler(logging.NullHandler())  # a library logs only where the application says
 E = TypeVar("E", bound="Event")
 
-ACTIONABLE = frozenset({Reason.SCHEMA, Reason.CORRUPT, Reason.NONFINITE, Reason.UNSIGNED, None})
+ACTIONABLE = frozenset(
+    {Reason.SCHEMA, Reason.CORRUPT, Reason.NONFINITE, Reason.UNSIGNED, Reason.OUTLIER, None}
+)
 """Rejection reasons a user can do something about (None: a reason this shell cannot parse)."""
 
 

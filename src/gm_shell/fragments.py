@@ -40,16 +40,19 @@ from typing import Any
 import attrs
 import numpy as np
 
-from gm_core import keys
+from gm_core import keys, robust
 from gm_core.numerics import Contributions, Layout, WireLayout, wire_layout
 from gm_core.numerics.arrays import F32
 from gm_core.records import (
     AlgorithmConfig,
     Manifest,
+    MergeRule,
     PayloadRef,
     Reason,
     WireFormat,
 )
+from gm_core.robust import MergePlan
+from gm_core.verdicts import normalized_weights
 from gm_shell.backends import Backend, NumpyBackend
 from gm_shell.payload import (
     PayloadError,
@@ -213,28 +216,70 @@ class FragmentCodec:
         momentum: F32 | None,
         deltas: Sequence[F32],
         contributions: Contributions,
-    ) -> tuple[F32, F32, float | None]:
-        """New theta and momentum (fresh buffers) and the deltas' mean pairwise cosine."""
+    ) -> Merged:
+        """New theta and momentum (fresh buffers) from the deltas the run's merge keeps."""
         cfg = self.config
         compute = self._compute
+        layout = self.layouts[fragment]
+        arrays = [compute.asarray(d) for d in deltas]
+        plan = self._plan(arrays, contributions, layout)
+        kept = [arrays[i] for i in plan.kept]
+        final = tuple(contributions.final[i] for i in plan.kept) if contributions.final else ()
+        merged_by = Contributions(
+            learners=tuple(contributions.learners[i] for i in plan.kept),
+            weights=plan.shares,
+            final=final if any(final) else (),
+            scales=plan.scales,
+            trim=plan.trim,
+        )
         new_theta = compute.asarray(theta.copy())
         new_momentum = compute.asarray(
             np.zeros_like(theta) if momentum is None else momentum.copy()
         )
-        arrays = [compute.asarray(d) for d in deltas]
         compute.merge_step(
-            arrays,
-            contributions,
-            self.layouts[fragment],
-            cfg.merge,
+            kept,
+            merged_by,
+            layout,
+            plan.rule,
             cfg.embedding_pattern,
             new_theta,
             new_momentum,
             cfg.outer_lr,
             cfg.outer_momentum,
         )
-        cosine = compute.cosine(arrays)
-        return compute.to_numpy(new_theta), compute.to_numpy(new_momentum), cosine
+        return Merged(
+            theta=compute.to_numpy(new_theta),
+            momentum=compute.to_numpy(new_momentum),
+            cosine=compute.cosine(kept),
+            outliers=tuple(contributions.learners[i] for i in plan.rejected),
+        )
+
+    def _plan(
+        self, arrays: Sequence[Any], contributions: Contributions, layout: Layout
+    ) -> MergePlan:
+        """The run's merge of these deltas; screened by norm and cosine to their median first
+        when the run asks for clipping or outlier rejection (the decision is gm_core's)."""
+        shares = normalized_weights(contributions.weights)
+        if not robust.screens(self.config):
+            return robust.plan_merge(self.config, shares)
+        trim = robust.trim_count(MergeRule.MEDIAN, len(arrays), 0.0)
+        median = Contributions(learners=contributions.learners, weights=shares, trim=trim)
+        centre = self._compute.empty(layout.total)
+        rule = MergeRule.MEDIAN if trim else MergeRule.MEAN
+        self._compute.merge(arrays, median, layout, rule, "", centre)
+        norms, cosines = self._compute.spread(arrays, centre)
+        return robust.plan_merge(self.config, shares, norms, cosines)
+
+
+@attrs.frozen(kw_only=True)
+class Merged:
+    """A merge's outcome: new theta and momentum, the merged deltas' mean pairwise cosine,
+    and the learners whose deltas were rejected as outliers (in contribution order)."""
+
+    theta: F32
+    momentum: F32
+    cosine: float | None
+    outliers: tuple[str, ...]
 
 
 def compute_backend(name: str) -> Backend[Any]:

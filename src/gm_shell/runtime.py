@@ -658,13 +658,13 @@ class Runtime:
             weights=normalized_weights([c.weight for c in cmd.contributions]),
             final=finals if any(finals) else (),
         )
-        new_theta, new_momentum, cosine = await self._compute(
+        merged = await self._compute(
             self._codec.merge, fragment, theta, momentum, deltas, contributions
         )
-        writes = [self._write(self._commits, fragment, Role.THETA, cmd.round, new_theta)]
+        writes = [self._write(self._commits, fragment, Role.THETA, cmd.round, merged.theta)]
         if not cmd.final_only:  # a round of final deltas only keeps the momentum it had
             writes.append(
-                self._write(self._momenta, fragment, Role.MOMENTUM, cmd.round, new_momentum)
+                self._write(self._momenta, fragment, Role.MOMENTUM, cmd.round, merged.momentum)
             )
         refs = await asyncio.gather(*writes)
         outer = refs[1] if len(refs) > 1 else None
@@ -674,7 +674,8 @@ class Runtime:
             theta=refs[0],
             outer=outer,
             update=None,
-            cosine=cosine,
+            cosine=merged.cosine,
+            outliers=merged.outliers,
             requests=self._requests(),
         )
 

@@ -125,7 +125,19 @@ class DiLoCo:
             (the commit replaces the fragment; those steps are dropped) or ``blend``.
         mixing: with ``blend``, the weight of the commit (1.0 behaves as overwrite).
         merge: how a closer combines accepted deltas: ``mean`` (weighted by
-            tokens²/steps) or ``rda`` (mean norm times mean direction).
+            tokens²/steps), ``rda`` (mean norm times mean direction), or, against
+            hostile or broken learners, ``trimmed_mean`` or ``median`` (coordinate-wise:
+            each coordinate's extreme values are dropped by count, the rest weighted by
+            tokens²/steps; see the guide's "Robust merges").
+        trim_fraction: with ``trimmed_mean``, the share of deltas dropped at each end of
+            every coordinate (at least one of three or more, never all).
+        clip_norm_factor: if set, a delta longer than this many times the round's
+            median delta norm is scaled down to that length before merging.
+        outlier_norm_factor: if set, a delta longer than this many times the round's
+            median delta norm is rejected (``outlier`` on the tape; rounds of 3 or more
+            deltas, never a majority of them).
+        outlier_cosine: if set, a delta whose cosine to the round's coordinate-wise
+            median is below this (0.0: it points away) is rejected as ``outlier``.
         outer_lr: Nesterov outer learning rate η.
         outer_momentum: Nesterov outer momentum β (0 disables momentum).
         partition: how tensors are dealt into fragments: ``bytes`` (balanced by size)
@@ -179,6 +191,10 @@ class DiLoCo:
     takeover_floor_s: float = 10.0
     unit: Unit = attrs.field(default=Unit.SAMPLES, converter=Unit)
     max_share: float | None = 2.0
+    trim_fraction: float = 0.25
+    clip_norm_factor: float | None = None
+    outlier_norm_factor: float | None = None
+    outlier_cosine: float | None = None
     sync_filter: str | None = None
     """Which parameters the run synchronizes: None, the trainable ones (``requires_grad``;
     a LoRA model's adapters); else those whose name this regular expression matches. The

@@ -104,6 +104,10 @@ def configs(fragments: st.SearchStrategy[int] = FRAGMENT_COUNTS) -> st.SearchStr
         global_batch_size=st.none() | counts,
         require_signatures=st.booleans(),
         unit=st.sampled_from(Unit),
+        trim_fraction=st.floats(0, 0.5, exclude_max=True),
+        clip_norm_factor=st.none() | st.floats(1, 1e6),
+        outlier_norm_factor=st.none() | st.floats(1, 1e6),
+        outlier_cosine=st.none() | st.floats(-1, 1),
     )
 
 
@@ -550,6 +554,28 @@ def test_a_manifest_written_before_unit_is_a_samples_run(manifest: Manifest, uni
     assert got == attrs.evolve(manifest, config=attrs.evolve(manifest.config, unit=Unit.SAMPLES))
 
 
+ROBUST_FIELDS = ("trim_fraction", "clip_norm_factor", "outlier_norm_factor", "outlier_cosine")
+
+
+@given(manifests())
+def test_a_manifest_written_before_robust_merges_is_a_plain_merge(manifest: Manifest) -> None:
+    """Manifests from before the robust-merge fields decode with none of them in force."""
+    doc = document(manifest)
+    assert isinstance(doc, dict)
+    assert isinstance(doc["config"], dict)
+    for name in ROBUST_FIELDS:
+        del doc["config"][name]
+    got = codec.decode(Manifest, dumps(doc))
+    plain = attrs.evolve(
+        manifest.config,
+        trim_fraction=0.25,
+        clip_norm_factor=None,
+        outlier_norm_factor=None,
+        outlier_cosine=None,
+    )
+    assert got == attrs.evolve(manifest, config=plain)
+
+
 @given(
     mutation_cases(),
     st.data(),
@@ -786,6 +812,12 @@ FIELD_CASES: list[tuple[Any, Path, JSON, str]] = [
     (MANIFEST, ("config", "require_signatures"), "yes", "expected a boolean"),
     (MANIFEST, ("config", "unit"), "bytes", "is not one of"),
     (MANIFEST, ("config", "unit"), None, "expected a string"),
+    (MANIFEST, ("config", "merge"), "mode", "is not one of"),
+    (MANIFEST, ("config", "trim_fraction"), 0.5, "must be in [0, 0.5)"),
+    (MANIFEST, ("config", "trim_fraction"), -0.1, "must be in [0, 0.5)"),
+    (MANIFEST, ("config", "clip_norm_factor"), 0.5, "at least 1.0"),
+    (MANIFEST, ("config", "outlier_norm_factor"), 0.9, "at least 1.0"),
+    (MANIFEST, ("config", "outlier_cosine"), 1.5, "must be in [-1, 1]"),
     (MANIFEST, ("schema", 0, "shape", 1), -4, "at least 0"),
     (MANIFEST, ("schema", 0, "shape", 1), 4.0, "expected an integer, got a number"),
     (MANIFEST, ("schema", 0, "name"), "", "must not be empty"),

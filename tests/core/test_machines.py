@@ -90,6 +90,7 @@ def events(now: float, reqs: list[int]) -> st.SearchStrategy[Event]:
             outer=st.none(),
             update=st.none(),
             cosine=st.none(),
+            outliers=st.lists(st.sampled_from([*sorted(ROLES), "zz"])).map(tuple),
         ),
         st.builds(Aligned, now_s=st.just(now), req=req, step=st.just(10**6), tokens=st.just(10**9)),
         st.builds(RequestFailed, now_s=st.just(now), req=req, error=st.just("boom")),

@@ -8,8 +8,9 @@ Every event goes to ``events.jsonl`` as it happens, so a test can wait for one.
 
 Faults the test can ask for: ``nan_at_step`` turns a parameter into NaN once
 (the delta of that fragment is then rejected as nonfinite, and the next commit
-overwrites it); the test itself kills (SIGKILL), hangs (SIGSTOP) and resumes
-(SIGCONT) the process.
+overwrites it); ``delta_scale`` multiplies every delta the node publishes
+(:mod:`bench.poison`: a poisoned-but-finite learner); the test itself kills
+(SIGKILL), hangs (SIGSTOP) and resumes (SIGCONT) the process.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+from bench.poison import scale_published_deltas
 
 from gm_shell import DiLoCo, Session, SessionOptions
 from gm_shell.events import Event
@@ -116,6 +118,8 @@ def main(spec: dict[str, Any]) -> int:
     framework = spec.get("framework", "torch")
     seed = int(spec["seed"])
     model, train = (torch_model if framework == "torch" else mlx_model)(seed)
+    if "delta_scale" in spec:
+        scale_published_deltas(float(spec["delta_scale"]))
     log = (out / "events.jsonl").open("a", buffering=1)
 
     def record(event: Event) -> None:

@@ -11,6 +11,7 @@ from gm_core.records import (
     AlgorithmConfig,
     Compression,
     Manifest,
+    MergeRule,
     PayloadRef,
     Reason,
     TensorSpec,
@@ -98,7 +99,9 @@ def test_merge_on_any_backend_matches_the_reference(name: str) -> None:
     theta, momentum = values(codec, 0, 1), values(codec, 0, 2)
     deltas = [values(codec, 0, s) for s in (3, 4, 5)]
     contributions = Contributions(learners=("a", "b", "c"), weights=(0.5, 0.25, 0.25))
-    new_theta, new_momentum, cosine = codec.merge(0, theta, momentum, deltas, contributions)
+    merged = codec.merge(0, theta, momentum, deltas, contributions)
+    new_theta, new_momentum, cosine = merged.theta, merged.momentum, merged.cosine
+    assert merged.outliers == ()
     want_theta, want_momentum = theta.copy(), momentum.copy()
     cfg = codec.config
     merge_step(
@@ -110,3 +113,42 @@ def test_merge_on_any_backend_matches_the_reference(name: str) -> None:
     assert cosine is not None
     assert -1.0 <= cosine <= 1.0
     assert not np.shares_memory(new_theta, theta)  # the cached base is never changed
+
+
+@pytest.mark.parametrize("name", ["numpy", "torch", "mlx"])
+@pytest.mark.parametrize("attack", [100.0, -1.0])
+def test_a_screened_merge_leaves_out_a_scaled_or_flipped_delta(name: str, attack: float) -> None:
+    """With outlier screens on, 1 wild delta of 4 is named and the rest merged by the rule."""
+    codec = FragmentCodec(
+        manifest(merge=MergeRule.MEDIAN, outlier_norm_factor=3.0, outlier_cosine=0.0),
+        backend(name),
+    )
+    theta, momentum = values(codec, 0, 1), values(codec, 0, 2)
+    shared = values(codec, 0, 3)
+    honest = [shared + 0.5 * values(codec, 0, s) for s in (4, 5, 6)]
+    deltas = [*honest[:2], attack * honest[2], honest[2]]  # "c" is the wild one
+    contributions = Contributions(learners=("a", "b", "c", "d"), weights=(1.0,) * 4)
+    merged = codec.merge(0, theta, momentum, deltas, contributions)
+    assert merged.outliers == ("c",)
+    want_theta, want_momentum = theta.copy(), momentum.copy()
+    kept = Contributions(learners=("a", "b", "d"), weights=(1.0,) * 3, trim=1)
+    cfg = codec.config
+    merge_step(
+        [honest[0], honest[1], honest[2]], kept, codec.layouts[0], MergeRule.MEDIAN, "",
+        want_theta, want_momentum, cfg.outer_lr, cfg.outer_momentum,
+    )  # fmt: skip
+    np.testing.assert_allclose(merged.theta, want_theta, rtol=1e-5, atol=1e-5)
+
+
+def test_clipping_bounds_a_scaled_delta_to_the_median_norm() -> None:
+    codec = FragmentCodec(manifest(clip_norm_factor=1.0, outer_momentum=0.0, outer_lr=1.0))
+    theta = np.zeros(codec.size(0), np.float32)
+    honest = [values(codec, 0, s) for s in (4, 5, 6)]
+    contributions = Contributions(learners=("a", "b", "c", "d"), weights=(1.0,) * 4)
+    merged = codec.merge(0, theta, None, [*honest, 100.0 * honest[0]], contributions)
+    assert merged.outliers == ()
+    norms = sorted(float(np.linalg.norm(d)) for d in [*honest, 100.0 * honest[0]])
+    bound = (norms[1] + norms[2]) / 2  # the median norm, times a factor of 1
+    # theta - 1.0 * mean of clipped deltas: the wild one counts with the median's length.
+    assert float(np.linalg.norm(merged.theta)) <= (sum(norms[:3]) + bound) / 4 * (1 + 1e-5)
+    assert float(np.linalg.norm(merged.theta)) > 0.0

@@ -34,6 +34,7 @@ import numpy as np
 from gm_core.numerics.arrays import F32, check_flat
 from gm_core.numerics.blocks import BLOCK, blocks
 from gm_core.numerics.layout import Layout, Span
+from gm_core.numerics.robust import trimmed_merge
 from gm_core.records import MergeRule
 
 
@@ -47,18 +48,26 @@ def _check_contributions(instance: Contributions) -> None:
     )
     assert all(math.isfinite(w) and w >= 0.0 for w in instance.weights), instance.weights
     assert math.fsum(instance.weights) > 0.0, "weights sum to zero"
+    assert not instance.scales or len(instance.scales) == k, "scales: none or one per learner"
+    assert all(math.isfinite(s) and 0.0 <= s <= 1.0 for s in instance.scales), instance.scales
+    assert 0 <= instance.trim <= (k - 1) // 2, f"trim {instance.trim} leaves no value of {k}"
 
 
 @attrs.frozen
 class Contributions:
     """Who contributed to a merge, in learner order, with weights and final flags.
 
-    ``final`` is empty when no contribution is final (the common case).
+    ``final`` is empty when no contribution is final (the common case). ``scales``
+    (empty: all 1) are clip factors in [0, 1] applied to each delta before it is
+    merged; ``trim`` is how many values of every coordinate a robust rule drops at
+    each end (see :mod:`gm_core.robust`; 0 under the weighted rules).
     """
 
     learners: tuple[str, ...]
     weights: tuple[float, ...]
     final: tuple[bool, ...] = ()
+    scales: tuple[float, ...] = ()
+    trim: int = 0
 
     def __attrs_post_init__(self) -> None:
         _check_contributions(self)
@@ -69,9 +78,23 @@ class Contributions:
         return bool(self.final) and all(self.final)
 
     def coefficients(self) -> tuple[np.float32, ...]:
-        """Normalized weights, summed in float64 then rounded once to fp32."""
+        """Normalized weights times clip scales, in float64 then rounded once to fp32.
+
+        A weighted sum with these coefficients merges the clipped deltas: scaling a
+        delta is scaling its coefficient (and under RDA its norm, by the same factor).
+        """
+        total = math.fsum(self.weights)
+        scales = self.scales or (1.0,) * len(self.weights)
+        return tuple(np.float32(w / total * s) for w, s in zip(self.weights, scales, strict=True))
+
+    def shares(self) -> tuple[np.float32, ...]:
+        """Normalized weights alone, rounded once to fp32 (a robust rule weighs survivors)."""
         total = math.fsum(self.weights)
         return tuple(np.float32(w / total) for w in self.weights)
+
+    def row_scales(self) -> tuple[np.float32, ...]:
+        """Clip scales rounded to fp32 (a robust rule scales values before sorting them)."""
+        return tuple(np.float32(s) for s in self.scales or (1.0,) * len(self.weights))
 
 
 def is_embedding(name: str, pattern: str) -> bool:
@@ -150,6 +173,10 @@ def merge(
     for i, delta in enumerate(deltas):
         check_flat(delta, layout.total, f"delta {i}")
     check_flat(out, layout.total, "out")
+    if contributions.trim > 0:
+        assert rule in (MergeRule.TRIMMED_MEAN, MergeRule.MEDIAN), f"{rule} trims nothing"
+        trimmed_merge(deltas, contributions, out)
+        return
     coefs = contributions.coefficients()
     for span in layout.spans:
         bounds = (span.start, span.stop)

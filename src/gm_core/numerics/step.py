@@ -41,7 +41,12 @@ def merge_step(
     n = layout.total
     check_flat(theta, n, "theta")
     check_flat(momentum, n, "momentum")
-    if contributions.all_final or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans):
+    sorts = contributions.trim > 0  # a robust rule needs every delta of a block at once
+    if (
+        contributions.all_final
+        or sorts
+        or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans)
+    ):
         merged = np.empty(n, dtype=np.float32)
         merge(deltas, contributions, layout, rule, embedding_pattern, merged)
         outer_step(theta, momentum, merged, lr, beta, final_only=contributions.all_final)

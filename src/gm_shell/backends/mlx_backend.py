@@ -31,6 +31,7 @@ from gm_core.numerics.blocks import blocks
 from gm_core.numerics.layout import Layout
 from gm_core.numerics.merge import Contributions, cosine_from_gram, rda_factor, uses_rda
 from gm_core.numerics.quant import F4_BLOCK, WireLayout
+from gm_core.numerics.robust import spread_by
 from gm_core.records import Alignment, MergeRule, WireFormat
 from gm_shell.backends import bits
 
@@ -116,6 +117,25 @@ def sq_norm(x: mx.array) -> float:
     return math.fsum(scalar(mx.sum(x[lo:hi] * x[lo:hi])) for lo, hi in blocks(0, x.shape[0]))
 
 
+def _dot(a: mx.array, b: mx.array) -> float:
+    return scalar(mx.sum(a * b))
+
+
+def trimmed_block(rows: mx.array, shares: mx.array, trim: int) -> mx.array:
+    """The reference's trimmed, share-weighted mean of each column of ``rows`` (k × b).
+
+    MLX documents no stable sort: equal values of learners with unequal shares may be
+    kept in another order than the reference's (only exact ties, e.g. zeros, differ).
+    """
+    k = rows.shape[0]
+    order = mx.argsort(rows, axis=0)[trim : k - trim]
+    kept, weights = mx.take_along_axis(rows, order, axis=0), shares[order]
+    total = mx.sum(weights, axis=0)
+    positive = total > 0.0
+    mean = mx.sum(kept * weights, axis=0) / mx.where(positive, total, 1.0)
+    return mx.where(positive, mean, mx.mean(kept, axis=0))
+
+
 class MlxBackend:
     """Flat fp32 MLX arrays on MLX's default device."""
 
@@ -150,6 +170,11 @@ class MlxBackend:
     ) -> None:
         check_flat(out, layout.total, "out")
         coefs = self._coefs(deltas, contributions, layout.total)
+        if contributions.trim > 0:
+            assert rule in (MergeRule.TRIMMED_MEAN, MergeRule.MEDIAN), f"{rule} trims nothing"
+            out[...] = self._trimmed(deltas, contributions, layout.total)
+            mx.eval(out)
+            return
         parts: list[mx.array] = []
         for span in layout.spans:
             pieces = [d[span.start : span.stop] for d in deltas]
@@ -161,6 +186,21 @@ class MlxBackend:
             parts.append(mean)
         out[...] = mx.concatenate(parts) if parts else out
         mx.eval(out)
+
+    def _trimmed(
+        self, deltas: Sequence[mx.array], contributions: Contributions, n: int
+    ) -> mx.array:
+        shares = mx.array(np.array(contributions.shares(), dtype=np.float32))
+        scales = [f32(float(s)) for s in contributions.row_scales()]
+        parts = [
+            trimmed_block(
+                mx.stack([d[lo:hi] * s for d, s in zip(deltas, scales, strict=True)]),
+                shares,
+                contributions.trim,
+            )
+            for lo, hi in blocks(0, n)
+        ]
+        return mx.concatenate(parts) if parts else mx.zeros((0,), dtype=mx.float32)
 
     def outer_step(
         self,
@@ -197,7 +237,8 @@ class MlxBackend:
         check_flat(theta, n, "theta")
         check_flat(momentum, n, "momentum")
         final_only = contributions.all_final
-        if final_only or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans):
+        sorts = contributions.trim > 0
+        if final_only or sorts or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans):
             merged = self.empty(n)
             self.merge(deltas, contributions, layout, rule, embedding_pattern, merged)
             self.outer_step(theta, momentum, merged, lr, beta, final_only=final_only)
@@ -216,6 +257,11 @@ class MlxBackend:
             rows = mx.stack([d[lo:hi] for d in deltas])
             gram += np.array(rows @ rows.T, dtype=np.float64)
         return cosine_from_gram(gram)
+
+    def spread(
+        self, deltas: Sequence[mx.array], centre: mx.array
+    ) -> tuple[list[float], list[float]]:
+        return spread_by(deltas, centre, _dot, centre.shape[0])
 
     def align(
         self,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from gm_core import numerics
+from gm_core.numerics import robust
 from gm_core.numerics.arrays import F32, U8
 from gm_core.numerics.layout import Layout
 from gm_core.numerics.merge import Contributions
@@ -81,6 +82,9 @@ class NumpyBackend:
 
     def cosine(self, deltas: Sequence[F32]) -> float | None:
         return numerics.mean_pairwise_cosine(deltas)
+
+    def spread(self, deltas: Sequence[F32], centre: F32) -> tuple[list[float], list[float]]:
+        return robust.spread(deltas, centre)
 
     def align(
         self,

@@ -59,7 +59,9 @@ class Backend(Protocol[A]):
         embedding_pattern: str,
         out: A,
     ) -> None:
-        """Merged delta into ``out`` (see :func:`gm_core.numerics.merge.merge`)."""
+        """Merged delta into ``out`` (see :func:`gm_core.numerics.merge.merge`); with
+        ``contributions.trim > 0`` the coordinate-wise trimmed mean of
+        :func:`gm_core.numerics.robust.trimmed_merge`."""
         ...
 
     def outer_step(
@@ -85,6 +87,10 @@ class Backend(Protocol[A]):
 
     def cosine(self, deltas: Sequence[A]) -> float | None:
         """Mean pairwise cosine of the deltas; ``None`` for fewer than two."""
+        ...
+
+    def spread(self, deltas: Sequence[A], centre: A) -> tuple[list[float], list[float]]:
+        """Each delta's norm and cosine to ``centre`` (:func:`gm_core.numerics.robust.spread`)."""
         ...
 
     def align(

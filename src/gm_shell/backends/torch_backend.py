@@ -44,6 +44,7 @@ from gm_core.numerics.blocks import blocks
 from gm_core.numerics.layout import Layout
 from gm_core.numerics.merge import Contributions, cosine_from_gram, rda_factor, uses_rda
 from gm_core.numerics.quant import F4_BLOCK, WireLayout
+from gm_core.numerics.robust import spread_by
 from gm_core.records import Alignment, MergeRule, WireFormat
 from gm_shell.backends import bits
 
@@ -117,6 +118,22 @@ def accumulate(
             acc.add_(block, alpha=coef)
         if sq_norms is not None:
             sq_norms[i] += float(torch.dot(block, block))
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.dot(a, b))
+
+
+def trimmed_block(rows: torch.Tensor, shares: torch.Tensor, trim: int, out: torch.Tensor) -> None:
+    """The reference's trimmed, share-weighted mean of each column of ``rows`` (k × b)."""
+    k = rows.shape[0]
+    values, order = torch.sort(rows, dim=0, stable=True)
+    kept, weights = values[trim : k - trim], shares[order[trim : k - trim]]
+    total = weights.sum(dim=0)
+    positive = total > 0.0
+    torch.div((kept * weights).sum(dim=0), torch.where(positive, total, 1.0), out=out)
+    if not bool(positive.all()):
+        out[~positive] = kept.mean(dim=0)[~positive]
 
 
 def block_amax(chunk: torch.Tensor) -> torch.Tensor:
@@ -218,6 +235,10 @@ class TorchBackend:
     ) -> None:
         self._check(deltas, contributions, layout.total)
         check_flat(out, layout.total, "out")
+        if contributions.trim > 0:
+            assert rule in (MergeRule.TRIMMED_MEAN, MergeRule.MEDIAN), f"{rule} trims nothing"
+            self._trimmed(deltas, contributions, out)
+            return
         coefs = [float(c) for c in contributions.coefficients()]
         for span in layout.spans:
             rda = uses_rda(span, rule, embedding_pattern)
@@ -238,6 +259,26 @@ class TorchBackend:
                 )
                 factor = rda_factor(contributions.coefficients(), sq_norms, mean_sq)
                 part.mul_(float(np.float32(factor)))
+
+    def _trimmed(
+        self, deltas: Sequence[torch.Tensor], contributions: Contributions, out: torch.Tensor
+    ) -> None:
+        """Coordinate-wise trimmed mean, one ``k × block`` stack per range."""
+        k = len(deltas)
+        shares = torch.tensor(
+            [float(s) for s in contributions.shares()], dtype=torch.float32, device=self.device
+        )
+        scales = [float(s) for s in contributions.row_scales()]
+
+        def run(_: int, lo: int, hi: int) -> None:
+            stack = torch.empty((k, min(self.block, hi - lo)), device=self.device)
+            for a, b in blocks(lo, hi, self.block):
+                rows = stack[:, : b - a]
+                for i, delta in enumerate(deltas):
+                    torch.mul(delta[a:b], scales[i], out=rows[i])
+                trimmed_block(rows, shares, contributions.trim, out[a:b])
+
+        self.in_ranges(run, 0, out.shape[0])
 
     def outer_step(
         self,
@@ -279,7 +320,8 @@ class TorchBackend:
         check_flat(theta, n, "theta")
         check_flat(momentum, n, "momentum")
         final_only = contributions.all_final
-        if final_only or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans):
+        sorts = contributions.trim > 0
+        if final_only or sorts or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans):
             merged = self.scratch(n, "merged")
             self.merge(deltas, contributions, layout, rule, embedding_pattern, merged)
             self.outer_step(theta, momentum, merged, lr, beta, final_only=final_only)
@@ -308,6 +350,11 @@ class TorchBackend:
                 block[i].copy_(delta[lo:hi])
             gram += (block @ block.T).double().cpu().numpy()
         return cosine_from_gram(gram)
+
+    def spread(
+        self, deltas: Sequence[torch.Tensor], centre: torch.Tensor
+    ) -> tuple[list[float], list[float]]:
+        return spread_by(deltas, centre, _dot, centre.shape[0], self.block)
 
     # -- alignment -----------------------------------------------------------------------
 

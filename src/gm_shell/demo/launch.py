@@ -65,7 +65,10 @@ def prepare(spec: DemoSpec, runs_root: Path) -> layout.RunDir:
     return run
 
 
-def _start(run: layout.RunDir, worker: str, module: str, *args: str) -> subprocess.Popen[bytes]:
+def start_worker(
+    run: layout.RunDir, worker: str, module: str, *args: str
+) -> subprocess.Popen[bytes]:
+    """``python -m module RUN_DIR *args`` as ``worker``, its output into the worker's log."""
     log = run.log(worker)
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -83,13 +86,13 @@ def start_workers(
 ) -> dict[str, subprocess.Popen[bytes]]:
     """One process per learner, and the baseline's unless a caller has it already."""
     procs = {
-        layout.learner_name(k): _start(
+        layout.learner_name(k): start_worker(
             run, layout.learner_name(k), "gm_shell.demo.learner_proc", str(k)
         )
         for k in range(spec.learners)
     }
     if baseline:
-        procs[layout.BASELINE] = _start(run, layout.BASELINE, "gm_shell.demo.baseline")
+        procs[layout.BASELINE] = start_worker(run, layout.BASELINE, "gm_shell.demo.baseline")
     return procs
 
 

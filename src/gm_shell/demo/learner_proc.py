@@ -57,6 +57,10 @@ def algorithm(spec: DemoSpec) -> DiLoCo:
         in_flight=knobs.in_flight,
         overlap_steps=knobs.overlap_steps,
         delta_format=knobs.delta_format,
+        merge=knobs.merge,
+        clip_norm_factor=knobs.clip_norm_factor,
+        outlier_norm_factor=knobs.outlier_norm_factor,
+        outlier_cosine=knobs.outlier_cosine,
         partition="strided",
         unit="tokens",
     )

@@ -60,6 +60,11 @@ class GmKnobs:
     lapsed, so waiting for all costs little when learners run at the same speed — and
     averages every learner's delta into every round, which data-parallel parity needs
     (quorum 1 with the grace window: ratio 1.088; all four: 1.064, before ``overlap_steps``)."""
+    merge: str = "mean"
+    """The merge rule; ``bench/bench_robust.py`` compares the robust ones against it."""
+    clip_norm_factor: float | None = None
+    outlier_norm_factor: float | None = None
+    outlier_cosine: float | None = None
 
 
 @attrs.frozen(kw_only=True)
