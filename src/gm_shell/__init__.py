@@ -2,6 +2,7 @@
 
 from gm_core.records import Alignment, Compression, MergeRule, Partition, Reason, WireFormat
 from gm_shell.align import Checkpoint, align
+from gm_shell.barrier import Barrier, BarrierMismatchError, BarrierTimeoutError
 from gm_shell.pacer import StalledError
 from gm_shell.resume import ResumeError
 from gm_shell.run import RunError, RunMismatchError
@@ -10,6 +11,9 @@ from gm_shell.stores import MailboxOptions
 
 __all__ = [
     "Alignment",
+    "Barrier",
+    "BarrierMismatchError",
+    "BarrierTimeoutError",
     "Checkpoint",
     "Compression",
     "DiLoCo",

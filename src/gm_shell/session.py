@@ -74,6 +74,7 @@ from gm_core.records import (
 from gm_shell import events, leaving
 from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.align import Checkpoint, load_frontier, newest_record
+from gm_shell.barrier import Barrier
 from gm_shell.fragments import FragmentCodec, compute_backend
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
@@ -686,6 +687,25 @@ class Session:
             self._mailbox.close()
         self._hub.close()
         self._pacer = None
+
+    def barrier(self, name: str, parties: int, *, timeout_s: float = 600.0) -> Barrier:
+        """A :class:`~gm_shell.barrier.Barrier` in this run's bucket with this node as a party.
+
+        It runs on the session's own loop and mailbox (the lease stays renewed while it
+        waits) and polls every :attr:`SessionOptions.poll_s`; close it, or the session, when
+        done. Every party passes the same ``name`` and ``parties``.
+        """
+        if self._loop is None or self._mailbox is None:
+            raise RuntimeError("barrier() needs a started session")
+        return Barrier(
+            name,
+            parties=parties,
+            mailbox=self._mailbox,
+            party=self.node,
+            timeout_s=timeout_s,
+            poll_s=self.options.poll_s,
+            loop=self._loop,
+        )
 
     def serve(self, duration_s: float | None = None) -> None:
         """Block while the node works (a closer-only node's main loop), or for ``duration_s``."""
