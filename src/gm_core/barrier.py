@@ -308,11 +308,16 @@ def _listed(state: BarrierState, event: Listed) -> Transition:
     marker_key = keys.barrier_marker(spec.name, generation)
     if marker:
         return _read_marker(state)
-    if len(arrived) >= spec.parties:
+    if is_full(len(arrived), spec.parties):
         data = encode(ReleasedMarker(generation=generation, members=_members(state)))
         state = attrs.evolve(state, phase=Phase.MARKING)
         return _issue(state, PutOnce(req=0, key=marker_key, data=data))
     return _wait(attrs.evolve(state, phase=Phase.LISTING), event.now_s)
+
+
+def is_full(arrived: int, parties: int) -> bool:
+    """The release rule: a generation may be marked released once ``parties`` have arrived."""
+    return arrived >= parties
 
 
 def _members(state: BarrierState) -> tuple[str, ...]:
