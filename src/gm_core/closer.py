@@ -45,6 +45,7 @@ from typing import assert_never
 import attrs
 
 from gm_core import (
+    auth,
     cadence,
     codec,
     election,
@@ -55,6 +56,7 @@ from gm_core import (
     timing,
     verdicts,
 )
+from gm_core.auth import Envelope, RunAuth, Unauthenticated
 from gm_core.commands import (
     Command,
     Contribution,
@@ -177,6 +179,7 @@ class CloserState:
     manifest: Manifest
     schema_digest: str
     options: CloserOptions
+    envelope: Envelope
     phase: Phase = Phase.IDLE
     last: RoundRecord | None = None
     round: int = 0
@@ -220,16 +223,27 @@ class CloserState:
 
 
 def initial(
-    node: str, manifest: Manifest, schema_digest: str, options: CloserOptions | None = None
+    node: str,
+    manifest: Manifest,
+    schema_digest: str,
+    options: CloserOptions | None = None,
+    run_auth: RunAuth | None = None,
 ) -> CloserState:
-    """A closer that has not started; feed it :class:`Started` to find the newest record."""
+    """A closer that has not started; feed it :class:`Started` to find the newest record.
+
+    ``run_auth``: the run key's subkeys (None: an open run); it must match the manifest.
+    """
     if not keys.valid_id(node):
         raise ValueError(f"invalid node id {node!r}")
+    refused = auth.mismatch(manifest.auth, run_auth)
+    if refused is not None:
+        raise ValueError(refused)
     return CloserState(
         node=node,
         manifest=manifest,
         schema_digest=schema_digest,
         options=options or CloserOptions(),
+        envelope=auth.for_run(manifest.run_id, run_auth),
     )
 
 
@@ -347,12 +361,12 @@ def _tape_outcome(
             poll_at_s=event.now_s + state.options.poll_s,
         )
     if purpose.name == "head":
-        return attrs.evolve(state, probe_round=max(parse_head(event.data), 0))
+        return attrs.evolve(state, probe_round=max(parse_head(state.envelope, event.data), 0))
     if event.data is None:
         if state.last is None and state.probe_round > 0:
             return attrs.evolve(state, probe_round=0)  # the hint led the tape: start over
         return _enter(state, event.now_s, cmds)
-    parsed = parse_record(event.data, purpose.round, state.manifest.config)
+    parsed = parse_record(state.envelope, event.data, purpose.round, state.manifest.config)
     if isinstance(parsed, BadRecord):
         cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
         return attrs.evolve(state, poll_at_s=event.now_s + state.options.poll_s)
@@ -431,7 +445,7 @@ def _watch_outcome(
         poll_at_s = max(state.poll_at_s, min(look_s, _takeover_due(state)))
         missed_at_s = state.looked_at_s  # the record was absent when this look was sent
         return attrs.evolve(state, records=records, missed_at_s=missed_at_s, poll_at_s=poll_at_s)
-    parsed = parse_record(event.data, purpose.round, state.manifest.config)
+    parsed = parse_record(state.envelope, event.data, purpose.round, state.manifest.config)
     if isinstance(parsed, BadRecord):
         return _blocked(state, parsed, now_s, cmds)
     state = attrs.evolve(state, records=cadence.seen(state.records, now_s))
@@ -476,23 +490,29 @@ def _claim_read(
     if event.data is None:
         return following  # our write never landed and nobody else's did: bid again
     attempt = int(purpose.name)
-    holder = _claim_holder(event.data, state.round, attempt)
+    holder, problem = _claim_holder(state.envelope, event.data, state.round, attempt)
     if holder == state.node:
         return _open(state, event.now_s, attempt, cmds)
     if not holder:
-        cmds.append(Notify(kind="claim_rejected", round=state.round, detail=f"claim {attempt}"))
+        detail = f"claim {attempt}: {problem}"
+        cmds.append(Notify(kind="claim_rejected", round=state.round, detail=detail))
     claims = dict(state.claims)
     claims[attempt] = holder  # a hostile claim occupies its number but names nobody
     return attrs.evolve(following, claims=claims, closer_lease=None, waiting_since_s=event.now_s)
 
 
-def _claim_holder(data: bytes, round_: int, attempt: int) -> str:
-    """Who a claim object names, or "" when it is not a well-formed claim for its key."""
+def _claim_holder(envelope: Envelope, data: bytes, round_: int, attempt: int) -> tuple[str, str]:
+    """Who a claim object names, or "" and why not when it is not the run's claim for its key."""
+    body = envelope.open(keys.claim(round_, attempt), data)
+    if isinstance(body, Unauthenticated):
+        return "", f"unauthenticated ({body.why})"
     try:
-        claim = codec.decode(Claim, data)
-    except codec.CodecError:
-        return ""
-    return claim.node if (claim.round, claim.attempt) == (round_, attempt) else ""
+        claim = codec.decode(Claim, body)
+    except codec.CodecError as error:
+        return "", str(error)
+    if (claim.round, claim.attempt) != (round_, attempt):
+        return "", "names another round or attempt"
+    return claim.node, ""
 
 
 def _lease_outcome(
@@ -612,8 +632,13 @@ def _snapshot_outcome(
         return _forget(state, learner)  # a store failure is not the learner's fault
     if event.data is None:
         return _reject(state, learner, Reason.MISSING, cmds)
+    body = state.envelope.open(keys.snapshot(state.round, learner), event.data)
+    if isinstance(body, Unauthenticated):
+        detail = f"{learner}: {body.why}: {body.detail}"
+        cmds.append(Notify(kind="snapshot_unauthenticated", round=state.round, detail=detail))
+        return _reject(state, learner, Reason.UNAUTHENTICATED, cmds)
     try:
-        snapshot = codec.decode(Snapshot, event.data)
+        snapshot = codec.decode(Snapshot, body)
     except codec.CodecError as error:
         cmds.append(Notify(kind="snapshot_malformed", round=state.round, detail=str(error)))
         return _reject(state, learner, Reason.CORRUPT, cmds)
@@ -794,7 +819,8 @@ def _commit(
     own = merged.requests if merged is not None and state.options.account_own else None
     state = attrs.evolve(state, own_draft=own)
     state, req = issue(state, Purpose(kind=Ask.COMMIT, round=state.round))
-    cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=codec.encode(record)))
+    key = keys.round_record(state.round)
+    cmds.append(PutOnce(req=req, key=key, data=state.envelope.pack(key, record)))
     return attrs.evolve(state, phase=Phase.COMMITTING, draft=record)
 
 
@@ -902,10 +928,10 @@ def _check_outcome(
     if event.data is None:
         # Our write never landed: write the same bytes again.
         state, req = issue(state, Purpose(kind=Ask.COMMIT, round=state.round))
-        data = codec.encode(draft)
-        cmds.append(PutOnce(req=req, key=keys.round_record(state.round), data=data))
+        key = keys.round_record(state.round)
+        cmds.append(PutOnce(req=req, key=key, data=state.envelope.pack(key, draft)))
         return state
-    parsed = parse_record(event.data, state.round, state.manifest.config)
+    parsed = parse_record(state.envelope, event.data, state.round, state.manifest.config)
     if isinstance(parsed, BadRecord):
         return _blocked(state, parsed, event.now_s, cmds)
     if parsed == draft:
@@ -922,7 +948,8 @@ def _committed(
     if state.own_draft is not None:  # our record counted our requests up to its merge
         state = attrs.evolve(state, own_base=state.own_draft, own_draft=None)
     state, req = issue(state, Purpose(kind=Ask.HEAD))
-    cmds.append(PutOver(req=req, key=keys.head(), data=codec.encode(Head(round=record.round))))
+    head = state.envelope.pack(keys.head(), Head(round=record.round))
+    cmds.append(PutOver(req=req, key=keys.head(), data=head))
     if state.options.write_lease:
         # A committed record proves this node alive to everyone who follows the tape.
         state = attrs.evolve(state, lease_at_s=max(state.lease_at_s, now_s + _renew_s(state)))
@@ -1035,7 +1062,8 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
         return attrs.evolve(state, waiting_since_s=NEVER)
     claim = Claim(round=state.round, attempt=attempt, node=state.node)
     state, req = issue(state, Purpose(kind=Ask.CLAIM, round=state.round, name=str(attempt)))
-    cmds.append(PutOnce(req=req, key=keys.claim(state.round, attempt), data=codec.encode(claim)))
+    key = keys.claim(state.round, attempt)
+    cmds.append(PutOnce(req=req, key=key, data=state.envelope.pack(key, claim)))
     return attrs.evolve(state, phase=Phase.CLAIMING)
 
 
@@ -1161,8 +1189,11 @@ def _newcomer_outcome(
     """
     if not isinstance(event, GotObject) or event.data is None:
         return state
+    body = state.envelope.open(keys.lease(purpose.name), event.data)
+    if isinstance(body, Unauthenticated):
+        return state  # garbage or a forgery names no node: it counts no learner
     try:
-        lease = codec.decode(Lease, event.data)
+        lease = codec.decode(Lease, body)
     except codec.CodecError:
         return state
     name, now_s = purpose.name, event.now_s
@@ -1222,7 +1253,8 @@ def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
     renew_s = _renew_s(state)
     lease = Lease(node=state.node, roles=("closer",), seq=state.lease_seq, renew_s=renew_s)
     state, req = issue(state, Purpose(kind=Ask.OWN_LEASE))
-    cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
+    key = keys.lease(state.node)
+    cmds.append(PutOver(req=req, key=key, data=state.envelope.pack(key, lease)))
     return attrs.evolve(state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + renew_s)
 
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from gm_core import closer, codec, invariants, keys, learner, plan
+from gm_core import auth, closer, codec, invariants, keys, learner, plan
 from gm_core.commands import (
     Align,
     Capture,
@@ -135,6 +135,8 @@ class Cluster:
     hostile: frozenset[str] = frozenset()
     learner_options: learner.LearnerOptions = attrs.field(factory=learner.LearnerOptions)
     closer_options: closer.CloserOptions = attrs.field(factory=closer.CloserOptions)
+    run_auth: auth.RunAuth | None = None
+    """The run key's subkeys (an authenticated run), None for an open one."""
 
 
 def payload_bytes(*parts: object) -> bytes:
@@ -163,8 +165,15 @@ def create(
     schema: tuple[TensorSpec, ...] = SCHEMA,
     learner_options: learner.LearnerOptions | None = None,
     closer_options: closer.CloserOptions | None = None,
+    run_key: bytes | None = None,
 ) -> Cluster:
-    """A run whose manifest and initial payloads are in the store; nodes not yet started."""
+    """A run whose manifest and initial payloads are in the store; nodes not yet started.
+
+    With ``run_key`` the run is authenticated: every node seals and opens its objects
+    with it, and the invariants judge the objects that open (everything else is an
+    outsider's).
+    """
+    run_auth = None if run_key is None else auth.derive(run_key)
     fragment_plan = plan.make_plan(schema, config)
     store = ModelStore()
     init = []
@@ -181,6 +190,7 @@ def create(
         schema=schema,
         plan=fragment_plan,
         init=tuple(init),
+        auth=auth.info(run_auth),
     )
     return Cluster(
         manifest=manifest,
@@ -190,7 +200,37 @@ def create(
         roles=dict(roles),
         learner_options=learner_options or learner.LearnerOptions(),
         closer_options=closer_options or closer.CloserOptions(),
+        run_auth=run_auth,
     )
+
+
+def _envelope(c: Cluster) -> auth.Envelope:
+    return auth.for_run(c.manifest.run_id, c.run_auth)
+
+
+def _body(c: Cluster, key: str, data: bytes) -> bytes | None:
+    """The body of an object the run's nodes wrote (payloads are bare), None for any other."""
+    if c.run_auth is None or key.startswith(keys.PAYLOADS_PREFIX):
+        return data
+    body = _envelope(c).open(key, data)
+    return body if isinstance(body, bytes) else None
+
+
+def _opened(c: Cluster, store: ModelStore) -> ModelStore:
+    """``store`` as the invariants read it: bodies without envelopes, less what does not open."""
+    if c.run_auth is None:
+        return store
+    objects = {}
+    for key, stored in store.objects.items():
+        body = _body(c, key, stored.data)
+        if body is not None:
+            objects[key] = attrs.evolve(stored, data=body)
+    created = []
+    for key, data in store.created:
+        body = _body(c, key, data)
+        if body is not None:
+            created.append((key, body))
+    return attrs.evolve(store, objects=objects, created=tuple(created))
 
 
 def view(c: Cluster) -> invariants.ClusterView:
@@ -201,6 +241,7 @@ def view(c: Cluster) -> invariants.ClusterView:
             store.delete(tuple(c.hostile)),
             created=tuple((k, d) for k, d in store.created if k not in c.hostile),
         )
+    store = _opened(c, store)
     return invariants.ClusterView(
         manifest=c.manifest,
         schema_digest=c.schema_digest,
@@ -269,9 +310,9 @@ def _decided(
     return new.round, invariants.closing_rule(knew, c.manifest.config.quorum)
 
 
-def _closing(c: Cluster, node: Node, data: bytes) -> Cluster:
+def _closing(c: Cluster, node: Node, body: bytes) -> Cluster:
     """A record was created: report the closing rule's verdict on its closer's decision."""
-    record = codec.decode(RoundRecord, data)  # only closers write round keys
+    record = codec.decode(RoundRecord, body)  # only closers write round keys
     if node.decided is None or node.decided[0] != record.round:
         found = (f"round {record.round}: {node.name} committed without deciding to close",)
         return _record(c, "closing_rule", found)
@@ -295,11 +336,15 @@ def start(c: Cluster, name: str) -> Cluster:
         incarnation=node.incarnation + 1,
         alive=True,
         poison=node.poison,
-        learner=learner.initial(name, c.manifest, c.schema_digest, c.learner_options)
+        learner=learner.initial(name, c.manifest, c.schema_digest, c.learner_options, c.run_auth)
         if Machine.LEARNER in roles
         else None,
         closer=closer.initial(
-            name, c.manifest, c.schema_digest, attrs.evolve(c.closer_options, write_lease=not both)
+            name,
+            c.manifest,
+            c.schema_digest,
+            attrs.evolve(c.closer_options, write_lease=not both),
+            c.run_auth,
         )
         if Machine.CLOSER in roles
         else None,
@@ -431,12 +476,12 @@ def _execute(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Event]:
         got = store.get(cmd.key)
         return c, Probed(now_s=now, req=cmd.req, etag=None if got is None else got.etag)
     if isinstance(cmd, PutOnce):
-        c = _record(
-            c, "payload_before_pointer", invariants.pointer_targets_exist(store, cmd.key, cmd.data)
-        )
+        body = _body(c, cmd.key, cmd.data) or b""
+        found = invariants.pointer_targets_exist(store, cmd.key, body)
+        c = _record(c, "payload_before_pointer", found)
         store, created = store.put_once(cmd.key, cmd.data)
         if created and isinstance(keys.parse(cmd.key), keys.RoundKey):
-            c = _closing(c, node, cmd.data)
+            c = _closing(c, node, body)
         return attrs.evolve(c, store=store), PutDone(now_s=now, req=cmd.req, created=created)
     if isinstance(cmd, PutOver):
         return attrs.evolve(c, store=store.put(cmd.key, cmd.data)), PutDone(
@@ -466,7 +511,9 @@ def _execute_payload(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Eve
         return c, Verified(now_s=now, req=cmd.req, reason=_verdict(c, cmd.payload))
     if isinstance(cmd, Merge):
         c = _record(
-            c, "merge_weights", invariants.merge_weights(c.store, cmd, c.manifest.config.max_share)
+            c,
+            "merge_weights",
+            invariants.merge_weights(_opened(c, c.store), cmd, c.manifest.config.max_share),
         )
         return _merge(c, cmd)
     if isinstance(cmd, Align):

@@ -61,8 +61,10 @@ from cattrs.gen import make_dict_structure_fn
 
 from gm_core import keys
 from gm_core.records import (
+    AUTH_ALG,
     FORMAT_VERSION,
     AlgorithmConfig,
+    AuthInfo,
     Claim,
     FragmentPlan,
     FragmentState,
@@ -437,6 +439,7 @@ ADDED_FIELDS: Mapping[type, Mapping[str, Any]] = {
         "outlier_norm_factor": None,
         "outlier_cosine": None,
     },
+    Manifest: {"auth": None},
 }
 """Fields added after format 1, with the JSON value a record written before them means.
 
@@ -635,6 +638,19 @@ def _check_manifest(path: Path, m: Manifest) -> None:
         if frozen.name in names:
             _fail((*where, "name"), f"tensor {_short(frozen.name)} is both synced and frozen")
         names.add(frozen.name)
+    if m.auth is not None:
+        _check_auth((*path, "auth"), m.auth)
+
+
+_KEY_ID_RE = re.compile(r"[0-9a-f]{16}")
+
+
+def _check_auth(path: Path, info: AuthInfo) -> None:
+    if info.alg != AUTH_ALG:
+        known = f"this reader knows {AUTH_ALG}"
+        _fail((*path, "alg"), f"unknown algorithm {_short(info.alg)} ({known})")
+    if _KEY_ID_RE.fullmatch(info.key_id) is None:
+        _fail((*path, "key_id"), "not 16 lowercase hex characters")
 
 
 def _check_snapshot(path: Path, s: Snapshot) -> None:

@@ -47,7 +47,8 @@ from typing import assert_never
 
 import attrs
 
-from gm_core import cadence, codec, keys, liveness, schedule, timing
+from gm_core import auth, cadence, keys, liveness, schedule, timing
+from gm_core.auth import Envelope, RunAuth
 from gm_core.commands import (
     Align,
     Capture,
@@ -171,6 +172,7 @@ class LearnerState:
     manifest: Manifest
     schema_digest: str
     options: LearnerOptions
+    envelope: Envelope
     phase: Phase = Phase.IDLE
     step: int = 0
     tokens: int = 0
@@ -209,16 +211,27 @@ class LearnerState:
 
 
 def initial(
-    node: str, manifest: Manifest, schema_digest: str, options: LearnerOptions | None = None
+    node: str,
+    manifest: Manifest,
+    schema_digest: str,
+    options: LearnerOptions | None = None,
+    run_auth: RunAuth | None = None,
 ) -> LearnerState:
-    """A learner that has not started; feed it :class:`Started` to join the run."""
+    """A learner that has not started; feed it :class:`Started` to join the run.
+
+    ``run_auth``: the run key's subkeys (None: an open run); it must match the manifest.
+    """
     if not keys.valid_id(node):
         raise ValueError(f"invalid node id {node!r}")
+    refused = auth.mismatch(manifest.auth, run_auth)
+    if refused is not None:
+        raise ValueError(refused)
     return LearnerState(
         node=node,
         manifest=manifest,
         schema_digest=schema_digest,
         options=options or LearnerOptions(),
+        envelope=auth.for_run(manifest.run_id, run_auth),
     )
 
 
@@ -335,7 +348,7 @@ def _record_outcome(
     if not isinstance(event, GotObject):
         return poll_later
     if purpose.kind is Ask.HEAD:
-        hint = parse_head(event.data)
+        hint = parse_head(state.envelope, event.data)
         return attrs.evolve(state, probing=False, probe_at_s=now_s, seen_round=hint - 1)
     if event.data is None:
         if state.phase is Phase.BOOTING:
@@ -345,7 +358,7 @@ def _record_outcome(
             records, now_s, poll_s, longest_s=state.manifest.config.lease_timeout_s
         )
         return attrs.evolve(poll_later, records=records, idle_until_s=idle_until_s)
-    parsed = parse_record(event.data, purpose.round, state.manifest.config)
+    parsed = parse_record(state.envelope, event.data, purpose.round, state.manifest.config)
     if isinstance(parsed, BadRecord):
         cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
         return poll_later
@@ -480,7 +493,8 @@ def _captured(state: LearnerState, round_: int, event: Event, cmds: list[Command
         final=out.final,
         requests=requests,
     )
-    return _write_snapshot(state, attrs.evolve(out, data=codec.encode(snapshot)), cmds)
+    data = state.envelope.pack(keys.snapshot(round_, state.node), snapshot)
+    return _write_snapshot(state, attrs.evolve(out, data=data), cmds)
 
 
 def _write_snapshot(state: LearnerState, out: Outgoing, cmds: list[Command]) -> LearnerState:
@@ -827,7 +841,8 @@ def _renew(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerSta
     renew_s = _renew_s(state)
     lease = Lease(node=state.node, roles=("learner",), seq=state.lease_seq, renew_s=renew_s)
     state, req = issue(state, Purpose(kind=Ask.LEASE))
-    cmds.append(PutOver(req=req, key=keys.lease(state.node), data=codec.encode(lease)))
+    key = keys.lease(state.node)
+    cmds.append(PutOver(req=req, key=key, data=state.envelope.pack(key, lease)))
     return attrs.evolve(state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + renew_s)
 
 

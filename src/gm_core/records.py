@@ -37,6 +37,8 @@ class Reason(enum.StrEnum):
     OUTLIER = "outlier"
     """Its delta's norm or its cosine to the robust centre of the round was an outlier
     (:func:`gm_core.robust.outliers`); only with ``outlier_norm_factor``/``outlier_cosine``."""
+    UNAUTHENTICATED = "unauthenticated"
+    """The snapshot object does not carry the run key's tag (gm_core.auth)."""
 
 
 class Alignment(enum.StrEnum):
@@ -116,6 +118,22 @@ class FrozenTensor:
     name: str
     shape: tuple[int, ...]
     digest: str
+
+
+AUTH_ALG = "hmac-sha256"
+"""The algorithm authenticated runs tag their objects with (gm_core.auth)."""
+
+
+@attrs.frozen(kw_only=True)
+class AuthInfo:
+    """How an authenticated run's objects are tagged: the algorithm and the run key's id.
+
+    The key itself never enters the bucket; the id lets a node with the wrong key say
+    so by name instead of waiting for a manifest it cannot verify (gm_core.auth).
+    """
+
+    alg: str
+    key_id: str
 
 
 EMBEDDING_PATTERN = r"embed|(?:^|\.)(?:wte|wpe|lm_head)(?:\.|$)"
@@ -203,6 +221,9 @@ class Manifest:
     plan: FragmentPlan
     init: tuple[FragmentState, ...]
     frozen: tuple[FrozenTensor, ...] = ()
+    auth: AuthInfo | None = None
+    """None: an open run (bare objects); else every object is tagged under this key.
+    Added after format 1: a manifest without it is an open run."""
 
 
 _COUNT_MAX = 2**63 - 1

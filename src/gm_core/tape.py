@@ -28,6 +28,7 @@ from __future__ import annotations
 import attrs
 
 from gm_core import codec, keys, schedule, timing
+from gm_core.auth import Envelope, Unauthenticated
 from gm_core.records import AlgorithmConfig, FragmentState, Head, Manifest, RoundRecord
 
 LAST_ROUND = keys.ROUND_LIMIT // 2 - 1
@@ -45,11 +46,15 @@ class BadRecord:
 
 
 def parse_record(
-    data: bytes, expected_round: int, config: AlgorithmConfig
+    envelope: Envelope, data: bytes, expected_round: int, config: AlgorithmConfig
 ) -> RoundRecord | BadRecord:
-    """Decode the object found at ``rounds/{expected_round}``, or say why it is unusable."""
+    """Open and decode the object at ``rounds/{expected_round}``, or say why it is unusable."""
+    body = envelope.open(keys.round_record(expected_round), data)
+    if isinstance(body, Unauthenticated):
+        why = f"unauthenticated ({body.why}): {body.detail}"
+        return BadRecord(round=expected_round, reason=why)
     try:
-        record = codec.decode(RoundRecord, data)
+        record = codec.decode(RoundRecord, body)
     except codec.CodecError as error:
         return BadRecord(round=expected_round, reason=str(error))
     if record.round != expected_round:
@@ -83,12 +88,16 @@ def implausible(record: RoundRecord, config: AlgorithmConfig) -> str | None:
     return None
 
 
-def parse_head(data: bytes | None) -> int:
-    """The round a head hint names, or -1 when there is no usable hint (start at round 0)."""
-    if data is None:
+def parse_head(envelope: Envelope, data: bytes | None) -> int:
+    """The round a head hint names, or -1 when there is no usable hint (start at round 0).
+
+    An unauthenticated head is no hint: the tape itself is probed from its start.
+    """
+    body = None if data is None else envelope.open(keys.head(), data)
+    if body is None or isinstance(body, Unauthenticated):
         return -1
     try:
-        hint = codec.decode(Head, data).round
+        hint = codec.decode(Head, body).round
     except codec.CodecError:
         return -1
     return hint if hint <= LAST_ROUND else -1

@@ -6,6 +6,7 @@ from gm_shell.barrier import Barrier, BarrierMismatchError, BarrierTimeoutError
 from gm_shell.pacer import StalledError
 from gm_shell.resume import ResumeError
 from gm_shell.run import RunError, RunMismatchError
+from gm_shell.runkey import OpenRunWarning, RunKeyError, keygen
 from gm_shell.session import DiLoCo, DivergedError, Role, Session, SessionOptions
 from gm_shell.stores import MailboxOptions
 
@@ -20,15 +21,18 @@ __all__ = [
     "DivergedError",
     "MailboxOptions",
     "MergeRule",
+    "OpenRunWarning",
     "Partition",
     "Reason",
     "ResumeError",
     "Role",
     "RunError",
+    "RunKeyError",
     "RunMismatchError",
     "Session",
     "SessionOptions",
     "StalledError",
     "WireFormat",
     "align",
+    "keygen",
 ]

@@ -27,18 +27,21 @@ from typing import Any
 
 import attrs
 
-from gm_core import keys
+from gm_core import auth, keys
+from gm_core.auth import Envelope
 from gm_core.manifest import frozen_mismatch, schema_mismatch
 from gm_core.numerics.arrays import F32
 from gm_core.records import AlgorithmConfig, Manifest, PayloadRef, RoundRecord
 from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
-from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
+from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError, payload_key
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, ModelError, adapt
 from gm_shell.reads import Reader, read_json
 from gm_shell.replica import Replica
 from gm_shell.run import RunError, RunMismatchError, read_manifest
+from gm_shell.runkey import FROM_ENV, RunKey
+from gm_shell.runkey import resolve as resolve_run_key
 from gm_shell.stores import MailboxOptions
 
 LOG = logging.getLogger("gm")
@@ -55,18 +58,19 @@ class Checkpoint:
 
 
 async def newest_record(
-    mailbox: Mailbox, config: AlgorithmConfig, known: int = -1
+    mailbox: Mailbox, envelope: Envelope, config: AlgorithmConfig, known: int = -1
 ) -> tuple[RoundRecord | None, str]:
     """The newest decodable record at or after round ``known`` (or the head hint)."""
-    start = max(parse_head(await read_json(mailbox, keys.head())), known, 0)
-    newest, stopped = await _walk(mailbox, config, start)
+    start = max(parse_head(envelope, await read_json(mailbox, keys.head())), known, 0)
+    newest, stopped = await _walk(mailbox, envelope, config, start)
     if newest is None and start > 0 and not stopped:
-        newest, stopped = await _walk(mailbox, config, 0)  # the hint named a round not written
+        # the hint named a round not written
+        newest, stopped = await _walk(mailbox, envelope, config, 0)
     return newest, stopped
 
 
 async def _walk(
-    mailbox: Mailbox, config: AlgorithmConfig, start: int
+    mailbox: Mailbox, envelope: Envelope, config: AlgorithmConfig, start: int
 ) -> tuple[RoundRecord | None, str]:
     newest: RoundRecord | None = None
     round_ = start
@@ -74,7 +78,7 @@ async def _walk(
         data = await read_json(mailbox, keys.round_record(round_))
         if data is None:
             return newest, ""
-        parsed = parse_record(data, round_, config)
+        parsed = parse_record(envelope, data, round_, config)
         if isinstance(parsed, BadRecord):
             return newest, f"round {round_}: {parsed.reason}"
         newest, round_ = parsed, round_ + 1
@@ -95,25 +99,29 @@ def align(
     mailbox: str,
     round: int | None = None,
     options: MailboxOptions | None = None,
+    run_key: RunKey = FROM_ENV,
 ) -> Checkpoint:
     """Load the run's committed parameters into ``model`` (torch or MLX) and return.
 
     The newest commit, or with ``round`` the commit of that round (its payloads must
     still be in the bucket: closers keep the newest two cycles). The run's synchronized
     parameters are loaded whatever ``requires_grad`` says; its frozen ones must be the
-    model's already (the same base), which is checked.
+    model's already (the same base), which is checked. ``run_key`` as for
+    :class:`~gm_shell.Session` (the run's key; default from ``GM_RUN_KEY``).
     """
+    run_auth = resolve_run_key(run_key, mailbox)
     loop = LoopThread("gm-align")
     box = Mailbox.open(mailbox, options=options)
     try:
-        manifest = loop.run(read_manifest(box))
+        manifest = loop.run(read_manifest(box, run_auth))
         if manifest is None:
             raise RunError(f"{mailbox}: no run here (manifest.json is absent)")
+        envelope = auth.for_run(manifest.run_id, run_auth)
         adapter = _adapter_for(model, manifest, mailbox)
         reader = Reader(
             node="align",
             mailbox=box,
-            codec=FragmentCodec(manifest),
+            codec=FragmentCodec(manifest, payload_key=payload_key(run_auth)),
             compute=asyncio.to_thread,
             emit=lambda event: LOG.warning("%s", event.describe()),
             clock=time.monotonic,
@@ -124,9 +132,10 @@ def align(
 
         async def read() -> tuple[RoundRecord | None, str, list[F32]]:
             if round is None:
-                record, stopped = await newest_record(box, manifest.config)
+                record, stopped = await newest_record(box, envelope, manifest.config)
             else:
-                record, stopped = await _record_of(box, mailbox, manifest.config, round), ""
+                record = await _record_of(box, mailbox, envelope, manifest.config, round)
+                stopped = ""
             return record, stopped, await load_frontier(manifest, record, fetch)
 
         try:
@@ -163,11 +172,13 @@ def _adapter_for(model: Any, manifest: Manifest, url: str) -> ModelAdapter:
     return adapter
 
 
-async def _record_of(box: Mailbox, url: str, config: AlgorithmConfig, round_: int) -> RoundRecord:
+async def _record_of(
+    box: Mailbox, url: str, envelope: Envelope, config: AlgorithmConfig, round_: int
+) -> RoundRecord:
     data = await read_json(box, keys.round_record(round_))
     if data is None:
         raise RunError(f"{url}: round {round_} has no record (not committed, or not yet)")
-    parsed = parse_record(data, round_, config)
+    parsed = parse_record(envelope, data, round_, config)
     if isinstance(parsed, BadRecord):
         raise RunError(f"{url}: the record of round {round_} is unreadable: {parsed.reason}")
     return parsed

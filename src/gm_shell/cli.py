@@ -49,6 +49,21 @@ def _register_version(sub: Subparsers) -> None:
     p.set_defaults(handler=_version)
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    from gm_shell.runkey import keygen
+
+    print(keygen())
+    return 0
+
+
+def _register_keygen(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "keygen",
+        help="print a new run key (give every node it as GM_RUN_KEY; never put it in the bucket)",
+    )
+    p.set_defaults(handler=_keygen)
+
+
 def _register_demo(sub: Subparsers) -> None:
     """``gm demo``: the defaults are the tuned demo; flags exist to explore around it."""
     from gm_core.records import Alignment, WireFormat
@@ -148,20 +163,26 @@ def _register_status(sub: Subparsers) -> None:
         from gm_shell.mailbox import MailboxError
         from gm_shell.oneshot import run_oneshot
         from gm_shell.run import RunError
+        from gm_shell.runkey import FROM_ENV, RunKeyError, resolve
         from gm_shell.stores import MailboxOptions
 
         async def read() -> status.RunStatus:
+            run_auth = resolve(FROM_ENV, args.url, writes=False)
             box = status.open_mailbox(args.url, MailboxOptions(endpoint=args.endpoint))
             try:
                 return await status.gather_status(
-                    box, last=args.last, everything=args.all, prices=status.PRICES[args.prices]
+                    box,
+                    last=args.last,
+                    everything=args.all,
+                    prices=status.PRICES[args.prices],
+                    run_auth=run_auth,
                 )
             finally:
                 await box.aclose()
 
         try:
             result = run_oneshot(read())
-        except RunError as error:
+        except (RunError, RunKeyError) as error:
             print(f"gm status: {error}", file=sys.stderr)
             return 1
         except MailboxError as error:
@@ -175,6 +196,7 @@ def _register_status(sub: Subparsers) -> None:
 
 _REGISTRARS: tuple[Callable[[Subparsers], None], ...] = (
     _register_version,
+    _register_keygen,
     _register_demo,
     _register_simulate,
     _register_check,

@@ -39,7 +39,15 @@ LOG.addHandler(logging.NullHandler())  # a library logs only where the applicati
 E = TypeVar("E", bound="Event")
 
 ACTIONABLE = frozenset(
-    {Reason.SCHEMA, Reason.CORRUPT, Reason.NONFINITE, Reason.UNSIGNED, Reason.OUTLIER, None}
+    {
+        Reason.SCHEMA,
+        Reason.CORRUPT,
+        Reason.NONFINITE,
+        Reason.UNSIGNED,
+        Reason.OUTLIER,
+        Reason.UNAUTHENTICATED,
+        None,
+    }
 )
 """Rejection reasons a user can do something about (None: a reason this shell cannot parse)."""
 
@@ -234,6 +242,15 @@ class SnapshotMalformed(Event):
 
 
 @attrs.frozen(kw_only=True)
+class SnapshotUnauthenticated(Event):
+    """A snapshot object without a valid tag of the run key; its learner is rejected
+    ``unauthenticated``. The detail says why (untagged, wrong key id, bad tag...)."""
+
+    kind: ClassVar[str] = "snapshot_unauthenticated"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
 class ClaimRejected(Event):
     """A takeover claim object could not be read."""
 
@@ -340,6 +357,7 @@ _PLAIN: dict[str, type[Event]] = {
         AlignFailed,
         RecordRejected,
         SnapshotMalformed,
+        SnapshotUnauthenticated,
         ClaimRejected,
         BadKey,
         LeaseFailed,

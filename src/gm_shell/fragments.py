@@ -41,6 +41,7 @@ import attrs
 import numpy as np
 
 from gm_core import keys, robust
+from gm_core.auth import RunAuth
 from gm_core.numerics import Contributions, Layout, WireLayout, wire_layout
 from gm_core.numerics.arrays import F32
 from gm_core.records import (
@@ -101,11 +102,24 @@ def layouts_of(manifest: Manifest) -> list[Layout]:
     return [Layout.from_specs(specs[n] for n in names) for names in manifest.plan.fragments]
 
 
+def payload_key(run_auth: RunAuth | None) -> bytes | None:
+    """The key payload digests are computed with in a run authenticated by ``run_auth``."""
+    return None if run_auth is None else run_auth.payload_key
+
+
 class FragmentCodec:
     """Payload bytes <-> flat fp32 buffers for the fragments of one run."""
 
-    def __init__(self, manifest: Manifest, compute: Backend[Any] | None = None) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        compute: Backend[Any] | None = None,
+        payload_key: bytes | None = None,
+    ) -> None:
+        """``payload_key``: the run key's payload subkey in an authenticated run (digests
+        are then keyed BLAKE3, which nobody without the key can match); None: open."""
         self.config: AlgorithmConfig = manifest.config
+        self._payload_key = payload_key
         self.layouts = layouts_of(manifest)
         self._formats = {
             Role.DELTA: self.config.delta_format,
@@ -157,7 +171,7 @@ class FragmentCodec:
             writer = self._local.writer = PayloadWriter()
         file = write_fragment(writer, self._numpy, x, self.wire(fragment, role))
         data = bytes(byte_view(seal(file, self.config.compression)))
-        digest = content_hash(data)
+        digest = content_hash(data, self._payload_key)
         ref = PayloadRef(key=keys.payload(round_, digest), size=len(data), digest=digest)
         return data, ref
 
@@ -177,7 +191,7 @@ class FragmentCodec:
             raise UnusablePayloadError(
                 Reason.CORRUPT, f"{ref.key}: {len(data)} bytes, not {ref.size}"
             )
-        digest = content_hash(data)
+        digest = content_hash(data, self._payload_key)
         if digest != ref.digest:
             raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: content hash {digest[:12]}…")
 

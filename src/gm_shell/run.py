@@ -24,11 +24,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from gm_core import codec, keys, plan
+import attrs
+
+from gm_core import auth, codec, keys, plan
+from gm_core.auth import RunAuth, Unauthenticated, Why
 from gm_core.manifest import manifest_mismatch
 from gm_core.numerics.arrays import F32
-from gm_core.records import AlgorithmConfig, FragmentState, FrozenTensor, Manifest, TensorSpec
-from gm_shell.fragments import FragmentCodec, Role
+from gm_core.records import (
+    AlgorithmConfig,
+    AuthInfo,
+    FragmentState,
+    FrozenTensor,
+    Manifest,
+    TensorSpec,
+)
+from gm_shell.fragments import FragmentCodec, Role, payload_key
 from gm_shell.mailbox import Mailbox, PutOutcome, TooLargeError
 
 INIT_ROUND = 0
@@ -50,6 +60,7 @@ def draft_manifest(
     config: AlgorithmConfig,
     schema: tuple[TensorSpec, ...],
     frozen: tuple[FrozenTensor, ...] = (),
+    run_auth: RunAuth | None = None,
 ) -> Manifest:
     """The manifest this node would write, without initial payloads yet."""
     return Manifest(
@@ -60,21 +71,44 @@ def draft_manifest(
         plan=plan.make_plan(schema, config),
         init=(),
         frozen=frozen,
+        auth=auth.info(run_auth),
     )
 
 
-async def read_manifest(mailbox: Mailbox) -> Manifest | None:
-    """The run's manifest, or None if the run does not exist yet."""
+async def read_manifest(mailbox: Mailbox, run_auth: RunAuth | None) -> Manifest | None:
+    """The run's manifest, or None if the run does not exist yet.
+
+    Opened with this node's key (``run_auth``, None for an open node): a manifest this
+    node cannot verify, or one of the other mode, is refused with what to do.
+    """
     try:
         got = await mailbox.get(keys.manifest(), max_bytes=codec.MAX_RECORD_BYTES)
     except TooLargeError as error:
         raise RunError(f"{mailbox.url}: the run's manifest is unreadable: {error}") from error
     if got is None:
         return None
+    body = auth.for_manifest(run_auth).open(keys.manifest(), got.data)
+    if isinstance(body, Unauthenticated):
+        raise RunError(f"{mailbox.url}: {_refusal(body, got.data, run_auth)}")
     try:
-        return codec.decode(Manifest, got.data)
+        manifest = codec.decode(Manifest, body)
     except codec.CodecError as error:
         raise RunError(f"{mailbox.url}: the run's manifest is unreadable: {error}") from error
+    problem = auth.mismatch(manifest.auth, run_auth)
+    if problem is not None:
+        raise RunError(f"{mailbox.url}: {problem}")
+    return manifest
+
+
+def _refusal(verdict: Unauthenticated, data: bytes, run_auth: RunAuth | None) -> str:
+    """What to tell a person whose node cannot verify the manifest it found."""
+    claimed = auth.header_key_id(data)
+    if verdict.why is Why.UNTAGGED or claimed is not None:
+        theirs = AuthInfo(alg=auth.ALG, key_id=claimed) if claimed is not None else None
+        problem = auth.mismatch(theirs, run_auth)
+        if problem is not None:
+            return problem
+    return f"the run's manifest is not authentic ({verdict.why}): {verdict.detail}"
 
 
 def adopt(mine: Manifest | None, theirs: Manifest, url: str) -> Manifest:
@@ -86,9 +120,11 @@ def adopt(mine: Manifest | None, theirs: Manifest, url: str) -> Manifest:
     return theirs
 
 
-async def create(mailbox: Mailbox, draft: Manifest, initial: Sequence[F32]) -> Manifest | None:
+async def create(
+    mailbox: Mailbox, draft: Manifest, initial: Sequence[F32], run_auth: RunAuth | None
+) -> Manifest | None:
     """Upload ``initial`` and write the manifest; None if another node's manifest won."""
-    fragment_codec = FragmentCodec(draft)
+    fragment_codec = FragmentCodec(draft, payload_key=payload_key(run_auth))
 
     async def upload(fragment: int, x: F32) -> FragmentState:
         data, ref = await asyncio.to_thread(
@@ -98,14 +134,7 @@ async def create(mailbox: Mailbox, draft: Manifest, initial: Sequence[F32]) -> M
         return FragmentState(version=0, theta=ref, momentum=None)
 
     states = await asyncio.gather(*(upload(f, x) for f, x in enumerate(initial)))
-    manifest = Manifest(
-        run_id=draft.run_id,
-        created_by=draft.created_by,
-        config=draft.config,
-        schema=draft.schema,
-        plan=draft.plan,
-        init=tuple(states),
-        frozen=draft.frozen,
-    )
-    outcome = await mailbox.put_once(keys.manifest(), codec.encode(manifest))
+    manifest = attrs.evolve(draft, init=tuple(states))
+    data = auth.for_manifest(run_auth).pack(keys.manifest(), manifest)
+    outcome = await mailbox.put_once(keys.manifest(), data)
     return manifest if outcome is PutOutcome.CREATED else None

@@ -60,6 +60,7 @@ from typing import Any, TypeVar
 import attrs
 
 from gm_core import closer, learner, plan, schedule
+from gm_core.auth import RunAuth
 from gm_core.commands import (
     Align,
     Capture,
@@ -156,20 +157,24 @@ class Runtime:
         learner_options: learner.LearnerOptions | None,
         closer_options: closer.CloserOptions | None,
         cache_bytes: int,
+        run_auth: RunAuth | None = None,
     ) -> None:
         digest = plan.schema_digest(manifest.schema)
         self.node = node
         self.manifest = manifest
         self._digest = digest
         self._closer_options = closer_options
+        self._run_auth = run_auth
         self._learner_options = learner_options
         self.learner = (
-            learner.initial(node, manifest, digest, learner_options)
+            learner.initial(node, manifest, digest, learner_options, run_auth)
             if replica is not None and learner_options is not None
             else None
         )
         self.closer = (
-            closer.initial(node, manifest, digest, closer_options) if closer_options else None
+            closer.initial(node, manifest, digest, closer_options, run_auth)
+            if closer_options
+            else None
         )
         self.pacer = (
             Pacer(replica, self, keep_copies=manifest.config.alignment is Alignment.CARRY)
@@ -336,7 +341,9 @@ class Runtime:
         """Drop the closer's state and its requests in flight; a fresh one starts later."""
         assert self.closer is not None
         round_ = self.closer.round
-        self.closer = closer.initial(self.node, self.manifest, self._digest, self._closer_options)
+        self.closer = closer.initial(
+            self.node, self.manifest, self._digest, self._closer_options, self._run_auth
+        )
         self._restart(Machine.CLOSER, error, round_)
 
     def _restart_learner(self, error: Exception) -> None:
@@ -349,7 +356,9 @@ class Runtime:
         """
         assert self.learner is not None
         old = self.learner
-        fresh = learner.initial(self.node, self.manifest, self._digest, self._learner_options)
+        fresh = learner.initial(
+            self.node, self.manifest, self._digest, self._learner_options, self._run_auth
+        )
         self.learner = attrs.evolve(fresh, next_req=old.next_req)
         self._planned, self._planned_applies = None, ()
         if self.pacer is not None:

@@ -58,6 +58,7 @@ from gm_core import keys
 from gm_core import learner as core_learner
 from gm_core import resume as core_resume
 from gm_core.advice import advise
+from gm_core.auth import RunAuth
 from gm_core.manifest import natural_format, wire_wider_than_params
 from gm_core.records import (
     EMBEDDING_PATTERN,
@@ -75,7 +76,7 @@ from gm_shell import events, leaving
 from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.align import Checkpoint, load_frontier, newest_record
 from gm_shell.barrier import Barrier
-from gm_shell.fragments import FragmentCodec, compute_backend
+from gm_shell.fragments import FragmentCodec, compute_backend, payload_key
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, adapt
@@ -83,6 +84,8 @@ from gm_shell.pacer import Pacer, StalledError
 from gm_shell.replica import Replica
 from gm_shell.resume import Resumer, default_max_bytes
 from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
+from gm_shell.runkey import FROM_ENV, OpenRunWarning, RunKey, open_run_warning
+from gm_shell.runkey import resolve as resolve_run_key
 from gm_shell.runtime import Machine, Runtime, now
 from gm_shell.stores import MailboxOptions
 
@@ -312,10 +315,18 @@ class Session:
             restored on entering, before training starts; :attr:`step_count` then goes on
             from the saved step. The model is not in it: its parameters come from the newest
             commit. See the guide "Resuming".
+        run_key: the run key that authenticates every object of the run (32 bytes, or 64
+            hex characters as ``gm keygen`` prints): every node of the run needs the same
+            one, and objects without its tag are refused by name. By default it is read
+            from ``GM_RUN_KEY`` or ``GM_RUN_KEY_FILE``; on a shared bucket (``s3://``,
+            ``gs://``, ``az://``) one is required unless ``run_key=None`` asks for an open
+            run (warned about). ``file://`` and ``memory://`` runs are open by default.
 
     Raises:
         ValueError: a bad node id, no model for a training role, or ``resume`` for a
             closer or holding the model.
+        gm_shell.RunKeyError: (at :meth:`start`) no run key for a shared bucket, or a
+            malformed one.
         gm_shell.ResumeError: ``resume`` was given and the node's saved state cannot be read
             (the message names the object and how to start afresh).
         gm_shell.RunMismatchError: the run exists with other settings or another model.
@@ -337,6 +348,7 @@ class Session:
         run_id: str | None = None,
         on_diverged: Callable[[], None] | None = None,
         resume: MutableMapping[str, Any] | None = None,
+        run_key: RunKey = FROM_ENV,
     ) -> None:
         self.role = Role(role)
         if model is None and self.role is not Role.CLOSER:
@@ -358,6 +370,8 @@ class Session:
         self._on_diverged = on_diverged
         self._divergences = 0
         self._resume = resume
+        self._run_key = run_key
+        self._run_auth: RunAuth | None = None
         self._resumer: Resumer | None = None
         self._step_base = 0
         self._pacer: Pacer | None = None
@@ -390,6 +404,11 @@ class Session:
 
     def start(self) -> None:
         """Open the mailbox, create or adopt the run, start the runtime, and join."""
+        url = self._mailbox_arg.url if isinstance(self._mailbox_arg, Mailbox) else self._mailbox_arg
+        self._run_auth = resolve_run_key(self._run_key, url)
+        warning = open_run_warning(url, self._run_auth)
+        if warning is not None:
+            warnings.warn(f"{self.node}: {warning}", OpenRunWarning, stacklevel=2)
         self._loop = LoopThread(f"gm-loop-{self.node}")
         try:
             self._mailbox = self._open_mailbox()
@@ -466,18 +485,19 @@ class Session:
                 config=self.algorithm.config(adapter.held()),
                 schema=adapter.schema(),
                 frozen=adapter.frozen(),
+                run_auth=self._run_auth,
             )
-        theirs = self._loop.run(read_manifest(mailbox))
+        theirs = self._loop.run(read_manifest(mailbox, self._run_auth))
         if theirs is None and draft is not None and adapter is not None:
             initial = Replica(adapter, draft.plan)
             values = [initial.read(f) for f in range(len(draft.plan.fragments))]
-            created = self._loop.run(create(mailbox, draft, values))
+            created = self._loop.run(create(mailbox, draft, values, self._run_auth))
             if created is not None:
                 self._emit(events.RunCreated(node=self.node, round=-1, detail=mailbox.url))
                 for advice in advise(created.config):  # the node that chose the config hears it
                     events.LOG.warning("%s: this config wastes training: %s", self.node, advice)
                 return created
-            theirs = self._loop.run(read_manifest(mailbox))
+            theirs = self._loop.run(read_manifest(mailbox, self._run_auth))
         if theirs is None:
             raise RunError(f"{mailbox.url}: no run here; start a node with a model to create it")
         if draft is not None and adapter is not None:
@@ -509,7 +529,10 @@ class Session:
             node=self.node,
             manifest=manifest,
             mailbox=self._mailbox,
-            codec=FragmentCodec(manifest, compute_backend(opts.compute)),
+            codec=FragmentCodec(
+                manifest, compute_backend(opts.compute), payload_key(self._run_auth)
+            ),
+            run_auth=self._run_auth,
             hub=self._hub,
             loop=self._loop,
             replica=self._replica,
@@ -662,10 +685,10 @@ class Session:
         assert runtime.learner is not None
         assert self._replica is not None
         mailbox, manifest = self._mailbox, self.manifest
-        known = runtime.learner.aligned_round
+        known, envelope = runtime.learner.aligned_round, runtime.learner.envelope
 
         async def read() -> tuple[Any, str, list[Any]]:
-            record, stopped = await newest_record(mailbox, manifest.config, known)
+            record, stopped = await newest_record(mailbox, envelope, manifest.config, known)
             return record, stopped, await load_frontier(manifest, record, runtime.commit)
 
         record, stopped, values = self._loop.run(read())

@@ -40,13 +40,15 @@ from collections.abc import Sequence
 import attrs
 import cattrs
 
-from gm_core import keys, schedule, timing
+from gm_core import auth, keys, schedule, timing
+from gm_core.auth import Envelope, RunAuth
 from gm_core.records import AlgorithmConfig, Alignment, Manifest, Requests, RoundRecord
 from gm_core.tape import BadRecord, parse_head, parse_record
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.mailbox import Mailbox
 from gm_shell.reads import read_json
 from gm_shell.run import RunError, read_manifest
+from gm_shell.runkey import remote
 from gm_shell.stores import MailboxOptions, local_path
 
 DEFAULT_LAST = 20
@@ -225,6 +227,8 @@ class RunStatus:
     """What reading this status cost (the mailbox's meter)."""
     status_usd: float
     prices: str
+    auth: str = "open"
+    """"open", or the key id an authenticated run's objects are tagged under."""
 
 
 # --- reading -------------------------------------------------------------------------
@@ -372,7 +376,12 @@ def _counts(counter: Counter[str]) -> tuple[Count, ...]:
 
 
 async def read_window(
-    box: Mailbox, config: AlgorithmConfig, first: int, end: int, seen: dict[int, bytes]
+    box: Mailbox,
+    envelope: Envelope,
+    config: AlgorithmConfig,
+    first: int,
+    end: int,
+    seen: dict[int, bytes],
 ) -> tuple[_Tally, list[Unreadable]]:
     """Fold records ``first..end-1`` into a tally, in round order; name the unreadable."""
     tally = _Tally()
@@ -388,7 +397,7 @@ async def read_window(
                 # Below the tape's end, so it was written: something deleted it.
                 unreadable.append(Unreadable(round=round_, reason="record is missing"))
                 continue
-            parsed = parse_record(data, round_, config)
+            parsed = parse_record(envelope, data, round_, config)
             if isinstance(parsed, BadRecord):
                 unreadable.append(Unreadable(round=parsed.round, reason=parsed.reason))
             else:
@@ -465,8 +474,11 @@ async def gather_status(
     last: int = DEFAULT_LAST,
     everything: bool = False,
     prices: PriceTable = PRICES_S3,
+    run_auth: RunAuth | None = None,
 ) -> RunStatus:
     """Read the manifest, find the newest round and summarize the last ``last`` records.
+
+    ``run_auth``: the run key's subkeys, needed to read an authenticated run.
 
     Raises :class:`NoRunError` when there is no manifest, :class:`RunError` when it
     is unreadable, and :class:`~gm_shell.mailbox.MailboxError` when the store fails.
@@ -474,14 +486,15 @@ async def gather_status(
     if last < 1:
         raise ValueError(f"last must be >= 1, got {last}")
     before = box.stats
-    manifest = await read_manifest(box)
+    manifest = await read_manifest(box, run_auth)
     if manifest is None:
         raise NoRunError(f"{box.url}: no run here (manifest.json is absent)")
-    hint = parse_head(await read_json(box, keys.head()))
+    envelope = auth.for_run(manifest.run_id, run_auth)
+    hint = parse_head(envelope, await read_json(box, keys.head()))
     seen: dict[int, bytes] = {}
     rounds = await tape_length(box, hint, seen)
     first = 0 if everything else max(rounds - last, 0)
-    tally, unreadable = await read_window(box, manifest.config, first, rounds, seen)
+    tally, unreadable = await read_window(box, envelope, manifest.config, first, rounds, seen)
     newest = tally.newest
     config = manifest.config
     if rounds == 0:
@@ -493,6 +506,7 @@ async def gather_status(
         url=box.url,
         run_id=manifest.run_id,
         created_by=manifest.created_by,
+        auth="open" if manifest.auth is None else f"key id {manifest.auth.key_id}",
         config=config,
         tensors=len(manifest.schema),
         parameters=sum(math.prod(t.shape) for t in manifest.schema),
@@ -573,11 +587,22 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]], indent: str)
     ]
 
 
+def _auth_line(s: RunStatus) -> str:
+    if s.auth != "open":
+        return f"authenticated ({s.auth}): objects without the run key's tag are refused"
+    if remote(s.url):
+        return (
+            "OPEN: objects are not authenticated; anyone who can write here can replace the model"
+        )
+    return "open (a local run: objects are not authenticated)"
+
+
 def format_status(s: RunStatus) -> str:
     """The human summary ``gm status`` prints."""
     c = s.config
     out: list[str] = []
     out.append(f"run      {s.run_id} (created by {s.created_by})  {s.url}")
+    out.append(f"auth     {_auth_line(s)}")
     mixing = f" mixing={c.mixing:g}" if c.alignment is Alignment.BLEND else ""
     overlap = "" if c.overlap_steps is None else f" overlap_steps={c.overlap_steps}"
     out.append(

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import random
 
-from gm_core import closer, learner
+from fast_cluster import FAST_C, FAST_L, C, L
+
 from gm_core import cluster as cl
 from gm_core.records import AlgorithmConfig
-
-L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
-FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
-FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
 
 
 def drive(

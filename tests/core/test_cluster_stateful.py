@@ -15,22 +15,20 @@ from collections.abc import Callable, Mapping
 
 import hypothesis.strategies as st
 import pytest
+from fast_cluster import FAST_C, FAST_L, C, L
 from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from gm_core import closer, keys, learner
 from gm_core import cluster as cl
+from gm_core import keys, learner
 from gm_core.commands import Capture, Get, Probe, PutOnce
 from gm_core.records import AlgorithmConfig, Alignment, Reason
 
-L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
 NAMES = ("n0", "n1", "n2")
 ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "n2": frozenset({L})}
 SINGLE_CLOSER = {"n0": frozenset({L, C}), "n1": frozenset({L}), "n2": frozenset({L})}
 """Nobody can take a round over: whatever stalls the one closer stalls the run."""
 TOPOLOGIES = {"two closers": ROLES, "one closer": SINGLE_CLOSER}
-FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
-FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
 
 
 def make(config: AlgorithmConfig, roles: Mapping[str, frozenset[cl.Machine]] = ROLES) -> cl.Cluster:

@@ -13,17 +13,13 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import attrs
+from fast_cluster import FAST_C, FAST_L, C, L
 
-from gm_core import closer, codec, learner, schedule
 from gm_core import cluster as cl
+from gm_core import codec, learner, schedule
 from gm_core.commands import Align, Capture, Get
 from gm_core.events import GotObject, RequestFailed, TimerFired
 from gm_core.records import AlgorithmConfig
-
-L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
-FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
-FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
-
 
 T = TypeVar("T")
 

@@ -10,16 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import attrs
+from fast_cluster import FAST_C, FAST_L, C, L
 
-from gm_core import closer, codec, keys, learner
+from gm_core import closer, codec, keys
 from gm_core import cluster as cl
 from gm_core.commands import Capture, Command, DeletePrefix, Get, List, Probe, PutOnce
 from gm_core.events import Listed, TimerFired
 from gm_core.records import AlgorithmConfig, Alignment, Snapshot
 
-L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
-FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
-FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
 ONE_CLOSER = {"n0": frozenset({L, C}), "n1": frozenset({L}), "n2": frozenset({L})}
 
 FaultRule = Callable[[str, Command], cl.Fault]

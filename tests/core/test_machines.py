@@ -11,7 +11,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from gm_core import closer, codec, keys, learner, tape, timing
+from gm_core import auth, closer, codec, keys, learner, tape, timing
 from gm_core import cluster as cl
 from gm_core.commands import Capture, Get, Pace, PutOnce
 from gm_core.events import (
@@ -37,6 +37,9 @@ L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
 ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "n2": frozenset({L})}
 CONFIG = AlgorithmConfig(sync_every=8, fragments=2, quorum=2, in_flight=1)
 REF = PayloadRef(key=keys.payload(0, "a" * 64), size=3, digest="a" * 64)
+
+OPEN = auth.for_manifest(None)
+"""An open run's envelope (it seals and opens bodies bare, whatever the run id)."""
 
 
 def warmed(ticks: int) -> cl.Cluster:
@@ -171,13 +174,13 @@ def test_max_stale_versions_matches_the_publishing_rule(in_flight: int, fragment
 
 @given(data=st.binary(max_size=200), round_=st.integers(0, 10))
 def test_parse_record_never_raises(data: bytes, round_: int) -> None:
-    parsed = tape.parse_record(data, round_, WARM[-1].manifest.config)
+    parsed = tape.parse_record(OPEN, data, round_, WARM[-1].manifest.config)
     assert isinstance(parsed, tape.BadRecord) or parsed.round == round_
 
 
 def test_parse_record_names_a_record_at_the_wrong_key() -> None:
     records = cl.records(WARM[-1])
-    bad = tape.parse_record(codec.encode(records[1]), 0, WARM[-1].manifest.config)
+    bad = tape.parse_record(OPEN, codec.encode(records[1]), 0, WARM[-1].manifest.config)
     assert isinstance(bad, tape.BadRecord)
     assert "round 1" in bad.reason
 
@@ -214,12 +217,12 @@ def test_a_record_that_breaks_one_rule_of_its_round_is_refused(which: str, index
     genuine = tape_[index % len(tape_)]
     forged = attrs.evolve(genuine, **IMPLAUSIBLE[which](genuine))
     assert tape.implausible(forged, config) is not None
-    parsed = tape.parse_record(codec.encode(forged), forged.round, config)
+    parsed = tape.parse_record(OPEN, codec.encode(forged), forged.round, config)
     assert isinstance(parsed, tape.BadRecord)
 
 
 @given(data=st.one_of(st.none(), st.binary(max_size=40)), hint=st.integers(0, 10**6))
 def test_parse_head_falls_back_to_the_tape_start(data: bytes | None, hint: int) -> None:
-    assert tape.parse_head(data) == -1 or data is not None
-    assert tape.parse_head(codec.encode(Head(round=hint))) == hint
-    assert tape.parse_head(codec.encode(Head(round=tape.LAST_ROUND + 1))) == -1
+    assert tape.parse_head(OPEN, data) == -1 or data is not None
+    assert tape.parse_head(OPEN, codec.encode(Head(round=hint))) == hint
+    assert tape.parse_head(OPEN, codec.encode(Head(round=tape.LAST_ROUND + 1))) == -1

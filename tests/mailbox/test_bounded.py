@@ -26,7 +26,7 @@ import pytest
 import zstandard
 from mailbox_targets import Target, local_target, server_target, store_params
 
-from gm_core import codec, keys, plan
+from gm_core import auth, codec, keys, plan
 from gm_core.records import (
     AlgorithmConfig,
     Compression,
@@ -283,9 +283,11 @@ def test_one_shot_readers_refuse_an_oversized_manifest_and_record_by_name(tmp_pa
     async def body() -> None:
         await box.put_once(keys.manifest(), b" " * (codec.MAX_RECORD_BYTES + 1))
         with pytest.raises(RunError, match=r"manifest is unreadable: .* over the 4,194,304-byte"):
-            await read_manifest(box)
+            await read_manifest(box, None)
         await box.put_once(keys.round_record(0), b" " * (codec.MAX_RECORD_BYTES + 1))
-        newest, stopped = await newest_record(box, AlgorithmConfig(sync_every=8, fragments=2))
+        newest, stopped = await newest_record(
+            box, auth.for_run("r", None), AlgorithmConfig(sync_every=8, fragments=2)
+        )
         assert newest is None
         assert stopped.startswith("round 0: ")
         assert box.stats.bytes_in == 0

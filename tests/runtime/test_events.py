@@ -83,6 +83,7 @@ def test_only_rejections_a_user_can_act_on_are_warnings(caplog: pytest.LogCaptur
         "corrupt": "WARNING",
         "nonfinite": "WARNING",
         "unsigned": "WARNING",
+        "unauthenticated": "WARNING",
         "outlier": "WARNING",
         "something_newer": "WARNING",
     }

@@ -19,23 +19,33 @@ from collections.abc import Sequence
 
 import attrs
 
-from gm_core import codec, keys
-from gm_core.records import RoundRecord, Snapshot
+from gm_core import auth, codec, keys
+from gm_core.auth import Envelope
+from gm_core.records import Manifest, RoundRecord, Snapshot
 from gm_core.tape import BadRecord, parse_record
 from gm_shell.mailbox import Mailbox
 from gm_shell.run import read_manifest
+from gm_shell.runkey import FROM_ENV, resolve
+
+
+async def _run(box: Mailbox) -> tuple[Manifest, Envelope] | None:
+    """The demo's run: local, so open unless its nodes took a key from the environment."""
+    run_auth = resolve(FROM_ENV, box.url)
+    manifest = await read_manifest(box, run_auth)
+    return None if manifest is None else (manifest, auth.for_run(manifest.run_id, run_auth))
 
 
 async def _walk(box: Mailbox) -> tuple[list[RoundRecord], str]:
     records: list[RoundRecord] = []
-    manifest = await read_manifest(box)
-    if manifest is None:
+    run = await _run(box)
+    if run is None:
         return records, "no manifest"
+    manifest, envelope = run
     while True:
         got = await box.get(keys.round_record(len(records)))
         if got is None:
             return records, ""
-        parsed = parse_record(got.data, len(records), manifest.config)
+        parsed = parse_record(envelope, got.data, len(records), manifest.config)
         if isinstance(parsed, BadRecord):
             return records, f"round {parsed.round}: {parsed.reason}"
         records.append(parsed)
@@ -43,11 +53,16 @@ async def _walk(box: Mailbox) -> tuple[list[RoundRecord], str]:
 
 async def _snapshot_sizes(box: Mailbox, records: Sequence[RoundRecord]) -> list[int]:
     sizes: list[int] = []
+    run = await _run(box)
+    if run is None:
+        return sizes
     for record in records:
         for who in (p.learner for p in record.participants):
-            got = await box.get(keys.snapshot(record.round, who))
-            if got is not None:
-                sizes.append(codec.decode(Snapshot, got.data).payload.size)
+            key = keys.snapshot(record.round, who)
+            got = await box.get(key)
+            body = None if got is None else run[1].open(key, got.data)
+            if isinstance(body, bytes):
+                sizes.append(codec.decode(Snapshot, body).payload.size)
     return sizes
 
 

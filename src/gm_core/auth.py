@@ -1,0 +1,262 @@
+"""Authenticated runs: the run key, the envelope every JSON object wears, and its verdicts.
+
+Theory of operation
+-------------------
+The bucket is gm's only channel and anyone with write access to it can put bytes at
+any key (spec/threat-model.md). A run key ``K`` (32 random bytes, shared by the run's
+nodes out of band, never written to the bucket) lets a node tell the run's own objects
+from everyone else's: every JSON object (manifest, head, record, snapshot, claim,
+lease) is stored as one ASCII header line and the body (spec/protocol.md §16.2)::
+
+    gm/2 hmac-sha256 <key_id> <tag>\\n<canonical JSON body>
+
+``tag`` is HMAC-SHA256 under a subkey of ``K`` over a domain string, the run id, the
+object's key (relative to the run prefix) and the exact body bytes, each framed by its
+length, so an authentic object is authentic only at its own key in its own run: a
+snapshot of round 5 replayed at round 6's key, under another learner or into another
+run that shares the key fails. Tag first, parse second: :meth:`Envelope.open` checks the
+tag over the stored bytes before any parser sees them.
+
+Payloads are not enveloped: records and snapshots name them by digest, and in an
+authenticated run that digest is keyed (:attr:`RunAuth.payload_key`, BLAKE3 in keyed
+mode, computed by the shell), so nobody without the key can produce bytes a record's
+digest accepts, nor predict the name a closer is about to write.
+
+An *open* run (no key) writes the bodies bare, exactly as format 1 did; it has no
+defence against a deliberate writer (spec/threat-model.md §3), only against accidents.
+The mode is the node's configuration, never the bucket's word: a keyed node accepts
+only objects tagged under its key, and an open node refuses tagged ones, so writing
+untagged objects cannot downgrade a run.
+
+Why HMAC-SHA256 for the tags: it is in Python's standard library (gm_core's dependency
+set stays attrs, cattrs, numpy), and the objects it covers are at most
+:data:`gm_core.codec.MAX_RECORD_BYTES`, where a tag costs microseconds either way
+(bench/bench_auth.py measures it against keyed and unkeyed BLAKE3). Subkeys are
+HMAC-SHA256 of ``K`` over a fixed context per purpose, so a value computed for one
+purpose is never valid for another.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+
+import attrs
+
+from gm_core import codec
+from gm_core.records import AUTH_ALG, AuthInfo
+
+KEY_BYTES = 32
+"""A run key is this many random bytes (64 hex characters in ``GM_RUN_KEY``)."""
+
+ALG = AUTH_ALG
+"""The tag algorithm this code writes and reads."""
+
+MARKER = b"gm/2 "
+"""How a tagged object begins; a format-1 object (and an open run's) begins with ``{``."""
+
+HEADER_MAX_BYTES = 512
+"""The longest header line a reader looks at (an object with a longer one is refused)."""
+
+KEY_ID_CHARS = 16
+TAG_CHARS = 64
+
+_TAG_CONTEXT = b"gm/2 2026 object tag"
+_PAYLOAD_CONTEXT = b"gm/2 2026 payload digest"
+_KEY_ID_CONTEXT = b"gm/2 2026 key id"
+_DOMAIN = b"gm/2 object"
+_HEX = frozenset(b"0123456789abcdef")
+
+
+class Why(enum.StrEnum):
+    """Why an object is not the run's (spec/protocol.md §16.2.5)."""
+
+    UNTAGGED = "untagged"
+    """No header in a keyed run: a format-1 or open-run object, or garbage."""
+    MALFORMED_HEADER = "malformed_header"
+    UNKNOWN_ALG = "unknown_alg"
+    WRONG_KEY = "wrong_key"
+    """The header names another key id: another run's object, a node with the wrong key."""
+    BAD_TAG = "bad_tag"
+    """The right key id and a tag that does not verify: forged or corrupted."""
+    TAGGED = "tagged"
+    """A tagged object in an open run: this node has no key to judge it."""
+
+
+@attrs.frozen(kw_only=True)
+class Unauthenticated:
+    """The verdict on an object that is not the run's: the reason and what to tell a person."""
+
+    why: Why
+    detail: str
+
+
+@attrs.frozen(kw_only=True)
+class RunAuth:
+    """The subkeys derived from one run key; ``repr`` shows only the key id."""
+
+    key_id: str
+    tag_key: bytes = attrs.field(repr=False)
+    payload_key: bytes = attrs.field(repr=False)
+    """BLAKE3 key for payload digests (the shell hashes payloads)."""
+
+
+def derive(run_key: bytes) -> RunAuth:
+    """The subkeys and key id of ``run_key``; raises ValueError unless it is 32 bytes."""
+    if type(run_key) is not bytes or len(run_key) != KEY_BYTES:
+        raise ValueError(f"a run key is {KEY_BYTES} bytes ({2 * KEY_BYTES} hex characters)")
+    key_id = _mac(run_key, _KEY_ID_CONTEXT).hex()[:KEY_ID_CHARS]
+    return RunAuth(
+        key_id=key_id,
+        tag_key=_mac(run_key, _TAG_CONTEXT),
+        payload_key=_mac(run_key, _PAYLOAD_CONTEXT),
+    )
+
+
+def parse_key(text: str) -> bytes:
+    """The run key written as 64 hex characters (surrounding whitespace ignored)."""
+    text = text.strip()
+    if len(text) != 2 * KEY_BYTES or not set(text.encode()) <= _HEX | frozenset(b"ABCDEF"):
+        raise ValueError(
+            f"a run key is {2 * KEY_BYTES} hex characters (`gm keygen` prints one); "
+            f"got {len(text)} characters"
+        )
+    return bytes.fromhex(text)
+
+
+def header_key_id(data: bytes) -> str | None:
+    """The key id a tagged object's header claims (None: untagged or unreadable).
+
+    Unverified: for telling a person which key a run was created with, never for trust.
+    """
+    fields = _header_fields(data)
+    return None if fields is None else fields[1]
+
+
+@attrs.frozen(kw_only=True)
+class Envelope:
+    """How the objects of one run are sealed and opened: its key (None: open) and run id.
+
+    The manifest is sealed with ``run_id=""`` (a joiner knows the run id only from it).
+    """
+
+    auth: RunAuth | None
+    run_id: str
+
+    @property
+    def keyed(self) -> bool:
+        return self.auth is not None
+
+    def seal(self, key: str, body: bytes) -> bytes:
+        """The bytes to store at ``key`` for ``body`` (the body itself in an open run)."""
+        if self.auth is None:
+            return body
+        tag = self._tag(self.auth, key, body)
+        return b"%s%s %s %s\n%s" % (MARKER, ALG.encode(), self.auth.key_id.encode(), tag, body)
+
+    def pack(self, key: str, value: codec.Value) -> bytes:
+        """``value`` encoded and sealed for ``key``."""
+        return self.seal(key, codec.encode(value))
+
+    def open(self, key: str, data: bytes) -> bytes | Unauthenticated:
+        """The body of the object ``data`` found at ``key``, or why it is not the run's."""
+        if self.auth is None:
+            if data.startswith(MARKER):
+                claimed = header_key_id(data)
+                detail = f"{key} is tagged (key id {claimed}); this node has no run key"
+                return Unauthenticated(why=Why.TAGGED, detail=detail)
+            return data
+        return self._verify(self.auth, key, data)
+
+    def _verify(self, auth: RunAuth, key: str, data: bytes) -> bytes | Unauthenticated:
+        if not data.startswith(MARKER):
+            return Unauthenticated(why=Why.UNTAGGED, detail=f"{key} carries no tag")
+        fields = _header_fields(data)
+        if fields is None:
+            return Unauthenticated(why=Why.MALFORMED_HEADER, detail=f"{key}: unreadable header")
+        alg, key_id, tag = fields
+        if alg != ALG:
+            return Unauthenticated(why=Why.UNKNOWN_ALG, detail=f"{key}: algorithm {alg[:32]!r}")
+        if key_id != auth.key_id:
+            return Unauthenticated(
+                why=Why.WRONG_KEY, detail=f"{key}: key id {key_id}, this node's {auth.key_id}"
+            )
+        body = data[data.index(b"\n") + 1 :]
+        if not hmac.compare_digest(tag.encode(), self._tag(auth, key, body)):
+            return Unauthenticated(why=Why.BAD_TAG, detail=f"{key}: tag does not verify")
+        return body
+
+    def _tag(self, auth: RunAuth, key: str, body: bytes) -> bytes:
+        mac = hmac.new(auth.tag_key, digestmod=hashlib.sha256)
+        for part in (_DOMAIN, self.run_id.encode(), key.encode()):
+            mac.update(len(part).to_bytes(8, "big"))
+            mac.update(part)
+        mac.update(body)
+        return mac.hexdigest().encode()
+
+
+def for_run(run_id: str, run_auth: RunAuth | None) -> Envelope:
+    """The envelope of run ``run_id``'s objects other than its manifest."""
+    return Envelope(auth=run_auth, run_id=run_id)
+
+
+def for_manifest(run_auth: RunAuth | None) -> Envelope:
+    """The envelope of a manifest: sealed with no run id, which only its body names."""
+    return Envelope(auth=run_auth, run_id="")
+
+
+def info(run_auth: RunAuth | None) -> AuthInfo | None:
+    """What a manifest created with ``run_auth`` says about it (None: an open run)."""
+    return None if run_auth is None else AuthInfo(alg=ALG, key_id=run_auth.key_id)
+
+
+def mismatch(manifest_auth: AuthInfo | None, run_auth: RunAuth | None) -> str | None:
+    """Why a node configured with ``run_auth`` cannot take part in a run whose manifest
+    says ``manifest_auth`` (None: it can). The node's configuration decides the mode,
+    never the bucket's word, so a keyed node refuses an open run too."""
+    if manifest_auth is None and run_auth is None:
+        return None
+    if manifest_auth is None:
+        return (
+            "the run is open (its objects are untagged) but this node has a run key: "
+            "unset GM_RUN_KEY and GM_RUN_KEY_FILE, or pass run_key=None"
+        )
+    if run_auth is None:
+        return (
+            f"the run is authenticated (run key id {manifest_auth.key_id}): "
+            "set GM_RUN_KEY or GM_RUN_KEY_FILE, or pass run_key="
+        )
+    if manifest_auth.key_id != run_auth.key_id:
+        return (
+            f"this node's run key has id {run_auth.key_id}; "
+            f"the run was created with key id {manifest_auth.key_id}"
+        )
+    return None
+
+
+def _header_fields(data: bytes) -> list[str] | None:
+    """The header's fields after the marker, when it is a well-formed short ASCII line."""
+    if not data.startswith(MARKER):
+        return None
+    end = data.find(b"\n", 0, HEADER_MAX_BYTES)
+    if end < 0:
+        return None
+    line = data[len(MARKER) : end]
+    if not line.isascii():
+        return None
+    fields = line.decode("ascii").split(" ")
+    if len(fields) != 3:
+        return None
+    _, key_id, tag = fields
+    if not _is_hex(key_id, KEY_ID_CHARS) or not _is_hex(tag, TAG_CHARS):
+        return None
+    return fields
+
+
+def _is_hex(text: str, length: int) -> bool:
+    return len(text) == length and set(text.encode()) <= _HEX
+
+
+def _mac(key: bytes, message: bytes) -> bytes:
+    return hmac.new(key, message, hashlib.sha256).digest()

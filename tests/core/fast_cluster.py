@@ -1,0 +1,29 @@
+"""What the cluster tests of tests/core share: short timers, and one random move of a run."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from gm_core import closer, learner
+from gm_core import cluster as cl
+
+L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
+FAST_L = learner.LearnerOptions(poll_s=0.5, renew_s=1.0, close_timeout_s=5.0)
+"""Sub-second polls and a 5 s close timeout, so a run commits within a few hundred moves."""
+FAST_C = closer.CloserOptions(poll_s=0.5, renew_s=1.0)
+
+
+def random_step(c: cl.Cluster, rng: random.Random, names: Sequence[str]) -> cl.Cluster:
+    """One random move of the run: deliver a request, fire timers, train, let time pass."""
+    move = rng.random()
+    if c.inflight and move < 0.6:
+        return cl.deliver(c, rng.randrange(len(c.inflight)))
+    if move < 0.7:
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        return c
+    if move < 0.9:
+        name = rng.choice(sorted(names))
+        return cl.train(c, name, 1) if cl.can_train(c, name) else c
+    return cl.tick(c, rng.choice([0.25, 1.0, 5.0]))

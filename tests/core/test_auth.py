@@ -1,0 +1,142 @@
+"""The authentication envelope (gm_core.auth): what opens, what does not, and why."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gm_core import auth
+from gm_core.auth import Envelope, Unauthenticated, Why
+from gm_core.records import AuthInfo
+
+run_keys = st.binary(min_size=auth.KEY_BYTES, max_size=auth.KEY_BYTES)
+object_keys = st.sampled_from(
+    ["manifest.json", "head.json", "rounds/000000000007.json", "snapshots/000000000007/a.json"]
+)
+bodies = st.binary(max_size=300)
+run_ids = st.sampled_from(["", "run", "other"])
+
+
+def keyed(run_key: bytes, run_id: str = "run") -> Envelope:
+    return auth.for_run(run_id, auth.derive(run_key))
+
+
+@given(run_key=run_keys, run_id=run_ids, key=object_keys, body=bodies)
+def test_a_sealed_object_opens_to_its_body(
+    run_key: bytes, run_id: str, key: str, body: bytes
+) -> None:
+    envelope = keyed(run_key, run_id)
+    sealed = envelope.seal(key, body)
+    assert sealed.startswith(auth.MARKER)
+    assert envelope.open(key, sealed) == body
+    assert auth.header_key_id(sealed) == auth.derive(run_key).key_id
+
+
+@given(run_key=run_keys, key=object_keys, body=bodies, data=st.data())
+def test_any_changed_byte_is_refused(
+    run_key: bytes, key: str, body: bytes, data: st.DataObject
+) -> None:
+    envelope = keyed(run_key)
+    sealed = bytearray(envelope.seal(key, body))
+    at = data.draw(st.integers(0, len(sealed) - 1))
+    sealed[at] ^= data.draw(st.integers(1, 255))
+    assert isinstance(envelope.open(key, bytes(sealed)), Unauthenticated)
+
+
+@given(run_key=run_keys, key=object_keys, other=object_keys, body=bodies)
+def test_an_object_is_authentic_only_at_its_own_key_in_its_own_run(
+    run_key: bytes, key: str, other: str, body: bytes
+) -> None:
+    sealed = keyed(run_key, "run").seal(key, body)
+    if other != key:
+        assert _why(keyed(run_key, "run").open(other, sealed)) is Why.BAD_TAG
+    assert _why(keyed(run_key, "other").open(key, sealed)) is Why.BAD_TAG
+
+
+@given(key_a=run_keys, key_b=run_keys, key=object_keys, body=bodies)
+def test_another_runs_key_is_named(key_a: bytes, key_b: bytes, key: str, body: bytes) -> None:
+    sealed = keyed(key_a).seal(key, body)
+    verdict = keyed(key_b).open(key, sealed)
+    if auth.derive(key_a).key_id == auth.derive(key_b).key_id:
+        assert verdict == body
+    else:
+        assert _why(verdict) is Why.WRONG_KEY
+
+
+@given(run_key=run_keys, key=object_keys, data=st.binary(max_size=700))
+def test_no_input_makes_open_raise(run_key: bytes, key: str, data: bytes) -> None:
+    assert isinstance(keyed(run_key).open(key, data), Unauthenticated)  # no tag by chance
+    opened = auth.for_run("run", None).open(key, data)
+    assert opened == data if not data.startswith(auth.MARKER) else _why(opened) is Why.TAGGED
+
+
+@given(run_key=run_keys, key=object_keys, body=bodies)
+def test_a_forged_tag_with_the_right_key_id_is_a_bad_tag(
+    run_key: bytes, key: str, body: bytes
+) -> None:
+    key_id = auth.derive(run_key).key_id
+    forged = b"gm/2 hmac-sha256 %s %s\n%s" % (key_id.encode(), b"0" * 64, body)
+    assert _why(keyed(run_key).open(key, forged)) is Why.BAD_TAG
+
+
+def test_headers_that_do_not_parse_are_named() -> None:
+    envelope = keyed(b"k" * 32)
+    key_id = envelope.auth.key_id if envelope.auth else ""
+    good = envelope.seal("head.json", b"{}")
+    tag = good.split(b"\n", 1)[0].split(b" ")[3]
+    cases = {
+        b'{"format":1}': Why.UNTAGGED,
+        b"gm/2 " + b"x" * 600: Why.MALFORMED_HEADER,  # no line end within the cap
+        b"gm/2 hmac-sha256 %s\n{}" % key_id.encode(): Why.MALFORMED_HEADER,
+        b"gm/2 hmac-sha256 %s %s extra\n{}" % (key_id.encode(), tag): Why.MALFORMED_HEADER,
+        b"gm/2 hmac-sha256 %s %s\n{}" % (key_id.upper().encode(), tag): Why.MALFORMED_HEADER,
+        b"gm/2 blake3-keyed %s %s\n{}" % (key_id.encode(), tag): Why.UNKNOWN_ALG,
+        b"gm/2 hmac-sha256 %s %s\n{}" % (b"0" * 16, tag): Why.WRONG_KEY,
+        "gm/2 hmac-sha256 \u00e9\n{}".encode(): Why.MALFORMED_HEADER,
+    }
+    for data, why in cases.items():
+        assert _why(envelope.open("head.json", data)) is why, data[:40]
+    assert envelope.open("head.json", good) == b"{}"
+
+
+@given(body=bodies)
+def test_an_open_run_stores_bodies_bare_and_refuses_tagged_objects(body: bytes) -> None:
+    envelope = auth.for_run("run", None)
+    assert envelope.seal("head.json", body) == body
+    if not body.startswith(auth.MARKER):
+        assert envelope.open("head.json", body) == body
+    tagged = keyed(b"k" * 32).seal("head.json", body)
+    assert _why(envelope.open("head.json", tagged)) is Why.TAGGED
+
+
+def test_keys_parse_and_derive_refuse_what_is_not_a_key() -> None:
+    key = bytes(range(32))
+    assert auth.parse_key(f"  {key.hex()}\n") == key
+    assert auth.parse_key(key.hex().upper()) == key
+    for bad in ("", "00" * 31, "zz" * 32, key.hex() + "00"):
+        with pytest.raises(ValueError, match="64 hex characters"):
+            auth.parse_key(bad)
+    for raw in (b"", b"k" * 31, b"k" * 33):
+        with pytest.raises(ValueError, match="32 bytes"):
+            auth.derive(raw)
+    derived = auth.derive(key)
+    assert key.hex() not in repr(derived)
+    assert derived.key_id in repr(derived)
+    assert len({derived.tag_key, derived.payload_key, key}) == 3
+
+
+def test_a_node_and_a_run_must_agree_on_the_mode_and_the_key() -> None:
+    mine = auth.derive(b"a" * 32)
+    other = auth.derive(b"b" * 32)
+    assert auth.mismatch(None, None) is None
+    assert auth.mismatch(auth.info(mine), mine) is None
+    assert "run is open" in (auth.mismatch(None, mine) or "")
+    assert f"run key id {mine.key_id}" in (auth.mismatch(auth.info(mine), None) or "")
+    problem = auth.mismatch(AuthInfo(alg=auth.ALG, key_id=other.key_id), mine) or ""
+    assert mine.key_id in problem
+    assert other.key_id in problem
+
+
+def _why(verdict: bytes | Unauthenticated) -> Why | None:
+    return verdict.why if isinstance(verdict, Unauthenticated) else None

@@ -1,0 +1,194 @@
+"""An authenticated run under a forger (issue 12 items 1 and 4; spec/protocol.md §16.2).
+
+The simulated cluster runs with a run key: every node seals what it writes and opens
+what it reads. A forger without the key writes codec-valid objects — untagged, tagged
+under another key, tagged with the run's key id but a made-up tag, and the run's own
+objects replayed at other keys — at every key the nodes read next. Whatever it
+writes, no node adopts it: every record on the tape is one a node of the run wrote,
+no forged snapshot is merged, the invariants hold, and the run keeps committing.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from fast_cluster import FAST_C, FAST_L, C, L, random_step
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gm_core import auth, closer, codec, keys, learner, tape
+from gm_core import cluster as cl
+from gm_core.records import AlgorithmConfig, Claim, Head, Lease, Reason, Snapshot
+
+ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "n2": frozenset({L})}
+CONFIG = AlgorithmConfig(sync_every=4, fragments=2, quorum=1, in_flight=2)
+RUN_KEY = bytes(range(32))
+OTHER_KEY = bytes(range(1, 33))
+
+
+def started(run_key: bytes | None = RUN_KEY) -> cl.Cluster:
+    c = cl.create(CONFIG, ROLES, learner_options=FAST_L, closer_options=FAST_C, run_key=run_key)
+    for name in sorted(ROLES):
+        c = cl.start(c, name)
+    return c
+
+
+def step(c: cl.Cluster, rng: random.Random) -> cl.Cluster:
+    return random_step(c, rng, sorted(ROLES))
+
+
+def seal(how: str, key: str, body: bytes) -> bytes:
+    """``body`` at ``key`` as a forger without the run key can write it."""
+    if how == "bare":
+        return body
+    if how == "other_key":
+        return auth.for_run("run", auth.derive(OTHER_KEY)).seal(key, body)
+    key_id = auth.derive(RUN_KEY).key_id.encode()
+    return b"gm/2 hmac-sha256 %s %s\n%s" % (key_id, b"ab" * 32, body)  # a made-up tag
+
+
+@st.composite
+def forgeries(draw: st.DrawFn, c: cl.Cluster) -> list[tuple[str, bytes]]:
+    """Forged objects at the keys the run reads next, and genuine ones replayed elsewhere."""
+    records = cl.records(c)
+    next_round = records[-1].round + 1 if records else 0
+    how = draw(st.sampled_from(["bare", "other_key", "bad_tag"]))
+    snapshot = Snapshot(
+        learner="evil",
+        round=next_round,
+        fragment=next_round % CONFIG.fragments,
+        base_version=records[-1].frontier[next_round % CONFIG.fragments].version if records else 0,
+        steps=10**6,
+        tokens=10**12,
+        step_s=0.1,
+        schema_digest=c.schema_digest,
+        payload=(records[-1].theta if records else c.manifest.init[0].theta),
+    )
+    claim = Claim(node="evil", round=next_round, attempt=1)
+    lease = Lease(node="evil", roles=("learner",), seq=0, renew_s=1.0)
+    forged = [
+        (keys.snapshot(next_round, "evil"), codec.encode(snapshot)),
+        (keys.claim(next_round, 1), codec.encode(claim)),
+        (keys.lease("evil"), codec.encode(lease)),
+        (keys.head(), codec.encode(Head(round=next_round + 1000))),
+    ]
+    if draw(st.booleans()):  # under a learner of the run, before it publishes
+        forged.append((keys.snapshot(next_round, "n2"), codec.encode(snapshot)))
+    objects = [(key, seal(how, key, body)) for key, body in forged]
+    # Replays: a genuine snapshot of this run, copied byte for byte under another learner.
+    for key, stored in sorted(c.store.objects.items()):
+        if isinstance(keys.parse(key), keys.SnapshotKey):
+            objects.append((keys.snapshot(next_round, "evil2"), stored.data))
+            break
+    return objects
+
+
+def evil_snapshots(c: cl.Cluster, rounds: range, how: str) -> cl.Cluster:
+    """A forged snapshot of learner "evil" in each of ``rounds``, sealed as ``how`` says."""
+    newest = cl.records(c)[-1]
+    for r in rounds:
+        snapshot = Snapshot(
+            learner="evil",
+            round=r,
+            fragment=r % CONFIG.fragments,
+            base_version=newest.frontier[r % CONFIG.fragments].version,
+            steps=5,
+            tokens=40,
+            step_s=0.1,
+            schema_digest=c.schema_digest,
+            payload=newest.theta,
+        )
+        key = keys.snapshot(r, "evil")
+        c = cl.inject(c, key, seal(how, key, codec.encode(snapshot)))
+    return c
+
+
+def forged_participants(c: cl.Cluster) -> set[str]:
+    return {p.learner for r in cl.records(c) for p in r.participants} & {"evil", "evil2"}
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), before=st.integers(50, 300), data=st.data())
+def test_a_forger_without_the_key_changes_nothing(
+    seed: int, before: int, data: st.DataObject
+) -> None:
+    rng = random.Random(seed)
+    c = started()
+    for _ in range(before):
+        c = step(c, rng)
+    for key, blob in data.draw(forgeries(c)):
+        c = cl.inject(c, key, blob)
+    committed = len(cl.records(c))
+    for _ in range(600):
+        c = step(c, rng)
+    assert cl.check(c) == []
+    assert not forged_participants(c)
+    envelope = auth.for_run("run", auth.derive(RUN_KEY))
+    for key, stored in c.store.objects.items():
+        parsed = keys.parse(key)
+        if isinstance(parsed, keys.RoundKey):  # every record on the tape is the run's own
+            record = tape.parse_record(envelope, stored.data, parsed.round, CONFIG)
+            assert not isinstance(record, tape.BadRecord), record
+    assert len(cl.records(c)) > committed  # and the run went on committing
+
+
+def test_forged_snapshots_are_rejected_by_name() -> None:
+    rng = random.Random(7)
+    c = started()
+    while not cl.records(c):
+        c = step(c, rng)
+    first = cl.records(c)[-1].round + 1
+    rounds = range(first, first + 6)
+    c = evil_snapshots(c, rounds, "bare")  # the leader lists them as their rounds open
+    while cl.records(c)[-1].round < rounds[-1]:
+        c = step(c, rng)
+    records = [r for r in cl.records(c) if r.round in rounds]
+    rejected = [
+        r.round
+        for r in records
+        if ("evil", Reason.UNAUTHENTICATED) in {(j.learner, j.reason) for j in r.rejections}
+    ]
+    assert rejected  # the leader saw some of them in time, and said why it refused them
+    assert not any("evil" in {p.learner for p in r.participants} for r in records)
+    notes = [n for _, n in c.notes if n.kind == "snapshot_unauthenticated"]
+    assert {n.round for n in notes} >= set(rejected)
+    assert all("evil: untagged" in n.detail for n in notes)
+
+
+def test_an_open_node_and_a_keyed_run_do_not_mix() -> None:
+    keyed = cl.create(CONFIG, ROLES, run_key=RUN_KEY)
+    open_ = cl.create(CONFIG, ROLES)
+    assert keyed.manifest.auth is not None
+    assert open_.manifest.auth is None
+    for manifest, run_auth in (
+        (keyed.manifest, None),
+        (keyed.manifest, auth.derive(OTHER_KEY)),
+        (open_.manifest, auth.derive(RUN_KEY)),
+    ):
+        with pytest.raises(ValueError, match="run"):
+            learner.initial("n0", manifest, keyed.schema_digest, None, run_auth)
+        with pytest.raises(ValueError, match="run"):
+            closer.initial("n0", manifest, keyed.schema_digest, None, run_auth)
+
+
+def test_skipping_tag_verification_lets_the_forger_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted bug: a reader that takes any tagged-looking or bare body as authentic.
+
+    The same forger as above then gets its snapshot merged, so the property above is
+    not vacuous: it is the tag check, nothing else, that keeps the forger out.
+    """
+
+    def trusting(self: auth.Envelope, run_auth: auth.RunAuth, key: str, data: bytes) -> bytes:
+        return data.split(b"\n", 1)[1] if data.startswith(auth.MARKER) else data
+
+    monkeypatch.setattr(auth.Envelope, "_verify", trusting)
+    rng = random.Random(7)
+    c = started()
+    while not cl.records(c):
+        c = step(c, rng)
+    first = cl.records(c)[-1].round + 1
+    c = evil_snapshots(c, range(first, first + 6), "bad_tag")
+    while cl.records(c)[-1].round < first + 5:
+        c = step(c, rng)
+    assert forged_participants(c) == {"evil"}
