@@ -160,6 +160,9 @@ class CloserOptions:
     write_lease: bool = True
     account_own: bool = False
     """Count this node's own store requests in the records it writes (no learner of it does)."""
+    learns_here: bool = False
+    """A learner runs on this node too: its leader is then never idle, since its own
+    learner's first snapshot is on its way even before any lease says so."""
     max_sweep_rounds: int = 4
 
 
@@ -596,10 +599,13 @@ def _paced(state: CloserState, now_s: float) -> CloserState:
     longest_s = state.manifest.config.lease_timeout_s
     look_s = cadence.next_look_s(snapshots, now_s, state.options.poll_s, longest_s=longest_s)
     poll_at_s = max(state.poll_at_s, look_s)
-    if not _live(state, now_s):
+    if not _live(state, now_s) and not state.options.learns_here:
         # Idle: no learner to wait for. One arriving writes its lease first, and the
         # lease listing, at this same slow pace while idle, wakes us for it
-        # (:func:`_discover`, :func:`_newcomer_outcome`).
+        # (:func:`_discover`, :func:`_newcomer_outcome`). A node that learns itself is
+        # never idle: at a run's start its leader would otherwise look for its own
+        # learner's first snapshot only after the idle pause, which the learner,
+        # stalled at ``in_flight``, waits out, and the snapshot cadence then learns.
         poll_at_s = max(poll_at_s, now_s + _idle_s(state))
     return attrs.evolve(state, snapshots=snapshots, poll_at_s=poll_at_s)
 
@@ -745,13 +751,8 @@ def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> Close
             accepted=len(accepted), reported=judged, live=live, quorum=cfg.quorum
         ):
             return state
-        gap = _gap(state)
-        grace = timing.grace_s(
-            state.last.timing if state.last is not None else _NO_TIMING,
-            ahead_steps=timing.ahead_steps(cfg, gap),
-            gap_steps=gap,
-            gamma=cfg.grace_gamma,
-        )
+        previous = state.last.timing if state.last is not None else _NO_TIMING
+        grace = timing.window_s(previous, cfg, _gap(state))
         state = attrs.evolve(state, quorum_at_s=now_s, grace_s=grace, close_at_s=now_s + grace)
     in_progress = any(e.stage in (Stage.FETCHING, Stage.VERIFYING) for e in state.entries.values())
     everyone = bool(live) and live <= judged and not in_progress
@@ -863,7 +864,7 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
         cosine=merged.cosine if merged is not None else None,
         timing=estimates,
         quorum_s=max(quorum_s, 0.0),
-        grace_s=state.grace_s,
+        grace_s=_grace_waited(state, quorum_at_s),
         theta=committed.theta,
         outer=merged.outer if merged is not None and participants else None,
         update=merged.update if merged is not None and participants else None,
@@ -874,6 +875,18 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
         swept_below=state.swept_below,
         requests=_requests(state, merged),
     )
+
+
+def _grace_waited(state: CloserState, quorum_at_s: float) -> float:
+    """How long the round was held open for stragglers after quorum: the record's ``grace_s``.
+
+    The window (``state.grace_s``) is only an upper bound: a round closes as soon as
+    every live learner has been judged, and a lone learner's rounds at once. Recording
+    the window instead made every round look held open for about one gap of steps
+    (the window's cap), the whole round period of a run that keeps up. Measured to
+    the last merge request, so a failed merge's retry may count, never past the window.
+    """
+    return min(max(state.merge_at_s - quorum_at_s, 0.0), state.grace_s)
 
 
 def _requests(state: CloserState, merged: Merged | None) -> Requests:

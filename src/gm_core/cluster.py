@@ -343,7 +343,7 @@ def start(c: Cluster, name: str) -> Cluster:
             name,
             c.manifest,
             c.schema_digest,
-            attrs.evolve(c.closer_options, write_lease=not both),
+            attrs.evolve(c.closer_options, write_lease=not both, learns_here=both),
             c.run_auth,
         )
         if Machine.CLOSER in roles

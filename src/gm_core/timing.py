@@ -172,6 +172,17 @@ def grace_s(timing: Timing, *, ahead_steps: int, gap_steps: int, gamma: float) -
     return grace if math.isfinite(grace) else 0.0
 
 
+def window_s(timing: Timing, config: AlgorithmConfig, gap_steps: int) -> float:
+    """The grace window of a round of ``gap_steps`` under ``config``, from the previous
+    record's ``timing``: :func:`grace_s` with the run's ``ahead`` and γ."""
+    return grace_s(
+        timing,
+        ahead_steps=ahead_steps(config, gap_steps),
+        gap_steps=gap_steps,
+        gamma=config.grace_gamma,
+    )
+
+
 def ahead_steps(config: AlgorithmConfig, gap_steps: int) -> int:
     """How many steps the fastest learner can train past a round's step without its commit.
 

@@ -523,6 +523,7 @@ class Session:
             # A learner of the same node writes the lease and reports the node's requests.
             write_lease=self.role is Role.CLOSER,
             account_own=self.role is Role.CLOSER,
+            learns_here=self.role is Role.BOTH,
             max_sweep_rounds=opts.max_sweep_rounds,
         )
         return Runtime(

@@ -422,12 +422,7 @@ def _estimates(config: AlgorithmConfig, record: RoundRecord) -> Estimates:
         next_round=nxt,
         gap_steps=gap,
         round_s=None if step_s is None else gap * step_s,
-        grace_s=timing.grace_s(
-            t,
-            ahead_steps=timing.ahead_steps(config, gap),
-            gap_steps=gap,
-            gamma=config.grace_gamma,
-        ),
+        grace_s=timing.window_s(t, config, gap),
         takeover_timeout_s=timing.takeover_timeout_s(
             t, gap_steps=gap, floor_s=config.takeover_floor_s
         ),

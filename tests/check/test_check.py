@@ -32,8 +32,8 @@ from gm_core.records import Manifest
 from gm_shell import check_cli
 
 PINNED = {
-    "one node, one fault": 5_263,
-    "one node, one crash": 4_221,
+    "one node, one fault": 7_651,
+    "one node, one crash": 5_268,
     "learner and closer apart": 3_926,
     "two learners, one closes": 1_879,
     "two closers race for round 0": 1_760,
@@ -42,7 +42,7 @@ PINNED = {
     "three nodes, two fragments": 47_990,
     "the closer crashes and restarts across two rounds": 48_871,
     "a learner dies for good, quorum 2": 11_903,
-    "one node two rounds in flight": 11_867,
+    "one node two rounds in flight": 14_691,
     "one closer, a learner gives a round up": 4_477,
 }
 PINNED_LONG = {

@@ -7,16 +7,17 @@ taking it over: whatever the protocol leaves open stays open.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 
 import attrs
 from fast_cluster import FAST_C, FAST_L, C, L
 
-from gm_core import closer, codec, keys
+from gm_core import closer, codec, keys, schedule, timing
 from gm_core import cluster as cl
 from gm_core.commands import Capture, Command, DeletePrefix, Get, List, Probe, PutOnce
 from gm_core.events import Listed, TimerFired
-from gm_core.records import AlgorithmConfig, Alignment, Snapshot
+from gm_core.records import AlgorithmConfig, Alignment, RoundRecord, Snapshot
 
 ONE_CLOSER = {"n0": frozenset({L, C}), "n1": frozenset({L}), "n2": frozenset({L})}
 
@@ -351,3 +352,63 @@ def test_a_learner_reporting_far_more_data_is_capped_at_its_share() -> None:
     for record in full:
         weights = {p.learner: p.weight for p in record.participants}
         assert weights["n3"] > 0.9 * sum(weights.values())  # uncapped, it would take > 90%
+
+
+def _windows(tape: list[RoundRecord], config: AlgorithmConfig) -> list[float]:
+    """The grace window each round after the first was entitled to (timing.grace_s)."""
+    return [
+        timing.window_s(
+            previous.timing,
+            config,
+            schedule.gap_of(record.round, config.sync_every, config.fragments),
+        )
+        for previous, record in itertools.pairwise(tape)
+    ]
+
+
+def test_a_lone_learner_closes_its_rounds_at_once_and_records_the_grace_it_waited() -> None:
+    """One node that learns and closes (the examples' one-node run): no other learner can
+    report, so every round closes as soon as its snapshot is judged. The records said
+    otherwise: each carried its whole grace window (about one gap of steps), so `gm status`
+    showed rounds held open for their entire period. And the run's first round waited
+    out the idle leader's pause (20 polls) although the node's own learner was on its way."""
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=2)
+    lone = {"n0": frozenset({L, C})}
+    first_commit: list[float] = []
+
+    def note_first_commit(c: cl.Cluster) -> cl.Cluster:
+        if not first_commit and cl.records(c):
+            first_commit.append(c.now_s)
+        return c
+
+    c = run(config, 60.0, roles=lone, after=note_first_commit)
+    tape = cl.records(c)
+    assert len(tape) >= 40, f"the tape stopped at {len(tape)} records"
+    windows = _windows(tape, config)
+    assert sum(w > 0 for w in windows) >= len(windows) - 2, "no window to wait: test is void"
+    assert [r.grace_s for r in tape] == [0.0] * len(tape)
+    # Round 0's step (4) is reached at 1.0 s (a step per 0.25 s); its commit follows
+    # within two polls, not after the idle pause of 20 polls.
+    step_0_s = schedule.step_of(0, config.sync_every, config.fragments) * 0.25
+    assert first_commit[0] <= step_0_s + 2 * FAST_C.poll_s, f"first commit at {first_commit[0]}"
+
+
+def test_a_straggler_waited_for_is_recorded_as_grace_within_the_window() -> None:
+    """n1's snapshot writes land 0.5 s late: rounds wait for it, and say how long."""
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=2)
+    roles = {"n0": frozenset({L, C}), "n1": frozenset({L})}
+    issued: dict[cl.InFlight, float] = {}
+
+    def late_snapshots_of_n1(c: cl.Cluster, item: cl.InFlight) -> bool:
+        cmd = item.command
+        if item.node != "n1" or not (isinstance(cmd, PutOnce) and cmd.key.startswith("snap")):
+            return False
+        return c.now_s < issued.setdefault(item, c.now_s) + 0.5
+
+    c = run(config, 60.0, roles=roles, hold=late_snapshots_of_n1)
+    tape = cl.records(c)[4:]  # once every estimate exists
+    windows = _windows(cl.records(c), config)[3:]
+    waited = [r.grace_s for r in tape if {p.learner for p in r.participants} == {"n0", "n1"}]
+    assert len(waited) >= len(tape) // 2, "n1 was left out of most rounds"
+    assert all(0.0 <= r.grace_s <= w + 1e-9 for r, w in zip(tape, windows, strict=True))
+    assert sum(0.25 <= w <= 0.75 for w in waited) >= len(waited) // 2, waited

@@ -9,6 +9,7 @@ round record, read back from the ``file://`` bucket.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 from runtime_worker import IN, TEACHER, torch_model
 
-from gm_core import codec
+from gm_core import codec, schedule, timing
 from gm_core.records import RoundRecord
 from gm_shell import DiLoCo, Session, SessionOptions
 
@@ -37,9 +38,7 @@ def run(
     sync_every: int = 20,
 ) -> list[RoundRecord]:
     url = f"file://{bucket}"
-    algorithm = DiLoCo(
-        sync_every=sync_every, fragments=2, quorum=1, in_flight=2, lease_timeout_s=5.0
-    )
+    algorithm = algorithm_of(sync_every)
     errors: list[BaseException] = []
     barrier = threading.Barrier(2)
     done = threading.Event()
@@ -77,6 +76,10 @@ def run(
     return [codec.decode(RoundRecord, p.read_bytes()) for p in paths]
 
 
+def algorithm_of(sync_every: int) -> DiLoCo:
+    return DiLoCo(sync_every=sync_every, fragments=2, quorum=1, in_flight=2, lease_timeout_s=5.0)
+
+
 def pause(session: Session, pause_s: float, declared: bool) -> None:
     if declared:
         with session.pause():
@@ -85,9 +88,10 @@ def pause(session: Session, pause_s: float, declared: bool) -> None:
         time.sleep(pause_s)
 
 
-def summary(tape: list[RoundRecord]) -> dict[str, Any]:
-    """ξ_step and grace: before the pause (median), in the first record once ``a`` is back,
-    and their largest values after it.
+def summary(tape: list[RoundRecord], sync_every: int = 20) -> dict[str, Any]:
+    """ξ_step and the grace window: before the pause (median), in the first record once
+    ``a`` is back, and their largest values after it. A record's window follows from the
+    previous record's estimates (its ``grace_s`` is what its round waited of it).
 
     The pause shows on the tape as the rounds ``a`` took no part in (``b`` closes them).
     """
@@ -97,13 +101,18 @@ def summary(tape: list[RoundRecord]) -> dict[str, Any]:
         last += 1
     before = [r for r in tape[first // 2 : first] if r.timing.step_s is not None]
     after = [r for r in tape if r.round > last + 1]
+    config = algorithm_of(sync_every).config()
+    window = {
+        r.round: timing.window_s(p.timing, config, schedule.gap_of(r.round, sync_every, 2))
+        for p, r in itertools.pairwise(tape)
+    }
     return {
         "step_s_before": float(np.median([r.timing.step_s for r in before])),
-        "grace_s_before": float(np.median([r.grace_s for r in before])),
+        "grace_s_before": float(np.median([window[r.round] for r in before])),
         "step_s_back": after[0].timing.step_s,
-        "grace_s_back": after[0].grace_s,
+        "grace_s_back": window[after[0].round],
         "step_s_after_max": max(r.timing.step_s or 0.0 for r in after),
-        "grace_s_after_max": max(r.grace_s for r in after),
+        "grace_s_after_max": max(window[r.round] for r in after),
         "zero_steps": sum(1 for r in after for x in r.rejections if x.reason.value == "zero_steps"),
         "rounds": len(tape),
         "rounds_without_a": last - first + 1,
