@@ -152,7 +152,7 @@ class Envelope:
         """The bytes to store at ``key`` for ``body`` (the body itself in an open run)."""
         if self.auth is None:
             return body
-        tag = self._tag(self.auth, key, body)
+        tag = _tag(self.auth, self.run_id, key, body)
         return b"%s%s %s %s\n%s" % (MARKER, ALG.encode(), self.auth.key_id.encode(), tag, body)
 
     def pack(self, key: str, value: codec.Value) -> bytes:
@@ -167,33 +167,35 @@ class Envelope:
                 detail = f"{key} is tagged (key id {claimed}); this node has no run key"
                 return Unauthenticated(why=Why.TAGGED, detail=detail)
             return data
-        return self._verify(self.auth, key, data)
+        return verify(self.auth, self.run_id, key, data)
 
-    def _verify(self, auth: RunAuth, key: str, data: bytes) -> bytes | Unauthenticated:
-        if not data.startswith(MARKER):
-            return Unauthenticated(why=Why.UNTAGGED, detail=f"{key} carries no tag")
-        fields = _header_fields(data)
-        if fields is None:
-            return Unauthenticated(why=Why.MALFORMED_HEADER, detail=f"{key}: unreadable header")
-        alg, key_id, tag = fields
-        if alg != ALG:
-            return Unauthenticated(why=Why.UNKNOWN_ALG, detail=f"{key}: algorithm {alg[:32]!r}")
-        if key_id != auth.key_id:
-            return Unauthenticated(
-                why=Why.WRONG_KEY, detail=f"{key}: key id {key_id}, this node's {auth.key_id}"
-            )
-        body = data[data.index(b"\n") + 1 :]
-        if not hmac.compare_digest(tag.encode(), self._tag(auth, key, body)):
-            return Unauthenticated(why=Why.BAD_TAG, detail=f"{key}: tag does not verify")
-        return body
 
-    def _tag(self, auth: RunAuth, key: str, body: bytes) -> bytes:
-        mac = hmac.new(auth.tag_key, digestmod=hashlib.sha256)
-        for part in (_DOMAIN, self.run_id.encode(), key.encode()):
-            mac.update(len(part).to_bytes(8, "big"))
-            mac.update(part)
-        mac.update(body)
-        return mac.hexdigest().encode()
+def verify(run_auth: RunAuth, run_id: str, key: str, data: bytes) -> bytes | Unauthenticated:
+    """The body of ``data`` at ``key`` of run ``run_id`` when its tag verifies; else why not."""
+    if not data.startswith(MARKER):
+        return Unauthenticated(why=Why.UNTAGGED, detail=f"{key} carries no tag")
+    fields = _header_fields(data)
+    if fields is None:
+        return Unauthenticated(why=Why.MALFORMED_HEADER, detail=f"{key}: unreadable header")
+    alg, key_id, tag = fields
+    if alg != ALG:
+        return Unauthenticated(why=Why.UNKNOWN_ALG, detail=f"{key}: algorithm {alg[:32]!r}")
+    if key_id != run_auth.key_id:
+        detail = f"{key}: key id {key_id}, this node's {run_auth.key_id}"
+        return Unauthenticated(why=Why.WRONG_KEY, detail=detail)
+    body = data[data.index(b"\n") + 1 :]
+    if not hmac.compare_digest(tag.encode(), _tag(run_auth, run_id, key, body)):
+        return Unauthenticated(why=Why.BAD_TAG, detail=f"{key}: tag does not verify")
+    return body
+
+
+def _tag(run_auth: RunAuth, run_id: str, key: str, body: bytes) -> bytes:
+    mac = hmac.new(run_auth.tag_key, digestmod=hashlib.sha256)
+    for part in (_DOMAIN, run_id.encode(), key.encode()):
+        mac.update(len(part).to_bytes(8, "big"))
+        mac.update(part)
+    mac.update(body)
+    return mac.hexdigest().encode()
 
 
 def for_run(run_id: str, run_auth: RunAuth | None) -> Envelope:

@@ -248,6 +248,7 @@ def view(c: Cluster) -> invariants.ClusterView:
         store=store,
         learners={n.name: n.learner for n in c.nodes.values() if n.alive and n.learner},
         closers={n.name: n.closer for n in c.nodes.values() if n.alive and n.closer},
+        members=frozenset(c.nodes),
     )
 
 

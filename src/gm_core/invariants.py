@@ -54,6 +54,8 @@ class ClusterView:
     store: ModelStore
     learners: Mapping[str, learner.LearnerState] = attrs.field(factory=dict)
     closers: Mapping[str, closer.CloserState] = attrs.field(factory=dict)
+    members: frozenset[str] = frozenset()
+    """Every node of the run, alive or not (empty: not known, not judged)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -336,6 +338,31 @@ def learners_behind_commits(view: ClusterView) -> tuple[str, ...]:
     return tuple(out)
 
 
+def forgeries_ignored(view: ClusterView) -> tuple[str, ...]:
+    """Nothing an outsider wrote is acted on (spec/invariants.md §F): no record of the run
+    merges a learner that is not a node of it, and every record a node holds is the one
+    the run's own closers wrote for that round."""
+    tape = read_tape(view)
+    out = [
+        f"round {r}: merges {p.learner}, not a node of the run"
+        for r, record in sorted(tape.items())
+        for p in record.participants
+        if view.members and p.learner not in view.members
+    ]
+    held = [(name, c.last) for name, c in sorted(view.closers.items()) if c.last is not None]
+    held += [
+        (name, record)
+        for name, state in sorted(view.learners.items())
+        for record in state.fetched.values()
+    ]
+    out += [
+        f"{name} holds a round {record.round} record the run did not write"
+        for name, record in held
+        if tape.get(record.round) != record
+    ]
+    return tuple(out)
+
+
 STATE_INVARIANTS: Mapping[str, Callable[[ClusterView], tuple[str, ...]]] = {
     "one_record_per_round": one_record_per_round,
     "contiguous_tape": contiguous_tape,
@@ -347,6 +374,7 @@ STATE_INVARIANTS: Mapping[str, Callable[[ClusterView], tuple[str, ...]]] = {
     "single_committer": single_committer,
     "grace_bounds": grace_bounds,
     "learners_behind_commits": learners_behind_commits,
+    "forgeries_ignored": forgeries_ignored,
 }
 
 

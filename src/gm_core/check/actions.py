@@ -25,6 +25,7 @@ import enum
 import attrs
 
 from gm_core import cluster
+from gm_core.check import forger
 from gm_core.commands import (
     Align,
     Capture,
@@ -48,6 +49,8 @@ class Kind(enum.StrEnum):
     CRASH = "c"
     RESTART = "r"
     TICK = "w"
+    FORGE = "x"
+    """The forger writes one object (``node`` names the kind: gm_core.check.forger)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -181,10 +184,13 @@ def enabled(
     crashable: frozenset[str] | None = None,
     capture_faults: bool = False,
     store_faults: bool = True,
+    forge: tuple[forger.Forgery, ...] = (),
 ) -> list[Action]:
-    """Every action the state allows, in order: deliver, fire, train, crash, restart, tick.
+    """Every action the state allows, in order: deliver, fire, train, crash, restart,
+    forge, tick.
 
-    ``crashable`` names the nodes that may crash (None: every node).
+    ``crashable`` names the nodes that may crash (None: every node); ``forge`` the
+    kinds of object the forger may write (each once per path).
     """
     out = deliveries(c, faults_left, store_faults_only, fifo, capture_faults, store_faults)
     out.extend(
@@ -200,6 +206,7 @@ def enabled(
             if c.nodes[n].alive and (crashable is None or n in crashable)
         )
     out.extend(Action(kind=Kind.RESTART, node=n) for n in names if not c.nodes[n].alive)
+    out.extend(Action(kind=Kind.FORGE, node=k.value) for k in forge if forger.possible(c, k))
     upcoming = next_deadline(c)
     if upcoming is not None and upcoming <= max_time_s:
         out.append(Action(kind=Kind.TICK))
@@ -229,6 +236,11 @@ def apply(c: cluster.Cluster, action: Action) -> cluster.Cluster:
         return cluster.crash(c, action.node)
     if action.kind is Kind.RESTART:
         return cluster.start(c, action.node)
+    if action.kind is Kind.FORGE:
+        kind = forger.Forgery(action.node)
+        if not forger.possible(c, kind):
+            raise ValueError(f"cannot forge a {kind} now")
+        return forger.forge(c, kind)
     upcoming = next_deadline(c)
     if upcoming is None:
         raise ValueError("no timer to wait for")
@@ -273,4 +285,6 @@ def describe(c: cluster.Cluster, action: Action) -> str:
         return f"{action.node}: crashes"
     if action.kind is Kind.RESTART:
         return f"{action.node}: restarts"
+    if action.kind is Kind.FORGE:
+        return f"the forger writes a {action.node} as {forger.EVIL}"
     return f"clock moves to {next_deadline(c):g}s; due timers fire"

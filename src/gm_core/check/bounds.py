@@ -15,6 +15,7 @@ are the larger sets of ``make check-long``. The planted bugs
 from __future__ import annotations
 
 from gm_core.check.explore import Bounds
+from gm_core.check.forger import Forgery
 
 CI_BOUNDS: dict[str, Bounds] = {
     "one node, one fault": Bounds(roles=("lc",), rounds=1, max_time_s=1.0, faults=1),
@@ -51,6 +52,18 @@ CI_BOUNDS: dict[str, Bounds] = {
         capture_faults=True,
         store_faults=False,
         liveness=True,
+    ),
+    "a forger without the key writes a snapshot": Bounds(
+        roles=("lc", "l"), rounds=1, max_time_s=0.5, run_key=True, forge=(Forgery.SNAPSHOT,)
+    ),
+    # Safety alone: until slots exist a forged record blocks its round (spec §16.0).
+    "a forger without the key, two rounds": Bounds(
+        roles=("lc",),
+        rounds=2,
+        max_time_s=0.5,
+        run_key=True,
+        forge=(Forgery.SNAPSHOT, Forgery.RECORD),
+        progress=False,
     ),
 }
 """The bounds ``make test`` checks and pins the state counts of."""

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from gm_core import closer, cluster, invariants, learner
-from gm_core.check import progress
+from gm_core.check import forger, progress
 from gm_core.check.actions import Action, Kind, apply, describe, enabled, settle_payloads
 from gm_core.check.fingerprint import Fingerprinter
 from gm_core.check.progress import FairRuns
@@ -76,6 +76,13 @@ class Bounds:
     progress_within_s: float = 30.0
     liveness: bool = False
     """Also judge, from every state, that the healed fair run commits in ``progress_within_s``."""
+    run_key: bool = False
+    """An authenticated run (gm_core.auth): every node holds :data:`forger.FORGER_KEY`."""
+    forge: tuple[forger.Forgery, ...] = ()
+    """What the forger may write, once each per path (gm_core.check.forger)."""
+    progress: bool = True
+    """Judge that the run can still commit where it stops (False: safety alone, for a
+    forger whose record blocks its round until slots exist, spec/protocol.md §16.0)."""
 
     def config(self) -> AlgorithmConfig:
         return AlgorithmConfig(
@@ -103,6 +110,7 @@ def initial_state(bounds: Bounds) -> cluster.Cluster:
             poll_s=bounds.poll_s, renew_s=bounds.renew_s, close_timeout_s=4 * bounds.renew_s
         ),
         closer_options=closer.CloserOptions(poll_s=bounds.poll_s, renew_s=bounds.renew_s),
+        run_key=forger.FORGER_KEY if bounds.run_key else None,
     )
     for name in sorted(c.nodes):
         c = cluster.start(c, name)
@@ -211,9 +219,11 @@ class _Search:
                 crashable=frozenset(self.b.crashable) or None,
                 capture_faults=self.b.capture_faults,
                 store_faults=self.b.store_faults,
+                forge=self.b.forge,
             )
         stuck = not actions and records < self.b.rounds
-        if (stuck or self._sampled(key)) and not self._progresses(c):
+        judged = self.b.progress and (stuck or self._sampled(key))
+        if judged and not self._progresses(c):
             return self._fail("no progress", key, [])
         if self.b.liveness and not self._live(c):
             return self._fail("not live", key, [])

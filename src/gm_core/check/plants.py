@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from gm_core import closer, liveness, timing, verdicts
+from gm_core import auth, closer, liveness, timing, verdicts
 from gm_core.check.bounds import CI_BOUNDS
 from gm_core.check.explore import Bounds
 from gm_core.commands import Command, PutOnce
@@ -108,6 +108,13 @@ def _grace_without_estimates(real: Callable[..., float]) -> Callable[..., float]
     return grace_s
 
 
+def _trust_any_tag(real: Callable[..., Any]) -> Callable[..., Any]:
+    def verify(run_auth: Any, run_id: str, key: str, data: bytes) -> bytes:
+        return data.split(b"\n", 1)[1] if data.startswith(auth.MARKER) else data
+
+    return verify
+
+
 def _linear_merge_weight(real: Callable[[int, int], float]) -> Callable[[int, int], float]:
     def merge_weight(tokens: int, steps: int) -> float:
         return real(tokens, steps) / max(tokens, 1)
@@ -179,6 +186,16 @@ PLANTS: dict[str, Plant] = {
             attribute="merge_weight",
             broken=_linear_merge_weight,
             bounds=CI_BOUNDS["two learners, one closes"],
+            caught=True,
+        ),
+        Plant(
+            name="skip-tag-verification",
+            rule="authentication (§16.2)",
+            change="verify takes any object, tagged or not, as the run's own",
+            module=auth,
+            attribute="verify",
+            broken=_trust_any_tag,
+            bounds=CI_BOUNDS["a forger without the key, two rounds"],
             caught=True,
         ),
     )

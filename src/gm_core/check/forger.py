@@ -1,0 +1,127 @@
+"""The forger: an actor with write access to the bucket but without the run key.
+
+Theory of operation
+-------------------
+The checker's other actors are the run's own nodes and the store's faults. The
+forger writes, at any moment the search chooses, one codec-valid object of a
+kind the bound set allows, at the key the run reads next: a snapshot of a
+learner that never joined (``evil``) claiming a large share of the round, or a
+round record for the next round that merges it. It writes as an outsider can:
+bare in an open run, and in an authenticated run with the run's key id (which
+is public) and a tag it had to make up. Each kind is written at most once per
+path, so the search covers every moment at which it can land.
+
+What the checker then judges is the invariant ``forgeries_ignored``
+(:func:`gm_core.invariants.forgeries_ignored`): no record of the run merges a
+learner outside the cluster, and no node holds a record the run's own closers
+did not write. In an authenticated run that holds whatever the forger does; the
+planted bug "skip tag verification" (:mod:`gm_core.check.plants`) shows the
+checker sees it broken. In an open run it does not hold, which is what
+spec/threat-model.md says of open runs.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from gm_core import auth, cluster, codec, keys, schedule
+from gm_core.records import Participant, RoundRecord, Snapshot
+
+EVIL = "evil"
+"""The learner id the forger writes as (never a node of a checked cluster)."""
+
+FORGER_KEY = bytes(range(32))
+"""The run key of an authenticated bound set (the forger does not hold it)."""
+
+_MADE_UP_TAG = b"ab" * 32
+
+
+class Forgery(enum.StrEnum):
+    SNAPSHOT = "snapshot"
+    RECORD = "record"
+
+
+def forged_kinds(c: cluster.Cluster) -> frozenset[Forgery]:
+    """The kinds the forger has written on this path (each is written once)."""
+    kinds = set()
+    for key in c.hostile:
+        parsed = keys.parse(key)
+        if isinstance(parsed, keys.SnapshotKey):
+            kinds.add(Forgery.SNAPSHOT)
+        elif isinstance(parsed, keys.RoundKey):
+            kinds.add(Forgery.RECORD)
+    return frozenset(kinds)
+
+
+def possible(c: cluster.Cluster, kind: Forgery) -> bool:
+    """Whether ``kind`` can be forged now: not yet on this path, and its key is free."""
+    if kind in forged_kinds(c):
+        return False
+    forged = _object(c, kind)
+    return forged is not None and c.store.get(forged[0]) is None
+
+
+def forge(c: cluster.Cluster, kind: Forgery) -> cluster.Cluster:
+    """The cluster after the forger writes its ``kind`` object at the key read next."""
+    forged = _object(c, kind)
+    if forged is None:
+        raise ValueError(f"{kind} cannot be forged before the first record")
+    key, body = forged
+    return cluster.inject(c, key, _sealed(c, body))
+
+
+def _object(c: cluster.Cluster, kind: Forgery) -> tuple[str, bytes] | None:
+    """The key the run reads next for ``kind``, and the forged body for it."""
+    records = cluster.records(c)
+    newest = records[-1] if records else None
+    round_ = newest.round + 1 if newest is not None else 0
+    config = c.manifest.config
+    fragment = schedule.fragment_of(round_, config.fragments)
+    frontier = newest.frontier if newest is not None else c.manifest.init
+    if kind is Forgery.SNAPSHOT:
+        snapshot = Snapshot(
+            learner=EVIL,
+            round=round_,
+            fragment=fragment,
+            base_version=frontier[fragment].version,
+            steps=config.sync_every,
+            tokens=10**9,
+            step_s=0.1,
+            schema_digest=c.schema_digest,
+            payload=frontier[fragment].theta,
+        )
+        return keys.snapshot(round_, EVIL), codec.encode(snapshot)
+    if newest is None:
+        return None  # a plausible forged record copies a real one's shape
+    evil = Participant(learner=EVIL, steps=1, tokens=1, weight=1.0, base_version=0, final=False)
+    state = frontier[fragment]
+    forged_state = attrs.evolve(state, version=state.version + 1)  # one more commit of it
+    record = attrs.evolve(
+        newest,
+        round=round_,
+        step=schedule.step_of(round_, config.sync_every, config.fragments),
+        fragment=fragment,
+        version=forged_state.version,
+        theta=forged_state.theta,
+        frontier=tuple(forged_state if f == fragment else s for f, s in enumerate(frontier)),
+        closer=EVIL,
+        claim=1,
+        participants=(evil,),
+        rejections=(),
+    )
+    return keys.round_record(round_), codec.encode(record)
+
+
+def _sealed(c: cluster.Cluster, body: bytes) -> bytes:
+    """``body`` as an outsider can write it: bare, or with the public key id and a made-up tag."""
+    if c.run_auth is None:
+        return body
+    key_id = c.run_auth.key_id.encode()
+    return b"%s%s %s %s\n%s" % (auth.MARKER, auth.ALG.encode(), key_id, _MADE_UP_TAG, body)
+
+
+def is_forged(record: RoundRecord) -> bool:
+    """Whether a record merges the forger's learner (what no correct closer writes)."""
+    return any(p.learner == EVIL for p in record.participants)
