@@ -123,7 +123,7 @@ class Bucket:
         )
         replica = Replica(adapter, draft.plan)
         values = [replica.read(f) for f in range(len(draft.plan.fragments))]
-        manifest = asyncio.run(create(self.mailbox(SETUP), draft, values))
+        manifest = asyncio.run(create(self.mailbox(SETUP), draft, values, None))
         assert manifest is not None
         return manifest
 
