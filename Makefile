@@ -25,7 +25,7 @@ LINT_PATHS := $(wildcard src tests bench examples)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help venv install test test-long check-long lint format demo docs bench bench-robust clean distclean
+.PHONY: help venv install test test-long check-long lint format demo docs bench bench-robust bench-auth clean distclean
 
 help:
 	@echo "make install    create .venv (torch CPU, the project with dev/torch/mlx extras) and Azurite"
@@ -38,6 +38,7 @@ help:
 	@echo "make docs       build the documentation site into site/ (offline, warnings are errors)"
 	@echo "make bench      the benchmark suite"
 	@echo "make bench-robust  robust merges vs one poisoned learner of four (bench/bench_robust.py)"
+	@echo "make bench-auth    what authenticated runs cost (tags, digests, open vs keyed runs)"
 	@echo "make clean      remove caches and build output; make distclean also removes .venv and .servers"
 
 venv install: $(STAMP) $(AZURITE)
@@ -93,6 +94,10 @@ bench: install
 # Four demo learners per cell, one of them poisoned; niced (tens of minutes on shared cores).
 bench-robust: install
 	nice -n 10 $(BIN)/python -m bench.bench_robust
+
+# Tags and digests, then open vs authenticated runs side by side; niced (a few minutes).
+bench-auth: install
+	nice -n 10 $(BIN)/python -m bench.bench_auth
 
 clean:
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist site src/*.egg-info

@@ -89,9 +89,19 @@ step at which the core stalled training until a commit was folded in)."""
 
 
 def gm_loop(
-    steps: int, sync_every: int, fragments: int, step_s: float, poll_s: float
+    steps: int,
+    sync_every: int,
+    fragments: int,
+    step_s: float,
+    poll_s: float,
+    *,
+    mailbox: str = "memory://",
+    run_key: bytes | None = None,
 ) -> tuple[Sample, int]:
     """gm's gaps and what each step was, and the rounds committed.
+
+    ``mailbox`` is the run's URL and ``run_key`` its key (None: an open run), so
+    bench_auth.py can run the same loop authenticated and open.
 
     A lone learner on a fresh run never skips ahead, so round ``r`` is due at
     ``step_of(r)``; the core stalls that step while ``r > aligned + in_flight``, which
@@ -107,9 +117,10 @@ def gm_loop(
     session = Session(
         model,
         algorithm=DiLoCo(sync_every=sync_every, fragments=fragments, in_flight=IN_FLIGHT),
-        mailbox="memory://",
+        mailbox=mailbox,
         node="solo",
         options=SessionOptions(poll_s=poll_s, compute="numpy"),
+        run_key=run_key,
     )
     due = {schedule.step_of(r, sync_every, fragments): r for r in range(steps)}
     kinds: list[str] = []

@@ -26,23 +26,26 @@ import asyncio
 import itertools
 import math
 import statistics
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from obstore.store import MemoryStore
+from obstore.store import LocalStore, MemoryStore
 
-from gm_core import codec, keys, plan
+from gm_core import auth, keys, plan
 from gm_core.records import Manifest, Snapshot
 from gm_shell.events import Committed, Event, Joined, TookOver
-from gm_shell.fragments import FragmentCodec, Role
+from gm_shell.fragments import FragmentCodec, Role, payload_key
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import adapt
 from gm_shell.replica import Replica
 from gm_shell.run import create, draft_manifest
+from gm_shell.runkey import resolve
 from gm_shell.session import DiLoCo, Session, SessionOptions
 
 try:  # run as ``python bench/compare.py`` (bench/ on sys.path) or imported as ``bench.gm_runs``
@@ -97,10 +100,25 @@ def committed(round_: int) -> Callable[[Event], bool]:
 
 
 class Bucket:
-    """One run's bucket: the shared store, the journal, and mailboxes onto it."""
+    """One run's bucket: the shared store, the journal, and mailboxes onto it.
 
-    def __init__(self, algorithm: DiLoCo, tensors: int, elements: int) -> None:
-        self.store = MemoryStore()
+    ``store``: an in-memory one unless given (a ``LocalStore`` puts the run on disk, as
+    ``file://`` does). ``run_key``: the run's key (None: an open run); the bench's own
+    writes are then sealed and keyed as a node's would be, and its sessions get the key.
+    """
+
+    def __init__(
+        self,
+        algorithm: DiLoCo,
+        tensors: int,
+        elements: int,
+        *,
+        store: MemoryStore | LocalStore | None = None,
+        run_key: bytes | None = None,
+    ) -> None:
+        self.store = store if store is not None else MemoryStore()
+        self.run_key = run_key
+        self.run_auth = resolve(run_key, "memory://")
         self.journal = Journal()
         self.algorithm = algorithm
         self.model = torch_model(tensors, elements)
@@ -119,11 +137,15 @@ class Bucket:
         """The manifest and initial payloads, as ``creator``'s first session would write them."""
         adapter = adapt(self.model)
         draft = draft_manifest(
-            run_id="bench", node=creator, config=self.algorithm.config(), schema=adapter.schema()
+            run_id="bench",
+            node=creator,
+            config=self.algorithm.config(),
+            schema=adapter.schema(),
+            run_auth=self.run_auth,
         )
         replica = Replica(adapter, draft.plan)
         values = [replica.read(f) for f in range(len(draft.plan.fragments))]
-        manifest = asyncio.run(create(self.mailbox(SETUP), draft, values, None))
+        manifest = asyncio.run(create(self.mailbox(SETUP), draft, values, self.run_auth))
         assert manifest is not None
         return manifest
 
@@ -133,7 +155,8 @@ class Bucket:
         Payload first, then the record; the base version is the fragment's version once every
         earlier round has committed, and the step time is zero so the grace window stays shut.
         """
-        fragments = FragmentCodec(manifest)
+        fragments = FragmentCodec(manifest, payload_key=payload_key(self.run_auth))
+        envelope = auth.for_run(manifest.run_id, self.run_auth)
         cfg = manifest.config
         digest = plan.schema_digest(manifest.schema)
         gap = cfg.sync_every // cfg.fragments
@@ -158,7 +181,8 @@ class Bucket:
                 schema_digest=digest,
                 payload=ref,
             )
-            await mailbox.put_once(keys.snapshot(round_, learner), codec.encode(snapshot))
+            key = keys.snapshot(round_, learner)
+            await mailbox.put_once(key, envelope.pack(key, snapshot))
 
         async def all_of_them() -> None:
             for first in range(rounds.start, rounds.stop, 64):
@@ -178,6 +202,7 @@ class Bucket:
             role="closer",
             options=SessionOptions(poll_s=poll_s, compute="numpy"),
             callbacks=(watcher,),
+            run_key=self.run_key,
         )
         session.start()
         return session
@@ -293,12 +318,22 @@ def critical_path(
     fragments: int,
     tensors: int,
     elements: int,
+    run_key: bytes | None = None,
+    folder: Path | None = None,
 ) -> dict[str, Any]:
-    """A closer alone closes ``rounds`` prefilled rounds at each latency (a fresh bucket each)."""
+    """A closer alone closes ``rounds`` prefilled rounds at each latency (a fresh bucket each).
+
+    ``run_key``: the run's key (None: open); ``folder``: where to put each bucket on disk
+    (a fresh sub-folder per latency; None: in memory).
+    """
     results = []
     for latency_ms in latencies_ms:
         algorithm = DiLoCo(sync_every=sync_every, fragments=fragments, quorum=len(LEARNERS))
-        bucket = Bucket(algorithm, tensors, elements)
+        store = None
+        if folder is not None:
+            where = Path(tempfile.mkdtemp(prefix=f"{latency_ms:g}ms-", dir=folder))
+            store = LocalStore(where)
+        bucket = Bucket(algorithm, tensors, elements, store=store, run_key=run_key)
         try:
             manifest = bucket.create_run("closer")
             bucket.prefill(manifest, range(rounds), LEARNERS)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from obstore.store import MemoryStore
+from obstore.store import LocalStore, MemoryStore
 
 from gm_shell.mailbox import Mailbox
 from gm_shell.stores import Backend, MailboxOptions, StoreHandle
@@ -57,7 +57,9 @@ class _Listing:
 class SlowStore:
     """An obstore store's sync API over ``bucket``, each request delayed and journaled."""
 
-    def __init__(self, bucket: MemoryStore, *, node: str, journal: Journal, latency_s: float):
+    def __init__(
+        self, bucket: MemoryStore | LocalStore, *, node: str, journal: Journal, latency_s: float
+    ):
         self._bucket = bucket
         self._node = node
         self._journal = journal
@@ -103,7 +105,7 @@ class SlowStore:
 
 
 def slow_mailbox(
-    bucket: MemoryStore, *, node: str, journal: Journal, latency_s: float = 0.0
+    bucket: MemoryStore | LocalStore, *, node: str, journal: Journal, latency_s: float = 0.0
 ) -> Mailbox:
     """gm's real mailbox over ``bucket``, every request delayed ``latency_s`` and journaled.
 
@@ -113,8 +115,8 @@ def slow_mailbox(
     store = SlowStore(bucket, node=node, journal=journal, latency_s=latency_s)
     handle = StoreHandle(
         store=store,  # type: ignore[arg-type]  # the sync API the mailbox calls, nothing more
-        backend=Backend.MEMORY,
-        url=f"memory://bench/{node}",
+        backend=Backend.FILE if isinstance(bucket, LocalStore) else Backend.MEMORY,
+        url=f"{'file' if isinstance(bucket, LocalStore) else 'memory'}://bench/{node}",
         list_page_keys=S3_LIST_PAGE_KEYS,
         delete_batch_keys=S3_DELETE_BATCH_KEYS,
     )

@@ -8,29 +8,12 @@ error, every count and time present and positive — not what the figures are.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from collections.abc import Callable
+from typing import Any
 
 
-def test_compare_smoke_measures_every_gm_figure(tmp_path: Path) -> None:
-    out = tmp_path / "figures.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(
-        [sys.executable, "bench/compare.py", "--smoke", "--gm-only", "--json", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    figures = json.loads(out.read_text())
+def test_compare_smoke_measures_every_gm_figure(run_bench: Callable[..., dict[str, Any]]) -> None:
+    figures = run_bench("bench/compare.py", "--smoke", "--gm-only")
 
     requests = figures["requests"]["gm"]
     assert "error" not in requests, requests

@@ -1,0 +1,302 @@
+"""What authenticated runs cost (issue 12 item 1): tags and digests, then whole runs.
+
+Run: ``nice -n 10 .venv/bin/python -m bench.bench_auth [--repeat 5] [--json out.json]``
+(``make bench-auth``; ``--smoke`` runs everything at a tiny size in seconds, its figures
+mean nothing; ``--only hash`` or ``--only runs`` runs one part).
+
+**Hashing** (one thread, the same bytes for every algorithm, algorithms interleaved within
+each repeat so a change of load falls on all of them; each figure the best of short timed
+batches, the one other processes disturbed least): ``Envelope.seal`` and ``Envelope.open``
+(the gm/2 header and HMAC-SHA256 over the framed run id, object key and body: what every
+JSON object costs) next to the bare HMAC over the body, keyed BLAKE3, unkeyed BLAKE3 and
+plain SHA-256 over 2 KiB (a record), 64 KiB and 64 MiB; GB/s, µs per 2 KiB object, and
+ratios to unkeyed BLAKE3. Then the payload path, ``gm_shell.payload.content_hash`` keyed
+(an authenticated run's digests) against unkeyed (an open run's) over a 64 MiB payload.
+
+**Runs** (real ``Session``s over real ``file://`` buckets; each repeat runs the open and the
+authenticated side back to back, alternating which goes first):
+
+* ``step()`` on due steps: ``bench_step.gm_loop``'s loop (learner and closer in one node,
+  128 KiB model, H=8, P=2, a round every 4 steps, 10 ms steps, 10 ms poll) over ``file://``;
+  median and p99 of the gap ``step()`` adds on due steps at which no commit was waited for.
+* A closer's round: ``gm_runs.critical_path`` (four learners' snapshots already in the
+  bucket, one closer-only session closes round after round) on a ``LocalStore`` through the
+  journaled store at 0 ms: round time (median interval between record writes), sequential
+  requests on the path (waves) and requests per round.
+
+Every figure is printed per side as the median over repeats with the spread (min-max of the
+repeats) and the authenticated/open ratio; the spread of the open side is the noise floor a
+difference has to exceed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from bench import bench_step, gm_runs
+from gm_core import auth, keys
+from gm_shell.payload import content_hash
+
+RUN_KEY = bytes(range(32))
+"""A fixed key: the figures do not depend on it."""
+
+KEY_NAME = "snapshots/000000000042/learner-a.json"
+"""An object key of the length a snapshot's has (the tag covers it)."""
+
+SIDES = ("open", "keyed")
+
+BATCH_S = 0.002
+"""How long one timed batch of calls lasts (the best batch of a measurement counts)."""
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cpus"
+
+
+# --- hashing --------------------------------------------------------------------------------
+
+
+def hashers(data: bytes) -> dict[str, Callable[[bytes], object]]:
+    """Each algorithm as a function of the bytes; ``open`` verifies ``data`` sealed."""
+    run_auth = auth.derive(RUN_KEY)
+    envelope = auth.for_run("bench-run-id", run_auth)
+    payload_key = run_auth.payload_key
+    sealed = envelope.seal(KEY_NAME, data)
+
+    def open_(_data: bytes) -> object:
+        body = envelope.open(KEY_NAME, sealed)
+        assert not isinstance(body, auth.Unauthenticated), body
+        return body
+
+    return {
+        "seal (HMAC-SHA256)": lambda data: envelope.seal(KEY_NAME, data),
+        "open (HMAC-SHA256)": open_,
+        "HMAC-SHA256 alone": lambda data: hmac.digest(run_auth.tag_key, data, "sha256"),
+        "BLAKE3 keyed": lambda data: blake3.blake3(data, key=payload_key).digest(),
+        "BLAKE3": lambda data: blake3.blake3(data).digest(),
+        "SHA-256": lambda data: hashlib.sha256(data).digest(),
+    }
+
+
+def seconds_per_call(fn: Callable[[bytes], object], data: bytes, budget_s: float) -> float:
+    """Seconds one call of ``fn(data)`` takes: the best of short timed batches.
+
+    A batch runs as many calls as fill ``BATCH_S`` (at least one); as many batches as fit
+    ``budget_s`` run (at least 3, at most 50). The best batch is the one the other
+    processes on a loaded machine interrupted least (timeit's rule), so it is the cost of
+    the computation itself; batches shorter than a scheduler slice make such a window likely.
+    """
+    fn(data)
+    started = time.perf_counter()
+    fn(data)
+    once = max(time.perf_counter() - started, 1e-9)
+    calls = max(1, int(BATCH_S / once))
+    batches = min(50, max(3, int(budget_s / (calls * once))))
+    best = float("inf")
+    for _ in range(batches):
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn(data)
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best
+
+
+def hashing(sizes: list[int], repeat: int, budget_s: float) -> dict[str, Any]:
+    """Seconds per call of each algorithm at each size, ``repeat`` times, interleaved."""
+    figures: dict[str, Any] = {}
+    for size in sizes:
+        data = os.urandom(size)
+        algorithms = hashers(data)
+        samples: dict[str, list[float]] = {name: [] for name in algorithms}
+        for _ in range(repeat):
+            for name, fn in algorithms.items():
+                samples[name].append(seconds_per_call(fn, data, budget_s))
+        figures[str(size)] = samples
+    return figures
+
+
+def payload_path(size: int, repeat: int, budget_s: float) -> dict[str, list[float]]:
+    """``content_hash`` keyed and unkeyed over the same payload, interleaved."""
+    data = os.urandom(size)
+    key = auth.derive(RUN_KEY).payload_key
+    ways: dict[str, Callable[[bytes], object]] = {
+        "content_hash(data)": content_hash,
+        "content_hash(data, key)": lambda d: content_hash(d, key),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(repeat):
+        for name, fn in ways.items():
+            samples[name].append(seconds_per_call(fn, data, budget_s))
+    return samples
+
+
+def size_name(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+def print_hashing(figures: dict[str, Any], payload: dict[str, list[float]]) -> None:
+    print("\nTag / verify / digest throughput, one thread (GB/s: median of repeats, min-max;")
+    print("  each repeat the best of its timed batches; vs BLAKE3: time / unkeyed BLAKE3's)")
+    print(f"  {'':<22}{'size':>8}{'GB/s':>8}{'spread':>13}{'us/object':>11}{'vs BLAKE3':>11}")
+    for size_text, samples in figures.items():
+        size = int(size_text)
+        base = statistics.median(samples["BLAKE3"])
+        for name, seconds in samples.items():
+            rates = [size / s / 1e9 for s in seconds]
+            median_s = statistics.median(seconds)
+            per_object = f"{median_s * 1e6:.1f}" if size < 1 << 20 else "-"
+            print(
+                f"  {name:<22}{size_name(size):>8}{statistics.median(rates):>8.2f}"
+                f"{spread(rates):>13}{per_object:>11}{median_s / base:>10.2f}x"
+            )
+    plain = statistics.median(payload["content_hash(data)"])
+    print("\nPayload digests (gm_shell.payload.content_hash), time per payload")
+    for name, seconds in payload.items():
+        median_s = statistics.median(seconds)
+        print(
+            f"  {name:<26}{median_s * 1e3:>9.1f} ms  (min-max {min(seconds) * 1e3:.1f}-"
+            f"{max(seconds) * 1e3:.1f})  vs unkeyed {median_s / plain:.3f}x"
+        )
+
+
+# --- runs -----------------------------------------------------------------------------------
+
+
+def tagged(folder: Path) -> bool:
+    """Whether the run under ``folder`` is authenticated: its manifest wears the envelope."""
+    (manifest,) = folder.rglob(keys.manifest())
+    return manifest.read_bytes().startswith(auth.MARKER)
+
+
+def step_side(folder: Path, steps: int, run_key: bytes | None) -> dict[str, Any]:
+    """``step()`` gaps on due steps (no commit waited for) of one run over ``file://``."""
+    (gaps, kinds), rounds = bench_step.gm_loop(
+        steps, 8, 2, 0.01, 0.01, mailbox=f"file://{folder}", run_key=run_key
+    )
+    due = [g for g, k in zip(gaps, kinds, strict=True) if k == "due"]
+    figures = bench_step.summary(due) if due else {"median_us": None, "p99_us": None}
+    return {**figures, "due_steps": len(due), "rounds": rounds, "tagged": tagged(folder)}
+
+
+def path_side(folder: Path, rounds: int, run_key: bytes | None) -> dict[str, Any]:
+    """A closer's round over a ``LocalStore``: round time, waves, requests per round."""
+    result = gm_runs.critical_path(
+        latencies_ms=[0.0],
+        rounds=rounds,
+        sync_every=8,
+        fragments=2,
+        tensors=8,
+        elements=65536,
+        run_key=run_key,
+        folder=folder,
+    )
+    row = result["results"][0]
+    return {
+        "round_ms": row["round_s_median"] * 1e3,
+        "waves": row["waves_median"],
+        "requests_per_round": sum(row["requests_per_round"].values()),
+        "by_class": row["requests_per_round"],
+        "rounds_timed": row["rounds_timed"],
+        "tagged": tagged(folder),
+    }
+
+
+def runs(repeat: int, steps: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
+    """Each part's figures per repeat and side; the two sides alternate which runs first."""
+    out: dict[str, list[dict[str, Any]]] = {
+        f"{part} {side}": [] for part in ("step", "path") for side in SIDES
+    }
+    run_keys = {"open": None, "keyed": RUN_KEY}
+    with tempfile.TemporaryDirectory(prefix="gm-bench-auth-") as tmp:
+        root = Path(tmp)
+        for i in range(repeat):
+            order = SIDES if i % 2 == 0 else SIDES[::-1]
+            for side in order:
+                where = root / f"step-{side}-{i}"
+                out[f"step {side}"].append(step_side(where, steps, run_keys[side]))
+            for side in order:
+                where = root / f"path-{side}-{i}"
+                where.mkdir()
+                out[f"path {side}"].append(path_side(where, rounds, run_keys[side]))
+    return out
+
+
+def print_runs(figures: dict[str, list[dict[str, Any]]]) -> None:
+    rows = [
+        ("step", "median_us", "step() on due steps, median (us)"),
+        ("step", "p99_us", "step() on due steps, p99 (us)"),
+        ("path", "round_ms", "closer's round, median (ms)"),
+        ("path", "waves", "sequential requests per round"),
+        ("path", "requests_per_round", "requests per round (closer)"),
+    ]
+    print("\nOpen vs authenticated runs, file:// (median of repeats, min-max across repeats)")
+    print(f"  {'':<36}{'open':>9}{'spread':>17}{'keyed':>9}{'spread':>17}{'keyed/open':>12}")
+    for part, field, label in rows:
+        per_side = {
+            side: [r[field] for r in figures[f"{part} {side}"] if r.get(field) is not None]
+            for side in SIDES
+        }
+        if not all(per_side.values()):
+            print(f"  {label:<36}  (no samples)")
+            continue
+        med = {side: statistics.median(v) for side, v in per_side.items()}
+        cells = "".join(
+            f"{med[s]:>9.1f}{f'{min(v):.1f}-{max(v):.1f}':>17}" for s, v in per_side.items()
+        )
+        ratio = med["keyed"] / med["open"] if med["open"] else float("nan")
+        print(f"  {label:<36}{cells}{ratio:>11.3f}x")
+    due = {side: sum(r["due_steps"] for r in figures[f"step {side}"]) for side in SIDES}
+    print(f"  due steps sampled (no commit waited for): open {due['open']}, keyed {due['keyed']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5, help="repeats of every measurement")
+    parser.add_argument("--only", choices=("hash", "runs"), help="run one part")
+    parser.add_argument("--steps", type=int, default=400, help="training steps per step() run")
+    parser.add_argument("--rounds", type=int, default=24, help="rounds per closer run")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes; figures mean nothing")
+    parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    args = parser.parse_args()
+    sizes = [2 << 10, 64 << 10, 64 << 20]
+    payload_bytes = 64 << 20
+    budget_s = 0.2
+    if args.smoke:
+        args.repeat, args.steps, args.rounds = 1, 40, 5
+        sizes, payload_bytes, budget_s = [2 << 10, 64 << 10], 1 << 20, 0.005
+    started = time.monotonic()
+    print(f"start: {load()}")
+    result: dict[str, Any] = {}
+    if args.only in (None, "hash"):
+        result["hashing"] = hashing(sizes, args.repeat, budget_s)
+        result["payload"] = payload_path(payload_bytes, args.repeat, budget_s)
+        print_hashing(result["hashing"], result["payload"])
+    if args.only in (None, "runs"):
+        result["runs"] = runs(args.repeat, args.steps, args.rounds)
+        print_runs(result["runs"])
+    print(f"\nend: {load()}")
+    print(f"(python {sys.version.split()[0]}, done in {time.monotonic() - started:.0f} s)")
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
