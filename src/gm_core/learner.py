@@ -186,6 +186,8 @@ class LearnerState:
     fetched: Mapping[int, RoundRecord] = attrs.field(factory=dict)
     outgoing: Mapping[int, Outgoing] = attrs.field(factory=dict)
     retries: Mapping[int, Retry] = attrs.field(factory=dict)
+    flushes: frozenset[int] = frozenset()
+    """Final rounds of a flush waiting for their fragment's previous round (:func:`_close`)."""
     divergences: int = 0
     """Commits in a row that rejected this learner's delta as non-finite (:func:`_diverged`)."""
     reloaded_from: int = 0
@@ -303,12 +305,30 @@ def _close(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerSta
     )
     if state.options.flush_on_close:
         cfg = state.manifest.config
-        for round_ in range(state.next_round, state.next_round + cfg.fragments):
-            # A fragment whose previous round is still uncommitted would be judged
-            # stale once that round commits: its progress cannot be flushed.
-            if round_ - cfg.fragments <= state.aligned_round:
-                state = _publish(state, round_, final=True, cmds=cmds)
-        state = attrs.evolve(state, next_round=state.next_round + cfg.fragments)
+        rounds = range(state.next_round, state.next_round + cfg.fragments)
+        state = attrs.evolve(
+            state, flushes=frozenset(rounds), next_round=state.next_round + cfg.fragments
+        )
+        state = _flush_due(state, cmds)
+    return state
+
+
+def _flush_due(state: LearnerState, cmds: list[Command]) -> LearnerState:
+    """Publish each final round of the flush whose fragment's previous round is aligned.
+
+    A final snapshot of round ``q`` captured while round ``q − P`` is uncommitted
+    would carry a base one version behind once ``q − P`` commits, and be rejected
+    ``stale``: it waits (closing, bounded by the close deadline) until that commit is
+    aligned. Under carry the anchor then sits at the step of the snapshot ``q − P``
+    merged, so the final one holds every step trained since; at ``in_flight = P``
+    both fragments' previous rounds are usually in flight when a learner closes,
+    and skipping them lost up to a gap of steps per fragment.
+    """
+    fragments = state.manifest.config.fragments
+    for round_ in sorted(state.flushes):
+        if round_ - fragments <= state.aligned_round:
+            state = attrs.evolve(state, flushes=state.flushes - {round_})
+            state = _publish(state, round_, final=True, cmds=cmds)
     return state
 
 
@@ -746,6 +766,8 @@ def _pump(
     if state.phase in (Phase.RUNNING, Phase.CLOSING):
         state = _retry_due(state, now_s, cmds, exact_step=exact_step)
         state = _align_next(state, cmds)
+    if state.phase is Phase.CLOSING:
+        state = _flush_due(state, cmds)
     if state.phase is Phase.RUNNING and exact_step:
         state = _publish_due(state, cmds)
     state = _poll(state, now_s, cmds)
@@ -878,7 +900,9 @@ def _next_publish_s(state: LearnerState) -> float | None:
 
 
 def _maybe_release(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
-    waiting = any(r > state.aligned_round for r in (*state.outgoing, *state.retries))
+    waiting = any(
+        r > state.aligned_round for r in (*state.outgoing, *state.retries, *state.flushes)
+    )
     if (waiting and now_s < state.close_by_s) or any(
         p.kind is Ask.RELEASE for p in state.pending.values()
     ):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 import attrs
 from fast_cluster import FAST_C, FAST_L, C, L
 
-from gm_core import closer, codec, keys, schedule, timing
+from gm_core import closer, codec, keys, learner, schedule, timing
 from gm_core import cluster as cl
 from gm_core.commands import Capture, Command, DeletePrefix, Get, List, Probe, PutOnce
 from gm_core.events import Listed, TimerFired
@@ -412,3 +412,40 @@ def test_a_straggler_waited_for_is_recorded_as_grace_within_the_window() -> None
     assert len(waited) >= len(tape) // 2, "n1 was left out of most rounds"
     assert all(0.0 <= r.grace_s <= w + 1e-9 for r, w in zip(tape, windows, strict=True))
     assert sum(0.25 <= w <= 0.75 for w in waited) >= len(waited) // 2, waited
+
+
+def test_a_closing_learner_flushes_a_fragment_whose_previous_round_is_still_open() -> None:
+    """n1 closes while both its fragments' previous rounds await their commits (the usual
+    state at in_flight = P): the flush must wait for them and then publish what n1
+    trained since, not drop up to a gap of steps per fragment."""
+    config = AlgorithmConfig(
+        sync_every=8, fragments=2, quorum=1, in_flight=2, alignment=Alignment.CARRY
+    )
+    roles = {"n0": frozenset({L, C}), "n1": frozenset({L})}
+
+    def commits(c: cl.Cluster, item: cl.InFlight) -> bool:
+        return isinstance(item.command, PutOnce) and item.command.key.startswith("rounds/")
+
+    def both_open(c: cl.Cluster) -> bool:
+        state = c.nodes["n1"].learner
+        assert state is not None
+        return state.next_round - config.fragments > state.aligned_round
+
+    c = run(config, 20.0, roles=roles)
+    while not both_open(c):
+        c = run(config, 0.25, roles=roles, c=c, hold=commits)
+    c = cl.close(c, "n1")
+    c = run(config, 30.0, roles=roles, c=c)
+    state = c.nodes["n1"].learner
+    assert state is not None
+    assert state.phase is learner.Phase.CLOSED
+    tape = cl.records(c)
+    for fragment in range(config.fragments):
+        merged = sum(
+            p.steps
+            for r in tape
+            if r.fragment == fragment
+            for p in r.participants
+            if p.learner == "n1"
+        )
+        assert merged == state.step, (fragment, merged, state.step)
