@@ -20,10 +20,20 @@ without it); ``on_train_end``
 closes the session, so the model is left at the newest commit. Commits are
 folded into the model's parameters in place between steps, which the
 optimizer and the scheduler do not notice. One process is one learner.
+
+With ``resume=True`` (and a fixed ``node`` id) the Trainer's optimizer, LR
+scheduler and step counts (``state.global_step``, ``num_input_tokens_seen``) are
+the node's resume state (:mod:`gm_shell.resume`): a node restarted with the same
+id continues at its saved step, so ``max_steps`` counts the steps it trained
+before, and its optimizer and schedule are where they were. A mapping instead of
+``True`` adds its entries to that state and receives the restored plain values.
+The Trainer's data loader restarts at its beginning (the Trainer skips batches
+only when it resumes from its own checkpoint).
 """
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import Any
 
 from gm_shell.extras import require
@@ -47,13 +57,24 @@ class GmTrainerCallback(TrainerCallback):
     Args:
         algorithm: the run's :class:`~gm_shell.DiLoCo` settings.
         mailbox: the run's URL (``s3://bucket/run``, ``file:///path``...).
+        resume: ``True`` to resume this node exactly after a restart with the same
+            ``node`` id (optimizer, LR scheduler, step counts); a mapping adds its
+            entries to that state (see :class:`~gm_shell.Session`).
         **session: any other :class:`~gm_shell.Session` argument (``node``,
             ``options``, ``mailbox_options``, ``callbacks``...).
     """
 
-    def __init__(self, algorithm: DiLoCo, mailbox: str, **session: Any) -> None:
+    def __init__(
+        self,
+        algorithm: DiLoCo,
+        mailbox: str,
+        *,
+        resume: bool | MutableMapping[str, Any] = False,
+        **session: Any,
+    ) -> None:
         self.algorithm = algorithm
         self.mailbox = mailbox
+        self.resume = resume
         self.session_kwargs = session
         self.session: Session | None = None
         self._tokens_seen = 0
@@ -65,10 +86,15 @@ class GmTrainerCallback(TrainerCallback):
                 "include_num_input_tokens_seen=True) so the Trainer counts them"
             )
         model = kwargs["model"]
+        resume = _resume_state(state, kwargs, self.resume) if self.resume is not False else None
         self.session = Session(
-            model, algorithm=self.algorithm, mailbox=self.mailbox, **self.session_kwargs
+            model,
+            algorithm=self.algorithm,
+            mailbox=self.mailbox,
+            resume=resume,
+            **self.session_kwargs,
         )
-        self.session.start()
+        self.session.start()  # restores the resume state: global_step goes on from it
         self._tokens_seen = state.num_input_tokens_seen
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -83,3 +109,37 @@ class GmTrainerCallback(TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.session is not None:
             self.session.close()
+
+
+class _Progress:
+    """The Trainer's step counts, saved and restored through ``state_dict()``.
+
+    ``TrainerState`` has no such methods; the Trainer's loop reads ``global_step`` at
+    every step (``max_steps`` stops it), so setting it before the first step is enough.
+    """
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, int]:
+        return {
+            "global_step": int(self.state.global_step),
+            "num_input_tokens_seen": int(self.state.num_input_tokens_seen),
+        }
+
+    def load_state_dict(self, saved: dict[str, int]) -> None:
+        self.state.global_step = int(saved["global_step"])
+        self.state.num_input_tokens_seen = int(saved["num_input_tokens_seen"])
+
+
+def _resume_state(
+    state: Any, handed: dict[str, Any], extra: bool | MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """The Trainer's own training state, as ``Session(resume=...)`` entries (``trainer.*``),
+    added to the user's mapping when there is one (so its plain values are restored there)."""
+    resume: MutableMapping[str, Any] = {} if isinstance(extra, bool) else extra
+    resume["trainer.progress"] = _Progress(state)
+    for name in ("optimizer", "lr_scheduler"):
+        if handed.get(name) is not None:
+            resume[f"trainer.{name}"] = handed[name]
+    return resume

@@ -13,13 +13,25 @@ Theory of operation
 Lightning calls ``on_train_batch_end`` after every batch, but steps the
 optimizer only every ``accumulate_grad_batches`` batches; the callback counts
 a gm step whenever ``trainer.global_step`` has moved, with the samples of the
-batches since (their first dimension, or ``samples_per_step`` when given).
+batches since (their first dimension, or ``samples_per_step`` when given) and,
+in a run of ``DiLoCo(unit="tokens")``, their tokens (:func:`batch_tokens`, or
+``tokens_per_step`` / ``count_tokens`` when given).
 ``on_fit_end`` closes the session, leaving the module at the newest commit.
 One process is one learner.
+
+With ``resume=True`` (and a fixed ``node`` id) the Trainer's optimizers, LR
+schedulers and optimizer-step count are the node's resume state
+(:mod:`gm_shell.resume`): a node restarted with the same id continues at its
+saved step, with ``trainer.global_step`` (so ``max_steps`` counts the steps
+already trained) and the optimizers' and schedulers' state where they were. A
+mapping instead of ``True`` adds its entries (a stateful sampler, a data
+position) to that state, and receives the restored plain values. The data
+loader itself restarts at its beginning unless such an entry restores it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from gm_shell.extras import require
@@ -28,6 +40,7 @@ require("GmCallback", ("lightning", "torch"), extra="lightning")
 
 import lightning.pytorch as pl  # noqa: E402 (after the extra check)
 
+from gm_core.records import Unit  # noqa: E402
 from gm_shell.session import DiLoCo, Session  # noqa: E402
 
 
@@ -44,6 +57,27 @@ def batch_samples(batch: Any) -> int:
     return 0
 
 
+def batch_tokens(batch: Any) -> int:
+    """The tokens of a language-model batch: the ones its ``attention_mask`` keeps, else
+    every element of its ``input_ids``, else of its first tensor (``[batch, sequence]``)."""
+    if isinstance(batch, dict):
+        mask = batch.get("attention_mask")
+        if mask is not None:
+            return int(mask.sum())
+        ids = batch.get("input_ids")
+        if ids is not None:
+            return int(ids.numel())
+    if hasattr(batch, "numel"):
+        return int(batch.numel())
+    items = batch.values() if isinstance(batch, dict) else batch
+    if isinstance(items, list | tuple) or isinstance(batch, dict):
+        for item in items:
+            found = batch_tokens(item)
+            if found:
+                return found
+    return 0
+
+
 class GmCallback(pl.Callback):
     """Joins a Lightning ``Trainer.fit`` to a gm run.
 
@@ -52,6 +86,13 @@ class GmCallback(pl.Callback):
         mailbox: the run's URL.
         samples_per_step: samples one optimizer step trains on; default: counted
             from the batches (their first dimension).
+        tokens_per_step: in a run of ``DiLoCo(unit="tokens")``, the tokens one
+            optimizer step trains on; default: counted from the batches.
+        count_tokens: in a tokens run, the tokens of one batch (default
+            :func:`batch_tokens`); ignored when ``tokens_per_step`` is given.
+        resume: ``True`` to resume this node exactly after a restart with the same
+            ``node`` id (optimizers, LR schedulers, optimizer-step count); a mapping
+            adds its entries to that state (see :class:`~gm_shell.Session`).
         **session: any other :class:`~gm_shell.Session` argument.
     """
 
@@ -60,34 +101,71 @@ class GmCallback(pl.Callback):
         algorithm: DiLoCo,
         mailbox: str,
         samples_per_step: int | None = None,
+        *,
+        tokens_per_step: int | None = None,
+        count_tokens: Callable[[Any], int] = batch_tokens,
+        resume: bool | MutableMapping[str, Any] = False,
         **session: Any,
     ) -> None:
         self.algorithm = algorithm
         self.mailbox = mailbox
         self.samples_per_step = samples_per_step
+        self.tokens_per_step = tokens_per_step
+        self.count_tokens = count_tokens
+        self.resume = resume
         self.session_kwargs = session
         self.session: Session | None = None
         self._counted_step = 0
         self._samples = 0
+        self._tokens = 0
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        state = _resume_state(trainer, self.resume) if self.resume is not False else None
         self.session = Session(
-            pl_module, algorithm=self.algorithm, mailbox=self.mailbox, **self.session_kwargs
+            pl_module,
+            algorithm=self.algorithm,
+            mailbox=self.mailbox,
+            resume=state,
+            **self.session_kwargs,
         )
-        self.session.start()
+        self.session.start()  # restores the resume state: global_step goes on from it
         self._counted_step = trainer.global_step
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._samples += batch_samples(batch)
+        if self.algorithm.unit is Unit.TOKENS and self.tokens_per_step is None:
+            self._tokens += self.count_tokens(batch)
         if self.session is None:
             return
         while self._counted_step < trainer.global_step:
             self._counted_step += 1
-            self.session.step(samples=self.samples_per_step or max(self._samples, 1))
-            self._samples = 0
+            self.session.step(
+                samples=self.samples_per_step or max(self._samples, 1),
+                tokens=self.tokens_per_step or self._tokens,
+            )
+            self._samples = self._tokens = 0
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.session is not None:
             self.session.close()
+
+
+def _resume_state(trainer: Any, extra: bool | MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The Trainer's own training state, as ``Session(resume=...)`` entries (``lightning.*``),
+    added to the user's mapping when there is one (so its plain values are restored there).
+
+    The optimizer-step progress is Lightning's own record of ``global_step``
+    (its checkpoints restore the same object), so a restored node's ``max_steps``
+    counts the steps it trained before.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    state: MutableMapping[str, Any] = {} if isinstance(extra, bool) else extra
+    state["lightning.optimizer_steps"] = epoch_loop.automatic_optimization.optim_progress
+    state["lightning.manual_optimizer_steps"] = epoch_loop.manual_optimization.optim_step_progress
+    for i, optimizer in enumerate(trainer.optimizers):
+        state[f"lightning.optimizer.{i}"] = optimizer
+    for i, config in enumerate(trainer.lr_scheduler_configs):
+        state[f"lightning.scheduler.{i}"] = config.scheduler
+    return state
