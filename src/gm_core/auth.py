@@ -144,10 +144,6 @@ class Envelope:
     auth: RunAuth | None
     run_id: str
 
-    @property
-    def keyed(self) -> bool:
-        return self.auth is not None
-
     def seal(self, key: str, body: bytes) -> bytes:
         """The bytes to store at ``key`` for ``body`` (the body itself in an open run)."""
         if self.auth is None:

@@ -48,13 +48,7 @@ def batch_samples(batch: Any) -> int:
     """The first dimension of a batch's first tensor (tuples, lists and dicts searched)."""
     if hasattr(batch, "shape") and len(batch.shape) > 0:
         return int(batch.shape[0])
-    items = batch.values() if isinstance(batch, dict) else batch
-    if isinstance(items, list | tuple) or isinstance(batch, dict):
-        for item in items:
-            found = batch_samples(item)
-            if found:
-                return found
-    return 0
+    return _first_inside(batch, batch_samples)
 
 
 def batch_tokens(batch: Any) -> int:
@@ -69,10 +63,15 @@ def batch_tokens(batch: Any) -> int:
             return int(ids.numel())
     if hasattr(batch, "numel"):
         return int(batch.numel())
+    return _first_inside(batch, batch_tokens)
+
+
+def _first_inside(batch: Any, count: Callable[[Any], int]) -> int:
+    """The first non-zero ``count`` of the items of a tuple, list or dict batch (0: none)."""
     items = batch.values() if isinstance(batch, dict) else batch
     if isinstance(items, list | tuple) or isinstance(batch, dict):
         for item in items:
-            found = batch_tokens(item)
+            found = count(item)
             if found:
                 return found
     return 0
