@@ -41,12 +41,19 @@ class CloseRequested:
 
 @attrs.frozen(kw_only=True)
 class GotObject:
-    """Outcome of Get; ``data`` is None when the object is absent."""
+    """Outcome of Get; ``data`` is None when the object is absent.
+
+    ``refused`` names why the shell did not read an object that is there
+    (``"too_large"``: over its kind's cap, refused from its size alone); ``data`` is then
+    ``b""``, which no reader decodes, so a machine that ignores the field still treats it
+    as garbage at that key.
+    """
 
     now_s: float
     req: int
     data: bytes | None
     etag: str | None
+    refused: str | None = None
 
 
 @attrs.frozen(kw_only=True)

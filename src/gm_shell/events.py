@@ -321,6 +321,24 @@ class Refused(Event):
 
 
 @attrs.frozen(kw_only=True)
+class ListingCut(Event):
+    """A listing held more keys than a node reads of one (:data:`gm_shell.limits.MAX_LISTED_KEYS`).
+
+    The node went on with the first ``limit`` keys; the rest of the folder was not looked
+    at. Someone flooded it, or the run outgrew the cap. Reported once per prefix.
+
+    Attributes:
+        prefix: the listed prefix, relative to the run prefix.
+        limit: the most keys the node reads of one listing.
+    """
+
+    kind: ClassVar[str] = "listing_cut"
+    level: ClassVar[int] = logging.WARNING
+    prefix: str = ""
+    limit: int = 0
+
+
+@attrs.frozen(kw_only=True)
 class MachineRestarted(Event):
     """A machine of this node raised; it alone starts again from the tape after a backoff.
 

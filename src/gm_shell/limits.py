@@ -9,6 +9,10 @@ refused from its reply's headers, before its body is downloaded. The caps here
 are for the JSON records, by the kind the key names; payloads are bounded by their
 fragment's layout instead (:meth:`gm_shell.fragments.FragmentCodec.limit`).
 
+Listings are capped too (:data:`MAX_LISTED_KEYS`): a folder anyone can flood with
+keys (a round's snapshots, the leases, the claims) costs a node at most
+:data:`MAX_LIST_PAGES` pages per listing, whatever lies in it (protocol.md §16.4.5).
+
 The caps are generous for the largest record a correct writer can produce:
 
 - a **snapshot**, **claim**, **lease** or **head** has a fixed set of fields whose
@@ -44,3 +48,11 @@ def json_limit(key: str) -> int:
     if isinstance(parsed, keys.SnapshotKey | keys.ClaimKey | keys.LeaseKey | keys.HeadKey):
         return SMALL_RECORD_BYTES
     return codec.MAX_RECORD_BYTES
+
+
+LIST_PAGE_KEYS: Final = 1000
+"""Keys in one page of a listing (S3, R2 and GCS return at most this many per request)."""
+MAX_LIST_PAGES: Final = 4
+"""Pages a node reads of one listing; the rest of a flooded folder is not looked at."""
+MAX_LISTED_KEYS: Final = MAX_LIST_PAGES * LIST_PAGE_KEYS
+"""Keys a node reads of one listing: far above a round's snapshots or a run's leases."""

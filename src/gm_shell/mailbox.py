@@ -185,6 +185,9 @@ _TIMED_OUT = "kind: Timeout"
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
 """Timeout, conflicting concurrent write (S3 asks for a retry), too early, throttled."""
 
+LIST_CHUNK_KEYS = 1000
+"""Keys read per step of a listing on stores that do not page (a local folder, memory)."""
+
 _PASS = None
 """Classification of an exception the caller interprets itself (absent, exists)."""
 
@@ -454,24 +457,44 @@ class Mailbox:
 
     async def list(self, prefix: str, *, offset: str | None = None) -> builtins.list[Listed]:
         """Objects whose key starts with ``prefix`` and sorts after ``offset``, sorted by key."""
+        found, _ = await self.list_capped(prefix, offset=offset)
+        return found
+
+    async def list_capped(
+        self, prefix: str, *, offset: str | None = None, max_keys: int | None = None
+    ) -> tuple[builtins.list[Listed], bool]:
+        """:meth:`list`, reading at most ``max_keys`` keys; and whether it reached that cap.
+
+        The listing is read page by page and stops once ``max_keys`` keys are in, so a
+        folder that someone flooded costs a bounded number of requests and bytes. A cut
+        listing holds the first ``max_keys`` keys in the store's order (by key on object
+        stores, directory order in a local folder), before the ``prefix`` filter of a
+        partial last segment: it may hold fewer matches.
+        """
         _check_prefix(prefix, "list")
         folder, start = _list_plan(prefix, offset)
+        page = self._handle.list_page_keys or LIST_CHUNK_KEYS
 
-        def collect() -> builtins.list[Any]:
-            return builtins.list(self._store.list(folder, offset=start).collect())
+        def collect() -> tuple[builtins.list[Any], bool]:
+            metas: builtins.list[Any] = []
+            for chunk in self._store.list(folder, offset=start, chunk_size=page):
+                metas.extend(chunk)
+                if max_keys is not None and len(metas) >= max_keys:
+                    return metas[:max_keys], True
+            return metas, False
 
-        metas = await self._run("list", prefix, RequestClass.LIST, collect)
-        page = self._handle.list_page_keys
-        extra_pages = max(0, math.ceil(len(metas) / page) - 1) if page else 0
-        if extra_pages:
-            self._meter.request(RequestClass.LIST, n=extra_pages)
+        metas, cut = await self._run("list", prefix, RequestClass.LIST, collect)
+        if self._handle.list_page_keys:
+            extra_pages = max(0, math.ceil(len(metas) / page) - 1)
+            if extra_pages:
+                self._meter.request(RequestClass.LIST, n=extra_pages)
         found = [
             Listed(key=m["path"], size=m["size"], etag=_etag(m["e_tag"], m))
             for m in metas
             if m["path"].startswith(prefix) and (offset is None or m["path"] > offset)
         ]
         found.sort(key=lambda item: item.key)
-        return found
+        return found, cut
 
     async def delete(self, keys: Iterable[str]) -> None:
         """Delete ``keys`` in as few requests as the backend allows; absent keys are fine."""

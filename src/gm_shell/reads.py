@@ -12,8 +12,12 @@ from its reply's headers, its body never read.
   (:func:`gm_shell.limits.json_limit`). A refused one is handed to the core as an
   empty document, which every machine already answers as it answers garbage at
   that key (a record that does not decode, a snapshot rejected ``corrupt``, a claim
-  that names nobody, no head hint); the reader reports the refusal as a
-  :class:`~gm_shell.events.Refused` event naming the key, size and cap.
+  that names nobody, no head hint), and says so (``refused = "too_large"``, which the
+  runtime passes on in :class:`gm_core.events.GotObject`); the reader reports the
+  refusal as a :class:`~gm_shell.events.Refused` event naming the key, size and cap.
+- **Listings** are read up to :data:`gm_shell.limits.MAX_LISTED_KEYS` keys (four pages):
+  a flooded folder costs a bounded number of requests and keys per poll, and the first
+  cut listing of a prefix is reported as a :class:`~gm_shell.events.ListingCut` event.
 - **Payloads** are capped by their reference's size, and a reference is believed
   only up to the most bytes its fragment can take in its wire format
   (:meth:`~gm_shell.fragments.FragmentCodec.limit`); decoding is bounded the same
@@ -34,14 +38,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
+import attrs
+
 from gm_core import keys
 from gm_core.numerics.arrays import F32
 from gm_core.records import PayloadRef, Reason
 from gm_shell import events
 from gm_shell.cache import EtagMemory
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
-from gm_shell.limits import json_limit
-from gm_shell.mailbox import Got, Mailbox, TooLargeError, UnchangedError
+from gm_shell.limits import MAX_LISTED_KEYS, json_limit
+from gm_shell.mailbox import Listed, Mailbox, TooLargeError, UnchangedError
 
 T = TypeVar("T")
 Compute = Callable[..., Awaitable[Any]]
@@ -49,6 +55,8 @@ Compute = Callable[..., Awaitable[Any]]
 
 REFUSED: Final = b""
 """What the core is given for a JSON object refused unread: a document that does not decode."""
+TOO_LARGE: Final = "too_large"
+"""Why a JSON object was refused unread: it is bigger than its kind's cap."""
 
 JSON_MEMORY_BYTES: Final = 16 << 20
 """JSON objects remembered by ETag (enough for a few records of the largest kind)."""
@@ -57,6 +65,17 @@ MEMORY_ENTRIES: Final = 1024
 
 PayloadAt = tuple[PayloadRef, int, Role]
 """A payload as one reader judges it: its reference, fragment and role."""
+CUT_MEMORY: Final = 1024
+"""Prefixes whose cut listing was reported, at most (then the oldest is reported again)."""
+
+
+@attrs.frozen(kw_only=True)
+class JsonRead:
+    """A JSON object as a reader got it: ``refused`` names why its bytes were not read."""
+
+    data: bytes
+    etag: str
+    refused: str | None = None
 
 
 async def read_json(mailbox: Mailbox, key: str) -> bytes | None:
@@ -89,14 +108,15 @@ class Reader:
         self._compute = compute
         self._emit = emit
         self._clock = clock
-        self._json: EtagMemory[str, bytes] = EtagMemory(MEMORY_ENTRIES, JSON_MEMORY_BYTES)
+        self._json: EtagMemory[str, JsonRead] = EtagMemory(MEMORY_ENTRIES, JSON_MEMORY_BYTES)
+        self._cut: dict[str, None] = {}
         self._verdicts: EtagMemory[PayloadAt, tuple[Reason, str]] = EtagMemory(
             MEMORY_ENTRIES, MEMORY_ENTRIES
         )
 
     # -- JSON records ---------------------------------------------------------------------
 
-    async def json(self, key: str) -> Got | None:
+    async def json(self, key: str) -> JsonRead | None:
         """The object at ``key`` (``REFUSED`` bytes when over its cap), or None if absent."""
         seen = self._json.get(key)
         limit = json_limit(key)
@@ -106,16 +126,42 @@ class Reader:
             )
         except UnchangedError:
             assert seen is not None
-            return Got(data=seen.value, etag=seen.etag)
+            return seen.value
         except TooLargeError as big:
             self._refused(key, big.size, limit)
-            self._json.put(key, big.etag, REFUSED)
-            return Got(data=REFUSED, etag=big.etag)
+            read = JsonRead(data=REFUSED, etag=big.etag, refused=TOO_LARGE)
+            self._json.put(key, big.etag, read)
+            return read
         if got is None:
             self._json.forget(key)
             return None
-        self._json.put(key, got.etag, got.data, len(got.data))
-        return got
+        read = JsonRead(data=got.data, etag=got.etag)
+        self._json.put(key, got.etag, read, len(got.data))
+        return read
+
+    # -- listings -------------------------------------------------------------------------
+
+    async def list(self, prefix: str, offset: str | None = None) -> list[Listed]:
+        """The first :data:`MAX_LISTED_KEYS` keys under ``prefix`` after ``offset``."""
+        found, cut = await self._mailbox.list_capped(
+            prefix, offset=offset, max_keys=MAX_LISTED_KEYS
+        )
+        if cut and prefix not in self._cut:
+            self._cut[prefix] = None
+            if len(self._cut) > CUT_MEMORY:
+                del self._cut[next(iter(self._cut))]
+            self._emit(
+                events.ListingCut(
+                    node=self._node,
+                    round=_round_of(prefix),
+                    detail=f"{prefix}: more than {MAX_LISTED_KEYS:,} keys; read the first"
+                    f" {MAX_LISTED_KEYS:,}",
+                    at_s=self._clock(),
+                    prefix=prefix,
+                    limit=MAX_LISTED_KEYS,
+                )
+            )
+        return found
 
     # -- payloads -------------------------------------------------------------------------
 
@@ -155,14 +201,10 @@ class Reader:
     # -- reporting ------------------------------------------------------------------------
 
     def _refused(self, key: str, size: int, limit: int) -> None:
-        try:
-            round_ = getattr(keys.parse(key), "round", -1)
-        except keys.BadKey:
-            round_ = -1
         self._emit(
             events.Refused(
                 node=self._node,
-                round=round_,
+                round=_round_of(key),
                 detail=f"{key}: {size:,} bytes, over the {limit:,}-byte limit",
                 at_s=self._clock(),
                 key=key,
@@ -170,3 +212,13 @@ class Reader:
                 limit=limit,
             )
         )
+
+
+def _round_of(key: str) -> int:
+    """The round a key (or a round's folder, ``snapshots/{r}/``) names, -1 when none."""
+    try:
+        round_: int = getattr(keys.parse(key), "round", -1)
+    except keys.BadKey:
+        segments = key.split("/")
+        return int(segments[1]) if len(segments) > 2 and segments[1].isdecimal() else -1
+    return round_

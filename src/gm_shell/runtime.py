@@ -568,8 +568,11 @@ class Runtime:
         mailbox = self._mailbox
         if isinstance(cmd, Get):
             got = await self._reads.json(cmd.key)
-            data, etag = (None, None) if got is None else (got.data, got.etag)
-            return GotObject(now_s=now(), req=cmd.req, data=data, etag=etag)
+            if got is None:
+                return GotObject(now_s=now(), req=cmd.req, data=None, etag=None)
+            return GotObject(
+                now_s=now(), req=cmd.req, data=got.data, etag=got.etag, refused=got.refused
+            )
         if isinstance(cmd, Probe):
             return Probed(now_s=now(), req=cmd.req, etag=await mailbox.probe(cmd.key))
         if isinstance(cmd, PutOnce):
@@ -579,7 +582,7 @@ class Runtime:
             await mailbox.put(cmd.key, cmd.data)
             return PutDone(now_s=now(), req=cmd.req, created=True)
         if isinstance(cmd, List):
-            items = await mailbox.list(cmd.prefix, offset=cmd.offset)
+            items = await self._reads.list(cmd.prefix, offset=cmd.offset)
             return Listed(now_s=now(), req=cmd.req, keys=tuple(item.key for item in items))
         if isinstance(cmd, Delete):
             await mailbox.delete(cmd.keys)

@@ -37,10 +37,12 @@ from gm_core.records import (
     Snapshot,
     TensorSpec,
 )
+from gm_shell import events
 from gm_shell.align import newest_record
 from gm_shell.fragments import FragmentCodec, Role
-from gm_shell.limits import SMALL_RECORD_BYTES, json_limit
+from gm_shell.limits import MAX_LIST_PAGES, MAX_LISTED_KEYS, SMALL_RECORD_BYTES, json_limit
 from gm_shell.mailbox import TooLargeError, UnchangedError
+from gm_shell.reads import Reader
 from gm_shell.run import RunError, read_manifest
 
 SCRIPT = Path(__file__).parent / "scripts" / "hostile_reads.py"
@@ -83,6 +85,58 @@ def test_a_capped_get_is_refused_from_the_headers_and_a_known_etag_costs_no_body
         assert await box.get("x/absent.json", if_none_match=got.etag) is None
 
     asyncio.run(body())
+
+
+def test_a_listing_stops_at_its_cap(target: Target) -> None:
+    box = target.open()
+    flood = [keys.snapshot(3, f"flood-{i:03d}") for i in range(25)]
+
+    async def body() -> None:
+        await asyncio.gather(*(box.put_once(key, b"{}") for key in flood))
+        found, cut = await box.list_capped(keys.snapshot_prefix(3), max_keys=10)
+        assert cut
+        assert len(found) == 10
+        assert {x.key for x in found} <= set(flood)
+        found, cut = await box.list_capped(keys.snapshot_prefix(3), max_keys=100)
+        assert not cut
+        assert [x.key for x in found] == flood
+        assert [x.key for x in await box.list(keys.snapshot_prefix(3))] == flood
+
+    asyncio.run(body())
+
+
+def test_a_flooded_folder_costs_a_reader_four_pages_and_one_event(tmp_path: Path) -> None:
+    """A claim or snapshot flood: the reader reads 4,000 keys of it and reports the cut once."""
+    assert MAX_LISTED_KEYS == MAX_LIST_PAGES * 1000 == 4000
+    target = local_target("file", tmp_path)
+    folder = Path(target.url.removeprefix("file://")) / keys.claim_prefix(5)
+    folder.mkdir(parents=True)
+    for attempt in range(MAX_LISTED_KEYS + 1):  # written as files: 4,001 PUTs would be slow
+        (folder / f"{attempt:04d}.json").write_bytes(b"{}")
+    seen: list[events.Event] = []
+    box = target.open()
+    reader = Reader(
+        node="n0",
+        mailbox=box,
+        codec=FragmentCodec(unseeded_manifest()),
+        compute=asyncio.to_thread,
+        emit=seen.append,
+        clock=lambda: 0.0,
+    )
+
+    async def body() -> None:
+        for _ in range(3):
+            assert len(await reader.list(keys.claim_prefix(5))) == MAX_LISTED_KEYS
+        assert len(await reader.list(keys.claim_prefix(4))) == 0
+
+    try:
+        asyncio.run(body())
+    finally:
+        target.close()
+    assert len(seen) == 1
+    cut = seen[0]
+    assert isinstance(cut, events.ListingCut)
+    assert (cut.prefix, cut.limit, cut.round) == (keys.claim_prefix(5), MAX_LISTED_KEYS, 5)
 
 
 def test_the_json_caps_hold_the_largest_records_a_correct_writer_makes() -> None:
@@ -162,10 +216,10 @@ class Bucket:
         )
 
 
-@pytest.fixture(scope="module")
-def hostile() -> tuple[Manifest, Bucket]:
+def unseeded_manifest() -> Manifest:
+    """A manifest of :data:`SCHEMA` with zstd payloads and no initial state yet."""
     cfg = AlgorithmConfig(sync_every=8, fragments=2, compression=Compression.ZSTD)
-    unseeded = Manifest(
+    return Manifest(
         run_id="r",
         created_by="n0",
         config=cfg,
@@ -173,6 +227,12 @@ def hostile() -> tuple[Manifest, Bucket]:
         plan=plan.make_plan(SCHEMA, cfg),
         init=(),
     )
+
+
+@pytest.fixture(scope="module")
+def hostile() -> tuple[Manifest, Bucket]:
+    unseeded = unseeded_manifest()
+    cfg = unseeded.config
     fragments = FragmentCodec(unseeded)
     bucket = Bucket()
     init = []
@@ -206,8 +266,8 @@ def hostile() -> tuple[Manifest, Bucket]:
 
 
 EXPECTED = {
-    "record-64MiB": "refused",
-    "snapshot-1MiB": "refused",
+    "record-64MiB": "too_large",
+    "snapshot-1MiB": "too_large",
     "record-garbage": "read",
     "zstd-declares-1GiB": "corrupt: zstd frame declares 1073741824 bytes",
     "zstd-inflates-to-1GiB": "corrupt: zstd frame does not decode within",

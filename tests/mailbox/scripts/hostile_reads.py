@@ -21,7 +21,7 @@ from gm_core.records import Manifest, PayloadRef
 from gm_shell import events
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.mailbox import Mailbox
-from gm_shell.reads import REFUSED, Reader
+from gm_shell.reads import Reader
 from gm_shell.stores import MailboxOptions
 
 KEPT: list[object] = []
@@ -92,7 +92,7 @@ async def read(reader: Reader, mailbox: Mailbox, case: dict[str, Any]) -> str:
         return "read"
     if case["kind"] == "json":
         got = await reader.json(case["key"])
-        return "absent" if got is None else "refused" if got.data == REFUSED else "read"
+        return "absent" if got is None else got.refused or "read"
     ref = PayloadRef(**case["ref"])
     try:
         await reader.payload(case["fragment"], Role(case["role"]), ref)
