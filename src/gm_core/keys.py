@@ -14,6 +14,11 @@ Keys are relative to the run prefix (the mailbox prepends it)::
     nodes/{node}/resume.bin                    a node's own training state (opt-in resume)
     barriers/{name}/{gen:012d}/parties/{party}.json  a party's create-once arrival at a barrier
     barriers/{name}/{gen:012d}/released.json   create-once verdict on a barrier's generation
+    queue/{q}/units.json                       create-once: which units queue q holds
+    queue/{q}/units/{unit}/claims/{attempt:04d}.json  create-once claim of a unit
+    queue/{q}/units/{unit}/done/{attempt:04d}.json    create-once: that attempt finished the unit
+    done/{node}.json                           create-once: the node's own data ran out
+    finished.json                              create-once: the run is finished (its summary)
 
 Numbers are zero-padded to a fixed width so that the byte order of keys, which is
 what every object store lists in, equals numeric order: the newest round is the last
@@ -62,6 +67,12 @@ RESUME_NAME = "resume.bin"
 BARRIERS_PREFIX = "barriers/"
 BARRIER_PARTIES = "parties"
 BARRIER_MARKER = "released.json"
+QUEUE_PREFIX = "queue/"
+QUEUE_UNITS = "units"
+QUEUE_CLAIMS = "claims"
+QUEUE_DONE = "done"
+DONE_PREFIX = "done/"
+FINISHED = "finished.json"
 
 _ROUND_WIDTH = 12
 _ATTEMPT_WIDTH = 4
@@ -182,6 +193,43 @@ class BarrierMarkerKey:
     generation: int
 
 
+@attrs.frozen
+class QueueUnitsKey:
+    """``queue/{queue}/units.json``."""
+
+    queue: str
+
+
+@attrs.frozen
+class QueueClaimKey:
+    """``queue/{queue}/units/{unit}/claims/{attempt}.json``."""
+
+    queue: str
+    unit: str
+    attempt: int
+
+
+@attrs.frozen
+class QueueDoneKey:
+    """``queue/{queue}/units/{unit}/done/{attempt}.json``."""
+
+    queue: str
+    unit: str
+    attempt: int
+
+
+@attrs.frozen
+class DoneKey:
+    """``done/{node}.json``."""
+
+    node: str
+
+
+@attrs.frozen
+class FinishedKey:
+    """``finished.json``."""
+
+
 ParsedKey = (
     ManifestKey
     | HeadKey
@@ -193,6 +241,11 @@ ParsedKey = (
     | ResumeKey
     | BarrierArrivalKey
     | BarrierMarkerKey
+    | QueueUnitsKey
+    | QueueClaimKey
+    | QueueDoneKey
+    | DoneKey
+    | FinishedKey
 )
 
 
@@ -305,6 +358,48 @@ def barrier_marker(name: str, generation: int) -> str:
     return f"{barrier_generation_prefix(name, generation)}{BARRIER_MARKER}"
 
 
+def queue_prefix(queue: str) -> str:
+    """Folder of the shared queue ``queue``, ending in ``/``."""
+    return f"{QUEUE_PREFIX}{_id(queue, 'queue name')}/"
+
+
+def queue_units(queue: str) -> str:
+    """Key of the create-once statement of which units ``queue`` holds."""
+    return f"{queue_prefix(queue)}{QUEUE_UNITS}{_JSON}"
+
+
+def queue_units_prefix(queue: str) -> str:
+    """Folder of every unit's claims and done markers (one listing shows the queue)."""
+    return f"{queue_prefix(queue)}{QUEUE_UNITS}/"
+
+
+def queue_unit_prefix(queue: str, unit: str) -> str:
+    """Folder of one unit's claims and done markers, ending in ``/``."""
+    return f"{queue_units_prefix(queue)}{_id(unit, 'unit')}/"
+
+
+def queue_claim(queue: str, unit: str, attempt: int) -> str:
+    """Key of the create-once claim ``attempt`` of ``unit``."""
+    number = _number(attempt, ATTEMPT_LIMIT, _ATTEMPT_WIDTH, "attempt")
+    return f"{queue_unit_prefix(queue, unit)}{QUEUE_CLAIMS}/{number}{_JSON}"
+
+
+def queue_done(queue: str, unit: str, attempt: int) -> str:
+    """Key of the create-once done marker of ``unit`` by the holder of ``attempt``."""
+    number = _number(attempt, ATTEMPT_LIMIT, _ATTEMPT_WIDTH, "attempt")
+    return f"{queue_unit_prefix(queue, unit)}{QUEUE_DONE}/{number}{_JSON}"
+
+
+def done(node: str) -> str:
+    """Key of ``node``'s create-once marker that its own data ran out."""
+    return f"{DONE_PREFIX}{_id(node, 'node')}{_JSON}"
+
+
+def finished() -> str:
+    """Key of the create-once summary of a finished run."""
+    return FINISHED
+
+
 def build(parsed: ParsedKey) -> str:
     """The key a parsed value stands for; the inverse of :func:`parse`."""
     match parsed:
@@ -328,6 +423,16 @@ def build(parsed: ParsedKey) -> str:
             return barrier_arrival(name, generation, party)
         case BarrierMarkerKey(name=name, generation=generation):
             return barrier_marker(name, generation)
+        case QueueUnitsKey(queue=queue):
+            return queue_units(queue)
+        case QueueClaimKey(queue=queue, unit=unit, attempt=attempt):
+            return queue_claim(queue, unit, attempt)
+        case QueueDoneKey(queue=queue, unit=unit, attempt=attempt):
+            return queue_done(queue, unit, attempt)
+        case DoneKey(node=node):
+            return done(node)
+        case FinishedKey():
+            return finished()
         case _:
             assert_never(parsed)
 
@@ -376,6 +481,8 @@ def parse(key: str) -> ParsedKey:
             return ManifestKey()
         if key == HEAD:
             return HeadKey()
+        if key == FINISHED:
+            return FinishedKey()
         raise BadKey(key, "not a known top-level object")
     if folder == ROUNDS_PREFIX[:-1]:
         _, name = _segments(key, parts, 2)
@@ -407,6 +514,11 @@ def parse(key: str) -> ParsedKey:
         return ResumeKey(_parse_id(key, node, "node"))
     if folder == BARRIERS_PREFIX[:-1]:
         return _parse_barrier(key, parts)
+    if folder == QUEUE_PREFIX[:-1]:
+        return _parse_queue(key, parts)
+    if folder == DONE_PREFIX[:-1]:
+        _, name = _segments(key, parts, 2)
+        return DoneKey(_parse_id(key, _strip(key, name, _JSON), "node"))
     raise BadKey(key, f"unknown folder {folder!r}")
 
 
@@ -423,6 +535,25 @@ def _parse_barrier(key: str, parts: list[str]) -> BarrierArrivalKey | BarrierMar
         raise BadKey(key, f"{parts[3]!r} is not {BARRIER_PARTIES!r}")
     party = _parse_id(key, _strip(key, parts[4], _JSON), "party")
     return BarrierArrivalKey(name, generation, party)
+
+
+def _parse_queue(key: str, parts: list[str]) -> QueueUnitsKey | QueueClaimKey | QueueDoneKey:
+    if len(parts) not in (3, 6):
+        raise BadKey(key, f"expected 3 or 6 path segments, got {len(parts)}")
+    queue = _parse_id(key, parts[1], "queue name")
+    if len(parts) == 3:
+        if parts[2] != QUEUE_UNITS + _JSON:
+            raise BadKey(key, f"{parts[2]!r} is not {QUEUE_UNITS + _JSON!r}")
+        return QueueUnitsKey(queue)
+    if parts[2] != QUEUE_UNITS:
+        raise BadKey(key, f"{parts[2]!r} is not {QUEUE_UNITS!r}")
+    unit = _parse_id(key, parts[3], "unit")
+    attempt = _parse_number(key, _strip(key, parts[5], _JSON), _ATTEMPT_WIDTH, "attempt")
+    if parts[4] == QUEUE_CLAIMS:
+        return QueueClaimKey(queue, unit, attempt)
+    if parts[4] == QUEUE_DONE:
+        return QueueDoneKey(queue, unit, attempt)
+    raise BadKey(key, f"{parts[4]!r} is neither {QUEUE_CLAIMS!r} nor {QUEUE_DONE!r}")
 
 
 def round_of_payload_key(key: str) -> int:

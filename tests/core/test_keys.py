@@ -16,11 +16,16 @@ from gm_core.keys import (
     BarrierArrivalKey,
     BarrierMarkerKey,
     ClaimKey,
+    DoneKey,
+    FinishedKey,
     HeadKey,
     LeaseKey,
     ManifestKey,
     ParsedKey,
     PayloadKey,
+    QueueClaimKey,
+    QueueDoneKey,
+    QueueUnitsKey,
     ResumeKey,
     RoundKey,
     SnapshotKey,
@@ -57,6 +62,11 @@ parsed_keys: st.SearchStrategy[ParsedKey] = st.one_of(
     st.builds(ResumeKey, ids),
     st.builds(BarrierArrivalKey, ids, rounds, ids),
     st.builds(BarrierMarkerKey, ids, rounds),
+    st.builds(QueueUnitsKey, ids),
+    st.builds(QueueClaimKey, ids, ids, attempts),
+    st.builds(QueueDoneKey, ids, ids, attempts),
+    st.builds(DoneKey, ids),
+    st.just(FinishedKey()),
 )
 
 # Pieces that look like parts of keys, so that fuzzing reaches deep into the parser.
@@ -73,6 +83,11 @@ TOKENS = [
     "barriers",
     "parties",
     "released.json",
+    "queue",
+    "units",
+    "units.json",
+    "done",
+    "finished.json",
     "/",
     "//",
     ".json",
@@ -171,6 +186,12 @@ def test_layout_is_the_documented_one() -> None:
     assert keys.barrier_generation_prefix("b", 7) == "barriers/b/000000000007/"
     assert keys.barrier_arrival("b", 7, "n1") == "barriers/b/000000000007/parties/n1.json"
     assert keys.barrier_marker("b", 7) == "barriers/b/000000000007/released.json"
+    assert keys.queue_units("q") == "queue/q/units.json"
+    assert keys.queue_unit_prefix("q", "u1") == "queue/q/units/u1/"
+    assert keys.queue_claim("q", "u1", 3) == "queue/q/units/u1/claims/0003.json"
+    assert keys.queue_done("q", "u1", 3) == "queue/q/units/u1/done/0003.json"
+    assert keys.done("n1") == "done/n1.json"
+    assert keys.finished() == "finished.json"
 
 
 @given(ids, rounds, rounds, ids)

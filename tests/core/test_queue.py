@@ -1,0 +1,521 @@
+"""Properties of the shared queue's machine, run against the model store under every
+interleaving hypothesis finds (deliveries in any order, failed and lost responses, crashes
+and same-id restarts, paused leases, a forger): every unit ends with a counted completion,
+a done marker is written only by the node its claim attempt names, a unit whose holder
+died is re-issued, and — as long as only dead nodes look dead — each unit is completed
+exactly once. Nothing in the bucket makes ``advance`` raise."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gm_core import auth, completion, keys, queue
+from gm_core.commands import Command, Delete, Get, List, Notify, Probe, PutOnce, WakeAt
+from gm_core.events import (
+    Deleted,
+    Event,
+    GotObject,
+    Listed,
+    Probed,
+    PutDone,
+    RequestFailed,
+    Started,
+    TimerFired,
+)
+from gm_core.queue import Finish, Outcome, QueueSpec, QueueState, Want
+from gm_core.store_model import ModelStore
+
+Q = "data"
+POLL_S = 1.0
+TIMEOUT_S = 3.0
+OPEN = auth.for_run("run1", None)
+KEYED = auth.for_run("run1", auth.derive(bytes(range(32))))
+
+
+def tokens_of(unit: str) -> int:
+    return 100 + int(unit[1:])
+
+
+@attrs.define
+class World:
+    """Nodes consuming one queue over a model store; a test picks what happens next.
+
+    The world renews the lease of every node that is up (and not paused) whenever time
+    moves, as a node's event loop does whatever its trainer is doing; a crashed node's
+    lease stays as it was, so its peers see it age on their own clocks.
+    """
+
+    units: tuple[str, ...]
+    envelope: auth.Envelope
+    prefetch: int = 0
+    store: ModelStore = attrs.field(factory=ModelStore)
+    now_s: float = 0.0
+    states: dict[str, QueueState] = attrs.field(factory=dict)
+    inflight: list[tuple[str, Command]] = attrs.field(factory=list)
+    timers: dict[str, float] = attrs.field(factory=dict)
+    paused: set[str] = attrs.field(factory=set)
+    exhausted: set[str] = attrs.field(factory=set)
+    crashed_at: dict[str, int] = attrs.field(factory=dict)
+    """Each node's last crash, counted in writes to the store."""
+    claimed_at: dict[tuple[str, int], int] = attrs.field(factory=dict)
+    early: list[tuple[str, int, str]] = attrs.field(factory=list)
+    """Re-issues of a unit whose holder had not crashed since its claim: (unit, attempt, holder)."""
+
+    def start(self, node: str) -> None:
+        spec = QueueSpec(
+            queue=Q,
+            node=node,
+            units=self.units,
+            prefetch=self.prefetch,
+            lease_timeout_s=TIMEOUT_S,
+            poll_s=POLL_S,
+            envelope=self.envelope,
+        )
+        self.states[node] = queue.initial(spec)
+        self.exhausted.discard(node)
+        self.renew(node)
+        self.feed(node, Started(now_s=self.now_s))
+
+    def renew(self, node: str) -> None:
+        self.store = self.store.put(keys.lease(node), b"{}")
+
+    def feed(self, node: str, event: Event | Want | Finish) -> None:
+        state, cmds = queue.advance(self.states[node], event)
+        self.states[node] = state
+        for cmd in cmds:
+            if isinstance(cmd, WakeAt):
+                self.timers[node] = cmd.at_s
+            elif not isinstance(cmd, Notify):
+                self.inflight.append((node, cmd))
+        if state.outcome is Outcome.EXHAUSTED:
+            self.exhausted.add(node)
+
+    def ready(self) -> list[str]:
+        """Nodes whose trainer may act now (their queue is idle)."""
+        return sorted(
+            n for n, s in self.states.items() if s.phase is queue.Phase.IDLE and s.task is None
+        )
+
+    def act(self, node: str) -> None:
+        """The node's trainer: finish the unit it trains, or ask for the next."""
+        current = self.states[node].current
+        if current is None:
+            self.feed(node, Want(now_s=self.now_s))
+        else:
+            steps, tokens = 3, tokens_of(current.unit)
+            self.feed(node, Finish(now_s=self.now_s, unit=current.unit, steps=steps, tokens=tokens))
+
+    def execute(self, index: int, fault: str | None = None) -> None:
+        node, cmd = self.inflight.pop(index)
+        req = getattr(cmd, "req", 0)
+        if fault == "fail":
+            self.feed(node, RequestFailed(now_s=self.now_s, req=req, error="injected"))
+            return
+        outcome: Event
+        if isinstance(cmd, Get):
+            got = self.store.get(cmd.key)
+            data, etag = (None, None) if got is None else (got.data, got.etag)
+            outcome = GotObject(now_s=self.now_s, req=req, data=data, etag=etag)
+        elif isinstance(cmd, Probe):
+            got = self.store.get(cmd.key)
+            outcome = Probed(now_s=self.now_s, req=req, etag=None if got is None else got.etag)
+        elif isinstance(cmd, PutOnce):
+            self.store, created = self.store.put_once(cmd.key, cmd.data)
+            if created:
+                self.note_claim(cmd.key)
+            outcome = PutDone(now_s=self.now_s, req=req, created=created)
+        elif isinstance(cmd, List):
+            outcome = Listed(now_s=self.now_s, req=req, keys=self.store.list(cmd.prefix))
+        else:
+            assert isinstance(cmd, Delete), cmd
+            self.store = self.store.delete(cmd.keys)
+            outcome = Deleted(now_s=self.now_s, req=req)
+        if fault == "lose":
+            outcome = RequestFailed(now_s=self.now_s, req=req, error="response lost")
+        if node in self.states:
+            self.feed(node, outcome)
+
+    def tick(self) -> bool:
+        """Fire the earliest timer; time moves to it and every node that is up renews."""
+        if not self.timers:
+            return False
+        node = min(self.timers, key=lambda n: (self.timers[n], n))
+        at_s = self.timers.pop(node)
+        if at_s > self.now_s:
+            self.now_s = at_s
+            for up in sorted(self.states):
+                if up not in self.paused:
+                    self.renew(up)
+        self.feed(node, TimerFired(now_s=self.now_s))
+        return True
+
+    def note_claim(self, key: str) -> None:
+        """A claim over a node's attempt is a re-issue: fair only if that node crashed since."""
+        parsed = _parse(key)
+        if not isinstance(parsed, keys.QueueClaimKey):
+            return
+        self.claimed_at[parsed.unit, parsed.attempt] = self.store.writes
+        claims = self.claims()
+        below = [a for (u, a) in claims if u == parsed.unit and a < parsed.attempt]
+        if below:
+            holder = claims[parsed.unit, max(below)]
+            since = self.claimed_at.get((parsed.unit, max(below)), 0)
+            if holder and self.crashed_at.get(holder, -1) < since:
+                self.early.append((parsed.unit, parsed.attempt, holder))
+
+    def crash(self, node: str) -> None:
+        self.crashed_at[node] = self.store.writes
+        self.states.pop(node, None)
+        self.timers.pop(node, None)
+        self.inflight = [(n, c) for n, c in self.inflight if n != node]
+
+    def until(self, done: Callable[[], bool], limit: int = 10_000) -> None:
+        """Deliver in order (timers when nothing is in flight) until ``done()``."""
+        for _ in range(limit):
+            if done():
+                return
+            if self.inflight:
+                self.execute(0)
+            else:
+                assert self.tick(), "nothing left to happen"
+        raise AssertionError("never came true")
+
+    def idle(self, node: str) -> Callable[[], bool]:
+        return lambda: self.states[node].phase is queue.Phase.IDLE
+
+    def training(self, node: str) -> Callable[[], bool]:
+        return lambda: self.states[node].current is not None
+
+    def forge(self, key: str, data: bytes) -> None:
+        self.store, _ = self.store.put_once(key, data)
+
+    def run_fair(self, limit: int = 50_000) -> None:
+        """Deliver in order and let trainers act; timers only when nothing else can happen."""
+        for _ in range(limit):
+            if self.inflight:
+                self.execute(0)
+            elif ready := [n for n in self.ready() if n not in self.exhausted]:
+                self.act(ready[0])
+            elif not self.tick():
+                return
+        raise AssertionError("no quiescence")
+
+    # -- what the ghost history says -------------------------------------------------------
+
+    def claims(self) -> dict[tuple[str, int], str]:
+        """Every claim ever created (unit, attempt) -> the node it named (decoded)."""
+        found = {}
+        for key, data in self.store.created:
+            parsed = _parse(key)
+            if isinstance(parsed, keys.QueueClaimKey):
+                body = self.envelope.open(key, data)
+                if isinstance(body, bytes):
+                    node = queue.decode_claim(body, parsed.unit, parsed.attempt)
+                    if node is not None:
+                        found[parsed.unit, parsed.attempt] = node
+        return found
+
+    def dones(self) -> dict[str, dict[int, completion.DoneMarker | None]]:
+        """Every done marker ever created, judged, by unit and attempt."""
+        found: dict[str, dict[int, completion.DoneMarker | None]] = {}
+        for key, data in self.store.created:
+            parsed = _parse(key)
+            if isinstance(parsed, keys.QueueDoneKey):
+                body = self.envelope.open(key, data)
+                marker = (
+                    completion.decode_done(body, parsed.attempt)
+                    if isinstance(body, bytes)
+                    else None
+                )
+                judged = marker if isinstance(marker, completion.DoneMarker) else None
+                found.setdefault(parsed.unit, {})[parsed.attempt] = judged
+        return found
+
+
+def _parse(key: str) -> keys.ParsedKey | None:
+    try:
+        return keys.parse(key)
+    except keys.BadKey:
+        return None
+
+
+def check_ledger(world: World, *, exactly_once: bool) -> None:
+    """Every unit counted once with one full pass of tokens; done markers only by holders."""
+    claims, dones = world.claims(), world.dones()
+    for unit, attempts in dones.items():
+        for attempt, marker in attempts.items():
+            if marker is not None:
+                assert claims.get((unit, attempt)) == marker.node, (unit, attempt, marker)
+    verdict = completion.finished(completion.Queued(frozenset(world.units)), dones, frozenset())
+    assert isinstance(verdict, completion.Finished), verdict
+    assert verdict.tokens == sum(tokens_of(u) for u in world.units)
+    if exactly_once:
+        for unit in world.units:
+            valid = [m for m in dones[unit].values() if m is not None]
+            assert len(valid) == 1, (unit, dones[unit])
+
+
+units_strategy = st.integers(1, 4).map(lambda n: tuple(f"u{i}" for i in range(n)))
+steps_strategy = st.lists(
+    st.tuples(st.sampled_from(["exec", "act", "tick", "crash", "restart", "pause"]), st.integers()),
+    max_size=80,
+)
+
+
+def drive(world: World, nodes: list[str], steps: list[tuple[str, int]], faults: bool) -> None:
+    for kind, pick in steps:
+        if kind == "exec" and world.inflight:
+            fault = [None, None, "fail", "lose"][pick % 4] if faults else None
+            world.execute(pick % len(world.inflight), fault)
+        elif kind == "act" and (ready := [n for n in world.ready() if n not in world.exhausted]):
+            world.act(ready[pick % len(ready)])
+        elif kind == "tick":
+            world.tick()
+        elif kind == "crash":
+            world.crash(nodes[pick % len(nodes)])
+        elif kind == "restart":
+            node = nodes[pick % len(nodes)]
+            world.crash(node)
+            world.start(node)
+        elif kind == "pause":
+            node = nodes[pick % len(nodes)]
+            world.paused ^= {node}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    units=units_strategy,
+    nodes=st.integers(1, 3),
+    prefetch=st.integers(0, 2),
+    envelope=st.sampled_from([OPEN, KEYED]),
+    steps=steps_strategy,
+    faults=st.booleans(),
+)
+def test_each_unit_is_completed_exactly_once_across_crashes_and_restarts(
+    units: tuple[str, ...],
+    nodes: int,
+    prefetch: int,
+    envelope: auth.Envelope,
+    steps: list[tuple[str, int]],
+    faults: bool,
+) -> None:
+    names = [f"n{i}" for i in range(nodes)]
+    world = World(units=units, envelope=envelope, prefetch=prefetch)
+    for name in names:
+        world.start(name)
+    drive(world, names, [s for s in steps if s[0] != "pause"], faults)
+    # Whoever is still up runs to the end; if everyone crashed, one comes back.
+    if not world.states:
+        world.start(names[0])
+    world.run_fair()
+    assert set(world.states) <= world.exhausted
+    check_ledger(world, exactly_once=True)
+    assert world.early == []
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    units=units_strategy,
+    nodes=st.integers(2, 3),
+    envelope=st.sampled_from([OPEN, KEYED]),
+    steps=steps_strategy,
+)
+def test_paused_holders_never_lose_a_unit_nor_count_it_twice(
+    units: tuple[str, ...], nodes: int, envelope: auth.Envelope, steps: list[tuple[str, int]]
+) -> None:
+    """A paused lease looks dead: its units are re-issued and may be finished twice, but the
+    ledger counts each once, and only a claim's own node writes that attempt's marker."""
+    names = [f"n{i}" for i in range(nodes)]
+    world = World(units=units, envelope=envelope)
+    for name in names:
+        world.start(name)
+    drive(world, names, steps, faults=True)
+    world.paused.clear()
+    if not world.states:
+        world.start(names[0])
+    world.run_fair()
+    check_ledger(world, exactly_once=False)
+
+
+def started(world: World, node: str) -> None:
+    world.start(node)
+    world.until(world.idle(node))
+
+
+def test_a_dead_holders_unit_is_reissued_after_the_lease_timeout() -> None:
+    world = World(units=("u0",), envelope=OPEN)
+    started(world, "a")
+    world.act("a")  # a claims u0 and trains it (never finishes: it crashes)
+    world.until(world.training("a"))
+    assert world.states["a"].current == queue.Assignment(unit="u0", attempt=0, resumed=False)
+    world.crash("a")
+    started(world, "b")
+    world.act("b")
+    world.until(world.training("b"))
+    # b waited out a's lease on its own clock before claiming attempt 1.
+    assert world.states["b"].current == queue.Assignment(unit="u0", attempt=1, resumed=False)
+    assert world.now_s > TIMEOUT_S
+    world.run_fair()
+    assert world.dones() == {
+        "u0": {1: completion.DoneMarker(node="b", attempt=1, steps=3, tokens=tokens_of("u0"))}
+    }
+    # The done marker speaks for the unit: its claims were collected.
+    assert world.store.list(keys.queue_unit_prefix(Q, "u0")) == (keys.queue_done(Q, "u0", 1),)
+
+
+def test_a_restarted_node_resumes_its_own_unit_first() -> None:
+    world = World(units=("u0", "u1", "u2"), envelope=KEYED)
+    started(world, "a")
+    world.act("a")
+    world.until(world.training("a"))
+    mine = world.states["a"].current
+    assert mine is not None
+    world.crash("a")
+    started(world, "a")
+    world.act("a")
+    world.until(world.training("a"))
+    assert world.states["a"].current == attrs.evolve(mine, resumed=True)
+
+
+def test_a_live_holder_keeps_its_unit_and_a_peer_waits_for_it() -> None:
+    world = World(units=("u0",), envelope=OPEN)
+    started(world, "a")
+    world.act("a")
+    world.until(world.training("a"))
+    started(world, "b")
+    world.act("b")
+    world.until(lambda: world.now_s > 10 * TIMEOUT_S)  # a is renewed as time moves
+    assert world.states["b"].current is None
+    world.act("a")  # a finishes; b then finds everything done
+    world.until(world.idle("a"))
+    assert world.states["a"].outcome is Outcome.DONE
+    world.run_fair()
+    assert world.exhausted == {"a", "b"}
+    check_ledger(world, exactly_once=True)
+
+
+def test_a_superseded_holder_writes_no_done_marker() -> None:
+    world = World(units=("u0",), envelope=OPEN)
+    started(world, "a")
+    world.act("a")
+    world.until(world.training("a"))
+    world.paused.add("a")  # a's lease stops changing: b re-issues u0 as attempt 1
+    started(world, "b")
+    world.act("b")
+    world.until(world.training("b"))
+    world.act("a")  # a finishes late: it sees attempt 1 and writes nothing
+    world.until(world.idle("a"))
+    assert world.states["a"].outcome is Outcome.LOST
+    assert world.dones() == {}
+
+
+def test_different_units_are_refused_by_name() -> None:
+    world = World(units=("u0", "u1"), envelope=OPEN)
+    world.start("a")
+    world.run_fair()
+    other = World(units=("u0",), envelope=OPEN, store=world.store)
+    other.start("b")
+    while other.inflight:
+        other.execute(0)
+    state = other.states["b"]
+    assert state.outcome is Outcome.MISMATCHED
+    assert "holds 2 units" in state.mismatch
+    assert "this node has 1" in state.mismatch
+
+
+GARBAGE = [b"", b"{", b"[]", b'{"format":1}', b"\xff" * 10, b'{"a":' * 5000]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    units=units_strategy,
+    envelope=st.sampled_from([OPEN, KEYED]),
+    forged=st.lists(
+        st.tuples(
+            st.sampled_from(["claim", "done", "junk", "units", "claim_body"]),
+            st.integers(0, 3),
+            st.integers(0, 5),
+            st.sampled_from(GARBAGE),
+        ),
+        max_size=8,
+    ),
+    steps=steps_strategy,
+)
+def test_garbage_in_the_queue_is_refused_by_name_and_every_unit_still_gets_done(
+    units: tuple[str, ...],
+    envelope: auth.Envelope,
+    forged: list[tuple[str, int, int, bytes]],
+    steps: list[tuple[str, int]],
+) -> None:
+    world = World(units=units, envelope=envelope)
+    for kind, unit_pick, attempt, data in forged:
+        unit = units[unit_pick % len(units)]
+        if kind == "claim":
+            world.forge(keys.queue_claim(Q, unit, attempt), data)
+        elif kind == "claim_body":  # a well-formed but unsealed claim naming a stranger
+            world.forge(keys.queue_claim(Q, unit, attempt), queue.encode_claim(unit, attempt, "x"))
+        elif kind == "done":
+            world.forge(keys.queue_done(Q, unit, attempt), data)
+        elif kind == "units":
+            world.forge(keys.queue_units(Q), data)
+        else:
+            world.forge(f"queue/{Q}/units/{unit}/junk/{attempt}", data)
+    names = ["n0", "n1"]
+    for name in names:
+        world.start(name)
+    drive(world, names, [s for s in steps if s[0] not in ("crash", "pause")], faults=True)
+    world.run_fair()
+    assert set(world.states) <= world.exhausted
+    claims, dones = world.claims(), world.dones()
+    honest = {
+        u: {a: m for a, m in attempts.items() if m is not None and m.node in names}
+        for u, attempts in dones.items()
+    }
+    for unit in units:
+        assert honest.get(unit), unit
+        for attempt, marker in honest[unit].items():
+            assert claims.get((unit, attempt)) == marker.node
+    # Junk keys, done markers and units statements are always read: garbage there is named.
+    rejected = sum(s.rejected for s in world.states.values())
+    assert rejected > 0 or not any(kind in ("junk", "done", "units") for kind, *_ in forged)
+
+
+@pytest.mark.parametrize("bad", GARBAGE)
+def test_decode_claim_refuses_garbage(bad: bytes) -> None:
+    assert queue.decode_claim(bad, "u0", 0) is None
+
+
+def test_decode_claim_reads_its_own_encoding_only_at_its_own_place() -> None:
+    body = queue.encode_claim("u0", 2, "n1")
+    assert queue.decode_claim(body, "u0", 2) == "n1"
+    assert queue.decode_claim(body, "u1", 2) is None
+    assert queue.decode_claim(body, "u0", 3) is None
+    assert queue.decode_claim(queue.encode_claim("u0", 2, ""), "u0", 2) == ""
+
+
+@given(st.sets(st.sampled_from([f"u{i}" for i in range(8)]), min_size=1))
+def test_choose_offers_own_units_then_free_then_dead_holders(free: set[str]) -> None:
+    units = tuple(f"u{i}" for i in range(8))
+    holders = {u: ("me" if u in ("u0", "u7") else "dead" if u == "u1" else "live") for u in units}
+    for u in free:
+        holders[u] = ""
+    picks = queue.choose(
+        units,
+        done=frozenset({"u7"}),
+        holders=holders,
+        attempts=dict.fromkeys(units, 2),
+        used=dict.fromkeys(units, 4),
+        me="me",
+        live=frozenset({"me", "live"}),
+        held=frozenset(),
+    )
+    kinds = [holders[u] for u, _ in picks]
+    order = {"me": 0, "": 1, "dead": 2}
+    assert kinds == sorted(kinds, key=order.__getitem__)
+    assert all(holders[u] != "live" and u != "u7" for u, _ in picks)
+    assert all(a == (2 if holders[u] == "me" else 5) for u, a in picks)
