@@ -4,6 +4,7 @@ from gm_core.records import Alignment, Compression, MergeRule, Partition, Reason
 from gm_shell.align import Checkpoint, align
 from gm_shell.barrier import Barrier, BarrierMismatchError, BarrierTimeoutError
 from gm_shell.pacer import StalledError
+from gm_shell.queue import QueueMismatchError, SharedQueue
 from gm_shell.resume import ResumeError
 from gm_shell.run import RunError, RunMismatchError
 from gm_shell.runkey import OpenRunWarning, RunKeyError, keygen
@@ -23,6 +24,7 @@ __all__ = [
     "MergeRule",
     "OpenRunWarning",
     "Partition",
+    "QueueMismatchError",
     "Reason",
     "ResumeError",
     "Role",
@@ -31,6 +33,7 @@ __all__ = [
     "RunMismatchError",
     "Session",
     "SessionOptions",
+    "SharedQueue",
     "StalledError",
     "WireFormat",
     "align",

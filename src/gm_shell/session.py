@@ -47,7 +47,7 @@ import socket
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -58,7 +58,8 @@ from gm_core import keys
 from gm_core import learner as core_learner
 from gm_core import resume as core_resume
 from gm_core.advice import advise
-from gm_core.auth import RunAuth
+from gm_core.auth import RunAuth, for_run
+from gm_core.completion import DoneMarker, encode_done
 from gm_core.manifest import natural_format, wire_wider_than_params
 from gm_core.records import (
     EMBEDDING_PATTERN,
@@ -81,6 +82,7 @@ from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, adapt
 from gm_shell.pacer import Pacer, StalledError
+from gm_shell.queue import Consumer, SharedQueue
 from gm_shell.replica import Replica
 from gm_shell.resume import Resumer, default_max_bytes
 from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
@@ -384,6 +386,7 @@ class Session:
         self.manifest: Manifest | None = None
         self.checkpoint: Checkpoint | None = None
         """The commit the model was left at by :meth:`close`."""
+        self._closed = False
 
     # -- entering ------------------------------------------------------------------------------
 
@@ -641,6 +644,8 @@ class Session:
 
     def close(self) -> None:
         """Flush, wait for this node's rounds (bounded), release, and leave the newest commit."""
+        if self._closed:
+            return  # :meth:`run` closed it already
         runtime, pacer = self._runtime, self._pacer
         try:
             if runtime is not None and runtime.failure is None:
@@ -702,6 +707,7 @@ class Session:
         )
 
     def _teardown(self) -> None:
+        self._closed = True
         leaving.closed(self)
         if self._runtime is not None:
             self._runtime.shutdown()
@@ -711,6 +717,81 @@ class Session:
             self._mailbox.close()
         self._hub.close()
         self._pacer = None
+
+    def run(
+        self, step: Callable[[Any], int | None], data: Iterable[Any] | SharedQueue[Any]
+    ) -> None:
+        """Train to the end of ``data``, say so in the bucket, and close the session.
+
+        Args:
+            step: trains one optimizer step on one batch and returns what it counted in the
+                run's unit (samples, or tokens with ``DiLoCo(unit="tokens")``; None: one
+                sample); :meth:`run` passes it to :meth:`step`.
+            data: this node's own iterable of batches, or a :class:`SharedQueue` whose units
+                the nodes share: each unit is trained to its end by one node (again by
+                another only if its holder dies), and this node returns once every unit is
+                done.
+
+        At the end of a plain iterable the node writes ``done/{node}.json``; with a queue,
+        each unit's done marker is written as the unit ends. Then the session closes (the
+        last deltas are flushed and committed). An exception, from ``step`` or the bucket,
+        leaves the run at once with no done marker, and is raised.
+        """
+        if self._pacer is None or self.manifest is None:
+            raise RuntimeError("run() needs a started session with a learner role")
+        try:
+            if isinstance(data, SharedQueue):
+                self._run_queue(step, data)
+            else:
+                steps, tokens = self._train(step, data)
+                self._mark_done(steps, tokens)
+        except BaseException:
+            self._leave()
+            raise
+        self.close()
+
+    def _train(self, step: Callable[[Any], int | None], batches: Iterable[Any]) -> tuple[int, int]:
+        """Step through ``batches``; the steps taken and what they counted."""
+        steps = counted = 0
+        for batch in batches:
+            got = step(batch)
+            count = 1 if got is None else int(got)
+            if self._counts_tokens:
+                self.step(tokens=count)
+            else:
+                self.step(samples=count)
+            steps += 1
+            counted += count
+        return steps, counted
+
+    def _run_queue(self, step: Callable[[Any], int | None], data: SharedQueue[Any]) -> None:
+        assert self._mailbox is not None
+        assert self._loop is not None
+        assert self.manifest is not None
+        spec = data.spec(
+            node=self.node,
+            lease_timeout_s=self.manifest.config.lease_timeout_s,
+            poll_s=self.options.poll_s,
+            envelope=for_run(self.manifest.run_id, self._run_auth),
+        )
+        consumer = Consumer(self._mailbox, self._loop, spec)
+        try:
+            while (unit := consumer.want()) is not None:
+                steps, counted = self._train(step, data.load(data.values[unit.unit]))
+                consumer.finish(unit.unit, steps, counted)
+        finally:
+            consumer.close()
+
+    def _mark_done(self, steps: int, tokens: int) -> None:
+        """Write ``done/{node}.json``: this node's own data ran out (create-once: a restart
+        that runs out again leaves the first marker)."""
+        assert self._mailbox is not None
+        assert self._loop is not None
+        assert self.manifest is not None
+        key = keys.done(self.node)
+        marker = DoneMarker(node=self.node, attempt=0, steps=steps, tokens=tokens)
+        body = for_run(self.manifest.run_id, self._run_auth).seal(key, encode_done(marker))
+        self._loop.run(self._mailbox.put_once(key, body))
 
     def barrier(self, name: str, parties: int, *, timeout_s: float = 600.0) -> Barrier:
         """A :class:`~gm_shell.barrier.Barrier` in this run's bucket with this node as a party.

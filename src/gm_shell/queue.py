@@ -1,0 +1,230 @@
+"""``SharedQueue``: units of data that the nodes of a run share, each trained to completion once.
+
+Theory of operation
+-------------------
+::
+
+    shards = {f"shard-{i:03d}": path for i, path in enumerate(paths)}
+    data = SharedQueue(shards, load=lambda path: batches_of(path), prefetch=1)
+    with Session(model, algorithm=..., mailbox=url, node=name) as s:
+        s.run(train_one_batch, data)        # returns when every unit is done
+
+Only unit ids cross the bucket; ``load`` turns a unit's local value into its batches.
+Every decision is :mod:`gm_core.queue`'s (which unit to claim, when a dead holder's
+unit is re-issued, when a unit was lost to a peer, when the queue is exhausted); this
+module carries out its commands on the session's mailbox and loop, one request at a
+time, deletions of collected claims in the background, ``WakeAt`` as a sleep on the
+loop's monotonic clock (the only clock a consumer reads). A failed request becomes
+``RequestFailed``, which the machine answers by trying again at its next poll.
+
+A node waits in :meth:`Consumer.want` while the units left are held by live peers:
+one of them may die, and then this node re-issues its unit after the lease timeout.
+Its own lease stays renewed meanwhile (the session's loop renews it).
+
+``prefetch`` is how many units a node claims beyond the one it trains (claimed ahead so
+that a slow node holds as many as a fast one but finishes fewer); a prefetched unit is
+checked again before it starts. Loading itself is lazy: ``load`` is called when the unit
+starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, TypeVar
+
+from gm_core import queue as core
+from gm_core.auth import HEADER_MAX_BYTES, Envelope
+from gm_core.commands import Command, Delete, Get, List, Notify, Probe, PutOnce, WakeAt
+from gm_core.events import (
+    Event,
+    GotObject,
+    Listed,
+    Probed,
+    PutDone,
+    RequestFailed,
+    Started,
+    TimerFired,
+)
+from gm_shell.loopthread import LoopThread
+from gm_shell.mailbox import Mailbox, PutOutcome, TooLargeError
+
+LOG = logging.getLogger("gm")
+
+__all__ = ["Consumer", "QueueMismatchError", "SharedQueue"]
+
+V = TypeVar("V")
+
+
+class QueueMismatchError(ValueError):
+    """The bucket's queue holds another set of units than this node passed."""
+
+
+class SharedQueue(Generic[V]):
+    """Units of data shared by the nodes of a run (pass it to :meth:`gm_shell.Session.run`).
+
+    Args:
+        units: unit ids (``[A-Za-z0-9._-]``, 1-64 characters) mapped to this node's value
+            for each (a path, a shard index...), or just the ids (then ``load`` gets the id).
+            Every node passes the same ids; only the ids are written to the bucket.
+        load: turns one unit's value into an iterable of batches.
+        prefetch: units claimed ahead of the one being trained.
+        name: the queue's id in the run (several queues may share a run).
+    """
+
+    def __init__(
+        self,
+        units: Mapping[str, V] | Iterable[str],
+        load: Callable[[V], Iterable[Any]],
+        *,
+        prefetch: int = 1,
+        name: str = "queue",
+    ) -> None:
+        values: dict[str, Any] = (
+            dict(units) if isinstance(units, Mapping) else {u: u for u in units}
+        )
+        self.values = values
+        self.load = load
+        self.prefetch = prefetch
+        self.name = name
+        self.units = tuple(sorted(values))
+        if len(self.units) != len(values) or not self.units:
+            raise ValueError("a queue needs at least one unit, each id once")
+
+    def spec(
+        self, *, node: str, lease_timeout_s: float, poll_s: float, envelope: Envelope
+    ) -> core.QueueSpec:
+        """The core's view of this queue for ``node`` (checks the ids and options)."""
+        return core.QueueSpec(
+            queue=self.name,
+            node=node,
+            units=self.units,
+            prefetch=self.prefetch,
+            lease_timeout_s=lease_timeout_s,
+            poll_s=poll_s,
+            envelope=envelope,
+        )
+
+
+class Consumer:
+    """One node's use of a queue: :meth:`want` a unit, train it, :meth:`finish` it."""
+
+    def __init__(self, mailbox: Mailbox, loop: LoopThread, spec: core.QueueSpec) -> None:
+        self._mailbox = mailbox
+        self._loop = loop
+        self._background: set[asyncio.Task[None]] = set()
+        self._seen_rejections = 0
+        self.state = core.initial(spec)
+        self._serve(Started(now_s=_now()))
+        if self.state.outcome is core.Outcome.MISMATCHED:
+            raise QueueMismatchError(self.state.mismatch)
+
+    def want(self) -> core.Assignment | None:
+        """The next unit to train (blocks while only live peers' units are left); None when
+        every unit is done."""
+        if self.state.outcome is core.Outcome.EXHAUSTED:
+            return None
+        self._serve(core.Want(now_s=_now()))
+        return self.state.current if self.state.outcome is core.Outcome.ASSIGNED else None
+
+    def finish(self, unit: str, steps: int, tokens: int) -> bool:
+        """Write ``unit``'s done marker; False when a peer took it over meanwhile."""
+        self._serve(core.Finish(now_s=_now(), unit=unit, steps=steps, tokens=tokens))
+        return self.state.outcome is core.Outcome.DONE
+
+    def _serve(self, event: core.QueueEvent) -> None:
+        self.state = self._loop.run(self._drive(event))
+
+    async def _drive(self, event: core.QueueEvent) -> core.QueueState:
+        """Feed ``event``, then carry out commands until the machine waits for the trainer."""
+        state = self.state
+        spec = state.spec
+        while True:
+            state, cmds = core.advance(state, event)
+            self._log(state)
+            request: Command | None = None
+            wake: float | None = None
+            for cmd in cmds:
+                if isinstance(cmd, WakeAt):
+                    wake = cmd.at_s
+                elif isinstance(cmd, Delete):
+                    self._spawn(self._delete(cmd))
+                elif isinstance(cmd, Notify):
+                    LOG.info("%s: %s", spec.node, cmd.detail)
+                else:
+                    request = cmd
+            if request is None and state.phase in (core.Phase.IDLE, core.Phase.STOPPED):
+                return state
+            if request is not None:
+                event = await _carry(self._mailbox, request)
+            elif wake is not None:
+                await asyncio.sleep(max(0.0, wake - _now()))
+                event = TimerFired(now_s=max(_now(), wake))
+            else:
+                raise RuntimeError(f"queue machine stuck in {state.phase}")  # a core bug
+
+    def _log(self, state: core.QueueState) -> None:
+        fresh = min(state.rejected - self._seen_rejections, len(state.rejections))
+        for rejection in state.rejections[len(state.rejections) - fresh :]:
+            LOG.warning(
+                "queue %s: rejected %s (%s): %s",
+                state.spec.queue,
+                rejection.key,
+                rejection.verdict.value,
+                rejection.detail,
+            )
+        self._seen_rejections = state.rejected
+
+    async def _delete(self, cmd: Delete) -> None:
+        try:
+            await self._mailbox.delete(cmd.keys)
+        except Exception as error:  # collection only: a unit's done marker already speaks
+            LOG.info("queue: could not delete %d claims: %s", len(cmd.keys), error)
+
+    def _spawn(self, work: Any) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def close(self) -> None:
+        """Let deletions already sent land (bounded), so a closing session does not cut them."""
+
+        async def settle() -> None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(
+                    asyncio.gather(*self._background, return_exceptions=True), 10.0
+                )
+
+        if self._background:
+            self._loop.run(settle())
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+async def _carry(mailbox: Mailbox, cmd: Command) -> Event:
+    req = getattr(cmd, "req", 0)
+    try:
+        if isinstance(cmd, Get):
+            try:
+                got = await mailbox.get(cmd.key, max_bytes=core.BODY_MAX_BYTES + HEADER_MAX_BYTES)
+            except TooLargeError as refused:
+                # Handed over as bytes that do not decode: the core refuses them by name.
+                return GotObject(now_s=_now(), req=req, data=b"", etag=refused.etag)
+            data, etag = (None, None) if got is None else (got.data, got.etag)
+            return GotObject(now_s=_now(), req=req, data=data, etag=etag)
+        if isinstance(cmd, Probe):
+            return Probed(now_s=_now(), req=req, etag=await mailbox.probe(cmd.key))
+        if isinstance(cmd, PutOnce):
+            outcome = await mailbox.put_once(cmd.key, cmd.data)
+            return PutDone(now_s=_now(), req=req, created=outcome is PutOutcome.CREATED)
+        if isinstance(cmd, List):
+            items = await mailbox.list(cmd.prefix, offset=cmd.offset)
+            return Listed(now_s=_now(), req=req, keys=tuple(item.key for item in items))
+    except Exception as error:  # every failure is the machine's to answer
+        return RequestFailed(now_s=_now(), req=req, error=f"{type(error).__name__}: {error}")
+    raise TypeError(f"a queue sends no {cmd!r}")

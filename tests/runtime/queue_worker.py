@@ -1,0 +1,50 @@
+"""One node consuming a shared queue, in a process of its own: ``python queue_worker.py SPEC``.
+
+``SPEC`` is JSON: the run ``url``, this ``node``, how many ``units`` of how many
+``batches`` each, the seconds each step takes (``step_s``) and where to append one
+line per batch it trains (``trace``: ``unit batch``, flushed, so the test can kill the
+process mid-unit). The node trains a small torch model with ``Session.run`` and exits
+0 once every unit of the queue is done.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from runtime_worker import IN, TEACHER, torch_model
+
+from gm_shell import DiLoCo, Session, SessionOptions, SharedQueue
+
+ALGORITHM = DiLoCo(sync_every=4, fragments=1, quorum=1, lease_timeout_s=2.0)
+OPTIONS = SessionOptions(poll_s=0.05, renew_s=0.4, close_timeout_s=20.0, join_timeout_s=60.0)
+
+
+def main(spec: dict[str, Any]) -> None:
+    model, train = torch_model(0)
+    rng = np.random.default_rng(abs(hash(spec["node"])) % 2**32)
+    trace = open(spec["trace"], "a", buffering=1)  # noqa: SIM115 (line-buffered log)
+
+    def batches(unit: str) -> Any:
+        for b in range(spec["batches"]):
+            yield unit, b
+
+    def step(batch: tuple[str, int]) -> int:
+        x = rng.normal(size=(4, IN)).astype(np.float32)
+        train(x, x @ TEACHER)
+        trace.write(f"{batch[0]} {batch[1]}\n")
+        time.sleep(spec["step_s"])
+        return 4
+
+    data = SharedQueue([f"u{i:02d}" for i in range(spec["units"])], batches, prefetch=1)
+    with Session(
+        model, algorithm=ALGORITHM, mailbox=spec["url"], node=spec["node"], options=OPTIONS
+    ) as session:
+        session.run(step, data)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

@@ -1,0 +1,100 @@
+"""``Session.run`` over a ``SharedQueue``: nodes in processes of their own share the units
+of one queue through the bucket; a node killed (SIGKILL) in the middle of a unit loses
+nothing — a survivor re-issues its unit once the lease has stopped changing on the
+survivor's clock — and every unit ends with exactly one done marker, written by the
+node whose claim it names."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gm_core import auth, completion, keys
+
+HERE = Path(__file__).parent
+WORKER = HERE / "queue_worker.py"
+UNITS, BATCHES = 6, 6
+
+
+def start(url: str, node: str, trace: Path, step_s: float) -> subprocess.Popen[str]:
+    spec = {"url": url, "node": node, "units": UNITS, "batches": BATCHES, "step_s": step_s}
+    spec["trace"] = str(trace)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), json.dumps(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def ledger(bucket: Path) -> dict[str, dict[int, Any]]:
+    """Every unit's done markers (judged) and the claims left, read from the folder."""
+    found: dict[str, dict[int, Any]] = {}
+    envelope = auth.for_run("", None)
+    for path in sorted((bucket / keys.queue_units_prefix("queue")).rglob("*.json")):
+        parsed = keys.parse(str(path.relative_to(bucket)))
+        if isinstance(parsed, keys.QueueDoneKey):
+            body = envelope.open("", path.read_bytes())
+            assert isinstance(body, bytes)
+            found.setdefault(parsed.unit, {})[parsed.attempt] = completion.decode_done(
+                body, parsed.attempt
+            )
+    return found
+
+
+def test_a_node_killed_mid_unit_loses_nothing_and_each_unit_is_done_once(
+    tmp_path: Path,
+) -> None:
+    bucket = tmp_path / "bucket"
+    url = f"file://{bucket}"
+    traces = {n: tmp_path / f"{n}.trace" for n in ("n0", "n1", "n2")}
+    # The victim takes 20 s per step: it is still in its first unit when it is killed.
+    victim = start(url, "n0", traces["n0"], step_s=20.0)
+    deadline = time.monotonic() + 120
+
+    def lines(node: str) -> list[str]:
+        return traces[node].read_text().splitlines() if traces[node].exists() else []
+
+    def wait(what: str, ready: Callable[[], bool]) -> None:
+        while not ready():
+            assert time.monotonic() < deadline, what
+            assert victim.poll() is None, victim.communicate()
+            time.sleep(0.02)
+
+    wait("the victim never trained", lambda: bool(lines("n0")))
+    survivors = {n: start(url, n, traces[n], step_s=0.02) for n in ("n1", "n2")}
+    # Kill the victim once the survivors train: it holds its unit and a prefetched one, which
+    # the survivors may take only once it is dead.
+    wait("the survivors never trained", lambda: bool(lines("n1") or lines("n2")))
+    victim.kill()
+    victim.communicate()
+    killed_in = lines("n0")[-1].split()[0]
+    for name, proc in survivors.items():
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, (name, err[-3000:])
+    done = ledger(bucket)
+    assert sorted(done) == [f"u{i:02d}" for i in range(UNITS)]
+    assert {line.split()[0] for line in lines("n0")} == {killed_in}
+    for unit, attempts in done.items():
+        assert len(attempts) == 1, (unit, attempts)
+        (marker,) = attempts.values()
+        assert isinstance(marker, completion.DoneMarker), marker
+        assert marker.node in ("n1", "n2"), (unit, marker)
+        assert (marker.steps, marker.tokens) == (BATCHES, 4 * BATCHES)
+    # The victim's unit was re-issued: its successor trained it under a later attempt.
+    assert min(done[killed_in]) >= 1
+    # Every claim of a done unit was collected.
+    assert list((bucket / "queue").rglob("claims/*.json")) == []
+    # The survivors trained every batch of every unit; the killed unit's first batches twice.
+    trained = [line for n in ("n1", "n2") for line in lines(n)]
+    assert sorted(set(trained)) == sorted(
+        f"u{u:02d} {b}" for u in range(UNITS) for b in range(BATCHES)
+    )
