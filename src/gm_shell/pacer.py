@@ -24,12 +24,18 @@ the core would stall that step only until a commit the training thread already
 holds is folded in, the plan says so (:attr:`Plan.applied`): the step folds it
 in and then copies, the order the slow path would take, minus its waits.
 
-Why the plan is what the core will say: the loop holds :attr:`Pacer.lock` for
-the whole of every feed, makes the plan at the end of a feed from the state it
-leaves, and feeds the notes the training thread left before anything else.
-The training thread takes a plan only under that lock, so the ``Stepped`` of a
-note meets exactly the state its plan was made from, and ``advance`` is a
-function. The loop checks it all the same: a note whose captures or pace differ
+Why the plan is what the core will say: the loop feeds the notes the training
+thread left before anything else, makes the plan at the end of a feed from the
+state it leaves, and commits the feed — that state, the work and pace it hands
+over, the plan — at once under :attr:`Pacer.lock`, only if the training thread
+changed nothing meanwhile (:attr:`Pacer.version`); else it computes the feed
+again, the notes left meanwhile first (``Runtime._feed``). The training thread
+takes a plan only under that lock, so the ``Stepped`` of a note meets exactly
+the state its plan was made from, and ``advance`` is a function. Neither thread
+holds the lock for long (the training thread for its copies, the loop to commit
+a feed it has computed), never for a transition: a due step does not wait for
+one (waiting for a lock lets go of the GIL, and winning it back can take the
+switch interval). The loop checks it all the same: a note whose captures or pace differ
 from what the core then says stops the runtime (a bug, never a guess).
 
 A step that is not due but has commits to fold in does them and leaves an
@@ -162,6 +168,13 @@ class AppliedNote(NamedTuple):
 Note = StepNote | CaptureNote | AppliedNote
 
 
+def queued_applies(work: list[Work]) -> tuple[int, ...]:
+    """The commits in ``work`` (their ``req``), if nothing else is in it."""
+    if all(isinstance(item, ApplyWork) for item in work):
+        return tuple(item.req for item in work if isinstance(item, ApplyWork))
+    return ()
+
+
 class Link(Protocol):
     """What the pacer needs from the runtime."""
 
@@ -194,10 +207,13 @@ class Pacer:
         self._stalled = True
         self._failure: BaseException | None = None
         self._reported = (-1, -1)
+        self.version = 0
+        """Bumped (under the lock) whenever the training thread changes what a feed reads:
+        its notes, its queue, the plan it carried out (see ``Runtime._feed``)."""
 
     @property
     def lock(self) -> threading.RLock:
-        """Held by the loop for each whole feed (reentrant), by the training thread to
+        """Held by the loop to commit a feed (reentrant), by the training thread to
         take a plan and leave notes. (The training thread's fast paths take it directly,
         not through the condition: one Python call less, which counts on a due step.)"""
         return self._lock
@@ -218,13 +234,10 @@ class Pacer:
         with self._cond:
             self._plan = plan
 
-    def queued_applies(self) -> tuple[int, ...]:
-        """The commits queued for the training thread, if nothing else is queued."""
+    def view(self) -> tuple[int, list[Note], list[Work]]:
+        """The version, notes and queue as they are now (a feed's starting point)."""
         with self._lock:
-            work = self._work
-            if all(isinstance(item, ApplyWork) for item in work):
-                return tuple(item.req for item in work if isinstance(item, ApplyWork))
-            return ()
+            return self.version, list(self._notes), list(self._work)
 
     def take_notes(self) -> list[Note]:
         """The notes the training thread left, oldest first."""
@@ -280,7 +293,7 @@ class Pacer:
         plan = self._plan
         if plan is None or plan.step != self.step or plan.resumes != resumes:
             return None
-        if plan.applied and self.queued_applies() != plan.applied:
+        if plan.applied and queued_applies(self._work) != plan.applied:
             return None  # the queue changed since (a forgotten snapshot): ask the core
         return plan
 
@@ -296,6 +309,7 @@ class Pacer:
         self._plan = None
         self._next_step, self._stalled = plan.next_step, False
         self._reported = (self.step, self.tokens)
+        self.version += 1
 
     def _go_on(self) -> bool:
         """Carry out this step's plan and the queued work, unless the loop must answer first."""
@@ -313,6 +327,8 @@ class Pacer:
                 self._work = [w for w in self._work if not isinstance(w, CaptureWork)]
             else:
                 work, self._work = self._work, []
+            if work:
+                self.version += 1
             self._refresh()
         self._perform(work)
         return True
@@ -352,6 +368,8 @@ class Pacer:
                 else:
                     resumed = False
                 work, self._work = self._work, []
+                if work:
+                    self.version += 1
                 if not work and not resumed:
                     if done():
                         self._refresh()
@@ -383,7 +401,9 @@ class Pacer:
         for item in self._fold_in(work):
             notes.append(AppliedNote(req=item.req, step=self.step, tokens=self.tokens))
         with self._lock:
-            self._notes.extend(notes)
+            if notes:
+                self._notes.extend(notes)
+                self.version += 1
             signal = bool(self._notes) and not self._signalled
             self._signalled = self._signalled or signal
         if signal:

@@ -27,8 +27,9 @@ exactly as :mod:`gm_core.cluster` does against its model store:
   ``Notify`` becomes a typed event (:mod:`gm_shell.events`).
 
 The training thread talks to the loop through notes it leaves with the pacer
-(a step with its copies, a capture, an applied commit). Every feed holds the
-pacer's lock and feeds the waiting notes first, in order, so each note meets
+(a step with its copies, a capture, an applied commit). Every learner feed
+feeds the waiting notes first, in order, and commits under the pacer's lock
+only if no note came meanwhile (else it is computed again), so each note meets
 the state the training thread saw (see :mod:`gm_shell.pacer`).
 
 Any exception in carrying out a command becomes ``RequestFailed``; the core
@@ -109,10 +110,12 @@ from gm_shell.pacer import (
     CaptureNote,
     CaptureWork,
     ForgetWork,
+    Note,
     Pacer,
     Plan,
     StepNote,
     Work,
+    queued_applies,
 )
 from gm_shell.reads import Reader
 from gm_shell.replica import Replica, Taken
@@ -135,6 +138,14 @@ RESTART_FIRST_S = 1.0
 """Delay before a machine that raised starts again from the tape; doubled per restart."""
 RESTART_LONGEST_S = 60.0
 """The longest delay between restarts (a machine that raises at every start retries so)."""
+
+
+OPTIMISTIC_TRIES = 3
+"""Times a learner's feed is computed aside before it is done under the pacer's lock."""
+
+
+class _CollidedError(Exception):
+    """A feed computed aside must be done under the lock instead (see ``Runtime._feed``)."""
 
 
 def _describe(error: BaseException) -> str:
@@ -192,6 +203,12 @@ class Runtime:
         self._planned: learner.LearnerState | None = None
         self._planned_applies: tuple[int, ...] = ()
         """The learner state and queued commits the pacer's plan was made from."""
+        self._effects: list[Callable[[], None]] | None = None
+        """Effects of the feed being computed, kept until it commits (see :meth:`_feed`)."""
+        self._queued: list[Work] = []
+        """The training thread's queue as the feed being computed leaves it."""
+        self.feeds_redone = 0
+        """Learner feeds computed again because the training thread moved meanwhile."""
         self._mailbox = mailbox
         self._codec = codec
         self._hub = hub
@@ -261,30 +278,82 @@ class Runtime:
     def _feed(self, machine: Machine, event: Event | None) -> None:
         """Feed the training thread's notes, then ``event``, then plan the next due step.
 
+        The learner's feed is a transaction against the pacer, so that the training thread
+        never waits for a transition (a due step that found the lock held would hand the
+        GIL to the loop and wait for it back). The transitions are computed without the
+        lock, their effects kept aside (``advance`` is pure: nothing has happened yet);
+        then, under the lock, if the training thread changed nothing the feed read (its
+        notes, its queue: :attr:`Pacer.version`), the state, the effects and the plan are
+        committed at once. If it did, say by carrying out a due step meanwhile, the feed
+        is computed again with its note first: the step happened before ``event`` was fed.
+        A feed that restarts the learner or fails the runtime, or that keeps colliding with
+        the training thread, is done the plain way, whole, under the lock.
+
         The closer's events need none of that: they change neither the learner's state
-        nor the queue a plan is made from, so they are fed without the pacer's lock (a
-        due step never waits for a closer's transition) and leave the notes to the
-        learner's next feed, which :meth:`wake` has already asked for.
+        nor the queue a plan is made from, so they are fed without the pacer's lock and
+        leave the notes to the learner's next feed, which :meth:`wake` has already asked for.
         """
-        if self.pacer is None or machine is Machine.CLOSER:
+        pacer = self.pacer
+        if pacer is None or machine is Machine.CLOSER:
             if event is not None:
                 self._step(machine, event)
             return
-        with self.pacer.lock:
-            epoch = self._epochs[Machine.LEARNER]
-            for note in self.pacer.take_notes():
-                if self._epochs[Machine.LEARNER] != epoch:
-                    break  # the learner restarted: notes made for the old one are void
-                if isinstance(note, StepNote):
-                    self._feed_step(note)
-                elif isinstance(note, CaptureNote):
-                    self._spawn(Machine.LEARNER, note.req, self._publish(note.req, note.taken))
-                else:
-                    aligned = Aligned(now_s=now(), req=note.req, step=note.step, tokens=note.tokens)
-                    self._step(Machine.LEARNER, aligned)
-            if event is not None:
-                self._step(machine, event)
-            self._replan()
+        for _ in range(OPTIMISTIC_TRIES):
+            version, notes, queued = pacer.view()
+            start = self.learner, self._planned, self._planned_applies
+            effects: list[Callable[[], None]] = []
+            self._effects, self._queued = effects, queued
+            try:
+                self._feed_learner(notes, event)
+            except _CollidedError:
+                break  # an exceptional feed: done the plain way below
+            finally:
+                self._effects = None
+            with pacer.lock:
+                if pacer.version == version:
+                    pacer.take_notes()
+                    for effect in effects:
+                        effect()
+                    return
+            self.learner, self._planned, self._planned_applies = start
+            self.feeds_redone += 1
+        self.learner, self._planned, self._planned_applies = start
+        with pacer.lock:
+            _, notes, self._queued = pacer.view()
+            pacer.take_notes()
+            self._feed_learner(notes, event)
+
+    def _feed_learner(self, notes: list[Note], event: Event | None) -> None:
+        """The notes in order, then ``event``, then the plan (effects per :meth:`_later`)."""
+        epoch = self._epochs[Machine.LEARNER]
+        for note in notes:
+            if self._epochs[Machine.LEARNER] != epoch:
+                break  # the learner restarted: notes made for the old one are void
+            if isinstance(note, StepNote):
+                self._feed_step(note)
+            elif isinstance(note, CaptureNote):
+                self._later(functools.partial(self._publish_note, note))
+            else:
+                aligned = Aligned(now_s=now(), req=note.req, step=note.step, tokens=note.tokens)
+                self._step(Machine.LEARNER, aligned)
+        if event is not None:
+            self._step(Machine.LEARNER, event)
+        self._replan()
+
+    def _later(self, effect: Callable[[], None]) -> None:
+        """Carry out ``effect`` now, or when the feed computing it commits (see :meth:`_feed`)."""
+        if self._effects is None:
+            effect()
+        else:
+            self._effects.append(effect)
+
+    def _collided(self) -> None:
+        """A feed being computed aside cannot go on that way (a restart, a failure)."""
+        if self._effects is not None:
+            raise _CollidedError
+
+    def _publish_note(self, note: CaptureNote) -> None:
+        self._spawn(Machine.LEARNER, note.req, self._publish(note.req, note.taken))
 
     def _feed_step(self, note: StepNote) -> None:
         """A planned step: ``Stepped`` (unless the core stalled it already), then the
@@ -317,16 +386,20 @@ class Runtime:
                 elif isinstance(cmd, Capture):
                     captures.append(cmd)
                 else:
-                    self._interpret(machine, cmd)
+                    if isinstance(cmd, Align):
+                        self._count_learners(cmd.round)
+                    self._later(functools.partial(self._interpret, machine, cmd))
         except Exception as error:
+            self._collided()
             self._restart_learner(error)
             return []
         work: list[Work] = []
         if not made:
             work = [CaptureWork(req=c.req, round=c.round, fragment=c.fragment) for c in captures]
         if self.pacer is not None and (work or pace is not None):
-            self.pacer.publish(work, pace)
-        self._note_closed()
+            self._queued = [*self._queued, *work]
+            self._later(functools.partial(self.pacer.publish, work, pace))
+        self._later(self._note_closed)
         return captures if made else []
 
     def _step_closer(self, event: Event) -> None:
@@ -387,13 +460,13 @@ class Runtime:
 
     def _replan(self) -> None:
         """Remake the pacer's plan if the learner or the commits queued for it changed
-        (loop thread, under the pacer's lock)."""
+        (loop thread, with the queue the feed saw: see :meth:`_feed`)."""
         assert self.pacer is not None
-        applies = self.pacer.queued_applies()
+        applies = queued_applies(self._queued)
         if self.learner is self._planned and applies == self._planned_applies:
             return
         self._planned, self._planned_applies = self.learner, applies
-        self.pacer.plan(self._forecast(applies))
+        self._later(functools.partial(self.pacer.plan, self._forecast(applies)))
 
     def _forecast(self, applies: tuple[int, ...]) -> Plan | None:
         """What the learner will answer to the step its pace waits for, asked of the core.
@@ -466,6 +539,7 @@ class Runtime:
         asked = tuple((c.round, c.fragment) for c in captures)
         pace = self.learner.pace if self.learner is not None else None
         if asked != note.plan.captures or pace is None or pace.next_step != note.plan.next_step:
+            self._collided()
             self._fail(
                 AssertionError(
                     f"step {note.step}: the core asked for captures {asked} and {pace}, "
@@ -474,7 +548,7 @@ class Runtime:
             )
             return
         for cmd, taken in zip(captures, note.taken, strict=True):
-            self._spawn(Machine.LEARNER, cmd.req, self._publish(cmd.req, taken))
+            self._later(functools.partial(self._publish_note, CaptureNote(cmd.req, taken)))
 
     def _advance(self, machine: Machine, event: Event) -> list[Command]:
         if machine is Machine.LEARNER:
@@ -512,7 +586,6 @@ class Runtime:
         elif isinstance(cmd, Merge):
             self._spawn(machine, cmd.req, self._merge(cmd))
         elif isinstance(cmd, Align):
-            self._count_learners(cmd.round)
             self._spawn(machine, cmd.req, self._align(cmd))
         elif isinstance(cmd, Get | Probe | PutOnce | PutOver | List | Delete | DeletePrefix):
             self._spawn(machine, cmd.req, self._store(cmd))
@@ -639,9 +712,8 @@ class Runtime:
         )
         # Carry from the anchor when the commit left our snapshot out: forget its copy.
         forget = [] if cmd.from_snapshot else [ForgetWork(round=cmd.round)]
-        with self.pacer.lock:  # a commit in hand may spare a stall: plan with it
-            self.pacer.publish([*forget, work], None)
-            self._replan()
+        self.pacer.publish([*forget, work], None)
+        self._feed(Machine.LEARNER, None)  # a commit in hand may spare a stall: plan with it
 
     async def _verify(self, cmd: Verify) -> Event:
         fragment = schedule.fragment_of(cmd.round, self.manifest.config.fragments)

@@ -23,7 +23,7 @@ import pytest
 import torch
 from runtime_worker import IN, TEACHER, torch_model
 
-from gm_core import codec, keys, schedule
+from gm_core import codec, keys, learner, schedule
 from gm_core.records import Alignment, FragmentPlan, RoundRecord, Snapshot
 from gm_shell import DiLoCo, Session, SessionOptions
 from gm_shell.fragments import FragmentCodec, Role
@@ -113,9 +113,37 @@ def test_with_commits_folded_in_at_due_steps_each_delta_is_from_the_anchor_it_na
     that very step, before the copy, without asking the loop; otherwise the step waits
     for it (and, once it is handed over, folds it in and copies without waiting for the
     loop to hear of it), or it came earlier. In every case the snapshot's ``base_version`` names the
-    anchor and the delta is that anchor minus θ at the due step. Each round is read as
-    soon as its record is there: round r is swept only once r+4 commits, which needs
-    snapshots that later steps make."""
+    anchor and the delta is that anchor minus θ at the due step."""
+    check_rounds_against_their_due_steps(pause_s=0.02)
+
+
+def test_a_due_step_taken_while_the_loop_computes_a_feed_comes_first_in_that_feed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The loop computes a learner's feed without the pacer's lock and commits it only if
+    the training thread changed nothing meanwhile; a due step carried out in between makes
+    it compute the feed again, that step's note first. The learner's transitions on the
+    loop are slowed (the real ``advance``, after a sleep that lets the training thread in)
+    and training goes straight on, so due steps land inside feeds: the feeds are redone,
+    and still every round's delta is the anchor it names minus θ at its due step."""
+    real = learner.advance
+    training = threading.get_ident()
+
+    def slow_advance(state: Any, event: Any) -> Any:
+        if threading.get_ident() != training:
+            time.sleep(0.002)
+        return real(state, event)
+
+    monkeypatch.setattr(learner, "advance", slow_advance)
+    redone = check_rounds_against_their_due_steps(pause_s=0.0)
+    assert redone > 0, "no feed met a due step: the test did not test the collision"
+
+
+def check_rounds_against_their_due_steps(pause_s: float) -> int:
+    """A learner and closer over a fresh bucket, ``in_flight`` 1, training 80 steps with
+    ``pause_s`` between them: each round's delta is checked as soon as its record is there
+    (round r is swept only once r+4 commits, which needs snapshots that later steps make).
+    Returns how many feeds the runtime computed again (see the test above)."""
     mailbox = Mailbox.open(f"memory://due-{uuid.uuid4().hex[:10]}/run")
     model, train_step = torch_model(seed=5)
     algorithm = DiLoCo(sync_every=4, fragments=2, in_flight=1)
@@ -161,11 +189,16 @@ def test_with_commits_folded_in_at_due_steps_each_delta_is_from_the_anchor_it_na
                         delta, anchor - seen[due][fragment], err_msg=f"round {checked}"
                     )
                     checked += 1
-                time.sleep(0.02)
+                if pause_s:
+                    time.sleep(pause_s)
+            runtime = session._runtime
+            assert runtime is not None
+            redone = runtime.feeds_redone
     finally:
         loop.stop()
         mailbox.close()
     assert checked >= 20, checked
+    return redone
 
 
 def test_the_direct_copy_follows_a_parameter_whose_storage_was_replaced() -> None:

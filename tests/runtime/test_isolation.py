@@ -75,10 +75,17 @@ def test_a_learner_that_raises_rejoins_from_the_tape_and_the_closer_commits_on(
     real = learner.advance
     raised: list[int] = []
 
+    faulty: list[Event] = []
+
     def advance(state: learner.LearnerState, event: Event) -> Any:
         # A timer, never a step: the runtime's forecasts feed advance steps of their own.
+        # That timer raises each time it is fed, as a pure ``advance`` would (the runtime
+        # may compute a feed twice: see Runtime._feed).
+        if isinstance(event, TimerFired) and any(event is e for e in faulty):
+            raise RuntimeError("injected fault in the learner")
         if not raised and isinstance(event, TimerFired) and state.aligned_round >= 3:
             raised.append(state.aligned_round)
+            faulty.append(event)
             raise RuntimeError("injected fault in the learner")
         return real(state, event)
 
