@@ -169,3 +169,49 @@ def decode_done(data: bytes, attempt: int) -> DoneMarker | str:
     if not isinstance(doc["node"], str) or not keys.valid_id(doc["node"]):
         return f"node {doc['node']!r:.80} is not an id"
     return DoneMarker(node=doc["node"], attempt=attempt, steps=doc["steps"], tokens=doc["tokens"])
+
+
+# --- the finished summary ------------------------------------------------------------------
+
+FINISHED_FORMAT = 1
+
+
+@attrs.frozen(kw_only=True)
+class Summary:
+    """What ``finished.json`` says: who found the run finished, at which committed round,
+    and what was trained (slices counted, and their steps and tokens, each once)."""
+
+    by: str
+    round: int
+    slices: int
+    steps: int
+    tokens: int
+
+
+def encode_summary(summary: Summary) -> bytes:
+    body = {"format": FINISHED_FORMAT, **attrs.asdict(summary)}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode_summary(data: bytes) -> Summary | str:
+    """The summary in ``data``; a string says why it is refused. Total: no input raises."""
+    if len(data) > DONE_MAX_BYTES:
+        return f"{len(data)} bytes, over {DONE_MAX_BYTES}"
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        return f"not JSON: {type(error).__name__}"
+    fields = {"format", "by", "round", "slices", "steps", "tokens"}
+    if not isinstance(doc, dict) or set(doc) != fields:
+        return f"not an object with exactly {', '.join(sorted(fields))}"
+    numbers = [doc["format"], doc["slices"], doc["steps"], doc["tokens"]]
+    if not all(type(n) is int and 0 <= n < COUNT_LIMIT for n in numbers):
+        return "format, slices, steps and tokens must be non-negative 64-bit integers"
+    if type(doc["round"]) is not int or not -1 <= doc["round"] < keys.ROUND_LIMIT:
+        return f"round {doc['round']!r:.40} is not a round (or -1)"
+    if doc["format"] != FINISHED_FORMAT:
+        return f"format {doc['format']} is not {FINISHED_FORMAT}"
+    if not isinstance(doc["by"], str) or not keys.valid_id(doc["by"]):
+        return f"by {doc['by']!r:.80} is not an id"
+    del doc["format"]
+    return Summary(**doc)

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from gm_core import queue as core
@@ -136,56 +136,25 @@ class Consumer:
         return self.state.outcome is core.Outcome.DONE
 
     def _serve(self, event: core.QueueEvent) -> None:
-        self.state = self._loop.run(self._drive(event))
-
-    async def _drive(self, event: core.QueueEvent) -> core.QueueState:
-        """Feed ``event``, then carry out commands until the machine waits for the trainer."""
-        state = self.state
-        spec = state.spec
-        while True:
-            state, cmds = core.advance(state, event)
-            self._log(state)
-            request: Command | None = None
-            wake: float | None = None
-            for cmd in cmds:
-                if isinstance(cmd, WakeAt):
-                    wake = cmd.at_s
-                elif isinstance(cmd, Delete):
-                    self._spawn(self._delete(cmd))
-                elif isinstance(cmd, Notify):
-                    LOG.info("%s: %s", spec.node, cmd.detail)
-                else:
-                    request = cmd
-            if request is None and state.phase in (core.Phase.IDLE, core.Phase.STOPPED):
-                return state
-            if request is not None:
-                event = await _carry(self._mailbox, request)
-            elif wake is not None:
-                await asyncio.sleep(max(0.0, wake - _now()))
-                event = TimerFired(now_s=max(_now(), wake))
-            else:
-                raise RuntimeError(f"queue machine stuck in {state.phase}")  # a core bug
+        self.state = self._loop.run(
+            drive(
+                self._mailbox,
+                core.advance,
+                self.state,
+                event,
+                settled=lambda s: s.phase in (core.Phase.IDLE, core.Phase.STOPPED),
+                spawn=self._spawn,
+                seen=self._log,
+            )
+        )
 
     def _log(self, state: core.QueueState) -> None:
-        fresh = min(state.rejected - self._seen_rejections, len(state.rejections))
-        for rejection in state.rejections[len(state.rejections) - fresh :]:
-            LOG.warning(
-                "queue %s: rejected %s (%s): %s",
-                state.spec.queue,
-                rejection.key,
-                rejection.verdict.value,
-                rejection.detail,
-            )
-        self._seen_rejections = state.rejected
+        self._seen_rejections = log_rejections(
+            f"queue {state.spec.queue}", state.rejections, state.rejected, self._seen_rejections
+        )
 
-    async def _delete(self, cmd: Delete) -> None:
-        try:
-            await self._mailbox.delete(cmd.keys)
-        except Exception as error:  # collection only: a unit's done marker already speaks
-            LOG.info("queue: could not delete %d claims: %s", len(cmd.keys), error)
-
-    def _spawn(self, work: Any) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -204,6 +173,66 @@ class Consumer:
 
 def _now() -> float:
     return time.monotonic()
+
+
+S = TypeVar("S")
+
+
+async def drive(
+    mailbox: Mailbox,
+    advance: Callable[[S, Any], tuple[S, list[Command]]],
+    state: S,
+    event: object,
+    *,
+    settled: Callable[[S], bool],
+    spawn: Callable[[Coroutine[Any, Any, None]], None] | None = None,
+    seen: Callable[[S], None] = lambda _: None,
+) -> S:
+    """Feed ``event`` to a machine that sends one store request at a time, then carry out
+    its commands until it is ``settled`` with nothing to send: requests in turn, ``WakeAt``
+    as a sleep, deletions handed to ``spawn`` (background), notices logged."""
+    while True:
+        state, cmds = advance(state, event)
+        seen(state)
+        request: Command | None = None
+        wake: float | None = None
+        for cmd in cmds:
+            if isinstance(cmd, WakeAt):
+                wake = cmd.at_s
+            elif isinstance(cmd, Delete):
+                if spawn is None:
+                    raise TypeError("this machine deletes: drive it with spawn=")
+                spawn(_delete(mailbox, cmd))
+            elif isinstance(cmd, Notify):
+                LOG.info("%s: %s", cmd.kind, cmd.detail)
+            else:
+                request = cmd
+        if request is None and settled(state):
+            return state
+        if request is not None:
+            event = await _carry(mailbox, request)
+        elif wake is not None:
+            await asyncio.sleep(max(0.0, wake - _now()))
+            event = TimerFired(now_s=max(_now(), wake))
+        else:
+            raise RuntimeError(f"a machine is stuck: {state!r:.300}")  # a core bug
+
+
+async def _delete(mailbox: Mailbox, cmd: Delete) -> None:
+    try:
+        await mailbox.delete(cmd.keys)
+    except Exception as error:  # collection only: the objects that replace them speak
+        LOG.info("could not delete %d objects: %s", len(cmd.keys), error)
+
+
+def log_rejections(where: str, rejections: Sequence[Any], rejected: int, seen: int) -> int:
+    """Log the rejections a machine made since it had made ``seen``; returns the new count."""
+    fresh = min(rejected - seen, len(rejections))
+    for rejection in rejections[len(rejections) - fresh :]:
+        verdict = getattr(rejection, "verdict", None)
+        why = f" ({verdict.value})" if verdict is not None else ""
+        LOG.warning("%s: rejected %s%s: %s", where, rejection.key, why, rejection.detail)
+    return rejected
 
 
 async def _carry(mailbox: Mailbox, cmd: Command) -> Event:

@@ -54,12 +54,13 @@ from typing import Any
 import attrs
 
 from gm_core import closer as core_closer
-from gm_core import keys
+from gm_core import finish, keys
 from gm_core import learner as core_learner
 from gm_core import resume as core_resume
 from gm_core.advice import advise
 from gm_core.auth import RunAuth, for_run
-from gm_core.completion import DoneMarker, encode_done
+from gm_core.completion import DoneMarker, Plain, Queued, Shape, encode_done
+from gm_core.events import Started
 from gm_core.manifest import natural_format, wire_wider_than_params
 from gm_core.records import (
     EMBEDDING_PATTERN,
@@ -82,7 +83,7 @@ from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, adapt
 from gm_shell.pacer import Pacer, StalledError
-from gm_shell.queue import Consumer, SharedQueue
+from gm_shell.queue import Consumer, SharedQueue, drive, log_rejections
 from gm_shell.replica import Replica
 from gm_shell.resume import Resumer, default_max_bytes
 from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
@@ -387,6 +388,9 @@ class Session:
         self.checkpoint: Checkpoint | None = None
         """The commit the model was left at by :meth:`close`."""
         self._closed = False
+        self._at_close: Callable[[], None] | None = None
+        self.finished = False
+        """Whether :meth:`run` found the run finished (it wrote or read ``finished.json``)."""
 
     # -- entering ------------------------------------------------------------------------------
 
@@ -657,6 +661,8 @@ class Session:
                     self.checkpoint = self._leave_at_newest(runtime)
                     if self._resumer is not None:
                         self._resumer.save(self.checkpoint.round, self.step_count, raising=False)
+                if self._at_close is not None:
+                    self._at_close()  # run(): the learner is closed, the closer still serves
                 if runtime.closer is not None:
                     runtime.request_close(Machine.CLOSER)
         except BaseException:
@@ -733,21 +739,29 @@ class Session:
                 done.
 
         At the end of a plain iterable the node writes ``done/{node}.json``; with a queue,
-        each unit's done marker is written as the unit ends. Then the session closes (the
-        last deltas are flushed and committed). An exception, from ``step`` or the bucket,
-        leaves the run at once with no done marker, and is raised.
+        each unit's done marker is written as the unit ends. Then the session closes: the
+        last deltas are flushed and committed, and, before this node's closer stops, it
+        looks whether the whole run is finished (every unit done, or with plain data some
+        node done, and no learner live on this node's clock, waiting at most
+        ``close_timeout_s`` plus two lease timeouts for peers to leave); if so it writes
+        ``finished.json`` (``gm status`` shows it) and sets :attr:`finished`. An exception,
+        from ``step`` or the bucket, leaves the run at once with no done marker, and is raised.
         """
         if self._pacer is None or self.manifest is None:
             raise RuntimeError("run() needs a started session with a learner role")
         try:
             if isinstance(data, SharedQueue):
                 self._run_queue(step, data)
+                shape: Shape = Queued(frozenset(data.units))
             else:
                 steps, tokens = self._train(step, data)
                 self._mark_done(steps, tokens)
+                shape = Plain()
         except BaseException:
             self._leave()
             raise
+        queue = data.name if isinstance(data, SharedQueue) else ""
+        self._at_close = lambda: self._look_finished(shape, queue)
         self.close()
 
     def _train(self, step: Callable[[Any], int | None], batches: Iterable[Any]) -> tuple[int, int]:
@@ -781,6 +795,40 @@ class Session:
                 consumer.finish(unit.unit, steps, counted)
         finally:
             consumer.close()
+
+    def _look_finished(self, shape: Shape, queue: str) -> None:
+        """Decide whether the run is finished, and say so in the bucket (:mod:`gm_core.finish`)."""
+        assert self._mailbox is not None
+        assert self._loop is not None
+        assert self.manifest is not None
+        config = self.manifest.config
+        spec = finish.FinishSpec(
+            node=self.node,
+            shape=shape,
+            queue=queue,
+            round=-1 if self.checkpoint is None else self.checkpoint.round,
+            lease_timeout_s=config.lease_timeout_s,
+            poll_s=self.options.poll_s,
+            wait_s=self.options.close_timeout_s + 2 * config.lease_timeout_s,
+            envelope=for_run(self.manifest.run_id, self._run_auth),
+        )
+        logged = [0]
+
+        def seen(state: finish.FinishState) -> None:
+            logged[0] = log_rejections("finish", state.rejections, state.rejected, logged[0])
+
+        state = self._loop.run(
+            drive(
+                self._mailbox,
+                finish.advance,
+                finish.initial(spec),
+                Started(now_s=now()),
+                settled=lambda s: s.phase is finish.Phase.DONE,
+                seen=seen,
+            )
+        )
+        self.finished = state.outcome is finish.Outcome.FINISHED
+        events.LOG.info("%s: %s", self.node, finish.describe(state))
 
     def _mark_done(self, steps: int, tokens: int) -> None:
         """Write ``done/{node}.json``: this node's own data ran out (create-once: a restart

@@ -42,6 +42,7 @@ import cattrs
 
 from gm_core import auth, keys, schedule, timing
 from gm_core.auth import Envelope, RunAuth
+from gm_core.completion import Summary, decode_summary
 from gm_core.records import AlgorithmConfig, Alignment, Manifest, Requests, RoundRecord
 from gm_core.tape import BadRecord, parse_head, parse_record
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
@@ -229,6 +230,10 @@ class RunStatus:
     prices: str
     auth: str = "open"
     """"open", or the key id an authenticated run's objects are tagged under."""
+    finished: Summary | None = None
+    """What ``finished.json`` says (None: the run is not finished, or it is unreadable)."""
+    finished_problem: str = ""
+    """Why a ``finished.json`` that is there was not believed."""
 
 
 # --- reading -------------------------------------------------------------------------
@@ -496,8 +501,11 @@ async def gather_status(
         frontier = _frontier(manifest, None, tally.synced)
     else:  # the newest readable record's, none if the whole window is unreadable
         frontier = () if newest is None else _frontier(manifest, newest, tally.synced)
+    finished, finished_problem = _finished(envelope, await read_json(box, keys.finished()))
     spent = box.stats - before
     return RunStatus(
+        finished=finished,
+        finished_problem=finished_problem,
         url=box.url,
         run_id=manifest.run_id,
         created_by=manifest.created_by,
@@ -517,6 +525,17 @@ async def gather_status(
         status_usd=cost_usd(spent, prices),
         prices=prices.name,
     )
+
+
+def _finished(envelope: Envelope, data: bytes | None) -> tuple[Summary | None, str]:
+    """The run's finished summary, or why the object there is not believed."""
+    if data is None:
+        return None, ""
+    body = envelope.open(keys.finished(), data)
+    if isinstance(body, auth.Unauthenticated):
+        return None, body.detail
+    summary = decode_summary(body)
+    return (None, summary) if isinstance(summary, str) else (summary, "")
 
 
 def _newest(record: RoundRecord) -> Newest:
@@ -610,6 +629,14 @@ def format_status(s: RunStatus) -> str:
         f" compression {c.compression.value}; {s.tensors} tensors, {s.parameters:,} parameters;"
         f" lease timeout {_s(c.lease_timeout_s)}"
     )
+    if s.finished is not None:
+        f = s.finished
+        out.append(
+            f"state    finished at round {f.round} (found by {f.by}): {_n(f.slices, 'slice')} of"
+            f" data done, {f.steps:,} steps, {f.tokens:,} {c.unit.value} trained (each once)"
+        )
+    elif s.finished_problem:
+        out.append(f"state    running; finished.json refused: {s.finished_problem}")
     hint = "none" if s.head_hint < 0 else str(s.head_hint)
     n = s.newest
     if s.rounds == 0:

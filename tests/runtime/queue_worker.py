@@ -3,8 +3,8 @@
 ``SPEC`` is JSON: the run ``url``, this ``node``, how many ``units`` of how many
 ``batches`` each, the seconds each step takes (``step_s``) and where to append one
 line per batch it trains (``trace``: ``unit batch``, flushed, so the test can kill the
-process mid-unit). The node trains a small torch model with ``Session.run`` and exits
-0 once every unit of the queue is done.
+process mid-unit). The node trains a small torch model with ``Session.run``, exits 0
+once every unit of the queue is done, and prints whether it found the run finished.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def main(spec: dict[str, Any]) -> None:
         model, algorithm=ALGORITHM, mailbox=spec["url"], node=spec["node"], options=OPTIONS
     ) as session:
         session.run(step, data)
+    print(json.dumps({"finished": session.finished}))
 
 
 if __name__ == "__main__":

@@ -77,9 +77,30 @@ def test_a_node_killed_mid_unit_loses_nothing_and_each_unit_is_done_once(
     victim.kill()
     victim.communicate()
     killed_in = lines("n0")[-1].split()[0]
+    found = []
     for name, proc in survivors.items():
-        _, err = proc.communicate(timeout=180)
+        out, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, (name, err[-3000:])
+        found.append(json.loads(out.splitlines()[-1])["finished"])
+    # The last survivor to leave found the run finished (the dead victim's lease aged out
+    # on its clock) and said so once; gm status shows it.
+    assert any(found), found
+    summary = completion.decode_summary((bucket / keys.finished()).read_bytes())
+    assert isinstance(summary, completion.Summary), summary
+    assert summary.by in ("n1", "n2")
+    assert (summary.slices, summary.steps, summary.tokens) == (
+        UNITS,
+        UNITS * BATCHES,
+        UNITS * BATCHES * 4,
+    )
+    shown = subprocess.run(
+        [sys.executable, "-m", "gm_shell", "status", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"finished at round {summary.round} (found by {summary.by}): 6 slices" in shown.stdout
     done = ledger(bucket)
     assert sorted(done) == [f"u{i:02d}" for i in range(UNITS)]
     assert {line.split()[0] for line in lines("n0")} == {killed_in}
