@@ -205,6 +205,8 @@ class Runtime:
         """The learner state and queued commits the pacer's plan was made from."""
         self._effects: list[Callable[[], None]] | None = None
         """Effects of the feed being computed, kept until it commits (see :meth:`_feed`)."""
+        self._handovers: list[Callable[[], None]] = []
+        """Its work, pace and plan for the pacer, handed over when it commits."""
         self._queued: list[Work] = []
         """The training thread's queue as the feed being computed leaves it."""
         self.feeds_redone = 0
@@ -283,9 +285,11 @@ class Runtime:
         GIL to the loop and wait for it back). The transitions are computed without the
         lock, their effects kept aside (``advance`` is pure: nothing has happened yet);
         then, under the lock, if the training thread changed nothing the feed read (its
-        notes, its queue: :attr:`Pacer.version`), the state, the effects and the plan are
-        committed at once. If it did, say by carrying out a due step meanwhile, the feed
-        is computed again with its note first: the step happened before ``event`` was fed.
+        notes, its queue: :attr:`Pacer.version`), the state and what it hands the pacer
+        (work, pace, plan) are committed at once; its other effects (requests, timers,
+        events) are carried out after, outside the lock. If it did, say by carrying out a
+        due step meanwhile, the feed is computed again with its note first: the step
+        happened before ``event`` was fed.
         A feed that restarts the learner or fails the runtime, or that keeps colliding with
         the training thread, is done the plain way, whole, under the lock.
 
@@ -302,7 +306,8 @@ class Runtime:
             version, notes, queued = pacer.view()
             start = self.learner, self._planned, self._planned_applies
             effects: list[Callable[[], None]] = []
-            self._effects, self._queued = effects, queued
+            handovers: list[Callable[[], None]] = []
+            self._effects, self._handovers, self._queued = effects, handovers, queued
             try:
                 self._feed_learner(notes, event)
             except _CollidedError:
@@ -310,11 +315,15 @@ class Runtime:
             finally:
                 self._effects = None
             with pacer.lock:
-                if pacer.version == version:
+                committed = pacer.version == version
+                if committed:
                     pacer.take_notes()
-                    for effect in effects:
-                        effect()
-                    return
+                    for handover in handovers:
+                        handover()
+            if committed:
+                for effect in effects:  # requests, timers, events: nothing the pacer reads
+                    effect()
+                return
             self.learner, self._planned, self._planned_applies = start
             self.feeds_redone += 1
         self.learner, self._planned, self._planned_applies = start
@@ -324,7 +333,8 @@ class Runtime:
             self._feed_learner(notes, event)
 
     def _feed_learner(self, notes: list[Note], event: Event | None) -> None:
-        """The notes in order, then ``event``, then the plan (effects per :meth:`_later`)."""
+        """The notes in order, then ``event``, then the plan (effects per :meth:`_later` and
+        :meth:`_hand_over`)."""
         epoch = self._epochs[Machine.LEARNER]
         for note in notes:
             if self._epochs[Machine.LEARNER] != epoch:
@@ -346,6 +356,13 @@ class Runtime:
             effect()
         else:
             self._effects.append(effect)
+
+    def _hand_over(self, handover: Callable[[], None]) -> None:
+        """Give the pacer work, a pace or a plan now, or as the feed computing it commits."""
+        if self._effects is None:
+            handover()
+        else:
+            self._handovers.append(handover)
 
     def _collided(self) -> None:
         """A feed being computed aside cannot go on that way (a restart, a failure)."""
@@ -398,7 +415,7 @@ class Runtime:
             work = [CaptureWork(req=c.req, round=c.round, fragment=c.fragment) for c in captures]
         if self.pacer is not None and (work or pace is not None):
             self._queued = [*self._queued, *work]
-            self._later(functools.partial(self.pacer.publish, work, pace))
+            self._hand_over(functools.partial(self.pacer.publish, work, pace))
         self._later(self._note_closed)
         return captures if made else []
 
@@ -466,7 +483,7 @@ class Runtime:
         if self.learner is self._planned and applies == self._planned_applies:
             return
         self._planned, self._planned_applies = self.learner, applies
-        self._later(functools.partial(self.pacer.plan, self._forecast(applies)))
+        self._hand_over(functools.partial(self.pacer.plan, self._forecast(applies)))
 
     def _forecast(self, applies: tuple[int, ...]) -> Plan | None:
         """What the learner will answer to the step its pace waits for, asked of the core.
