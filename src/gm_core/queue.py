@@ -34,9 +34,12 @@ marker now says everything). The **counted** completion of a unit is its valid
 done marker of the lowest attempt (:func:`gm_core.completion.counted`), so a paused
 holder and its successor that both finish count once.
 
+**Starting.** Before a unit starts, its holder lists the unit's folder once more: if its
+claim is gone or superseded, or a done marker it has not judged garbage is there (a
+listing older than a peer's finish), it drops the unit and chooses again.
+
 **Prefetch.** A node asking for a unit while it holds none unstarted claims up to
-``1 + prefetch`` units at once; a prefetched unit is checked again (a listing of
-its folder) before it is started, since a peer may have re-issued it meanwhile.
+``1 + prefetch`` units at once; each is checked as above when it starts.
 
 Every key and body read is judged: keys of other shapes, units outside the agreed
 set, claim and done bodies that do not open under the run's envelope or do not
@@ -419,9 +422,9 @@ def _read(state: QueueState, event: GotObject) -> Transition:
     state = attrs.evolve(state, todo=rest)
     parsed = keys.parse(key)
     if event.data is None:
-        # Deleted since the listing (claims are collected once a unit is done): the next
-        # listing says what replaced it; until then it holds nobody and finishes nothing.
-        return _read_next(state, event.now_s)
+        # Deleted since the listing: claims are collected once their unit is done, so the
+        # listing is stale; choosing from it could claim a finished unit again.
+        return _scan(state)
     if isinstance(parsed, keys.QueueDoneKey):
         marker = _open_done(state, key, event.data, parsed)
         state = marker if isinstance(marker, QueueState) else state
@@ -559,7 +562,7 @@ def _claim_next(state: QueueState, now_s: float) -> Transition:
     state = attrs.evolve(state, candidates=())
     waiting = [h for h in state.held if not h.started]
     if waiting:
-        return _start(state, waiting[0])
+        return _check(state, waiting[0].unit)
     if _done_units(state) >= _unit_set(state):
         return _reply(state, Outcome.EXHAUSTED)
     # Units remain, held by live peers: look again later, in case one of them dies.
@@ -618,7 +621,10 @@ def _checked(state: QueueState, event: Listed) -> Transition:
     lost = held.attempt not in claims or max(claims) > held.attempt
     task = state.task
     if isinstance(task, Want):
-        if lost or dones:
+        # A done marker not yet judged garbage means a peer may have finished the unit.
+        queue = spec.queue
+        finished = [a for a in dones if state.dones.get(keys.queue_done(queue, unit, a), True)]
+        if lost or finished:
             # Re-issued or finished by a peer while it waited here: drop it, choose again.
             state, note = _drop(state, unit, "taken over before it was started")
             state, cmds = _request(attrs.evolve(state, task=None, phase=Phase.IDLE), task)

@@ -220,6 +220,30 @@ class World:
                         found[parsed.unit, parsed.attempt] = node
         return found
 
+    def done_writes(self) -> list[tuple[str, int, completion.DoneMarker, str | None]]:
+        """Each valid done marker created, with the node its attempt's claim named then.
+
+        A claim key freed by collection may be created again (by a node whose listing was
+        older than the unit's finish); the claim that counts is the newest before the marker.
+        """
+        holders: dict[tuple[str, int], str] = {}
+        found = []
+        for key, data in self.store.created:
+            parsed = _parse(key)
+            body = self.envelope.open(key, data)
+            if not isinstance(body, bytes):
+                continue
+            if isinstance(parsed, keys.QueueClaimKey):
+                node = queue.decode_claim(body, parsed.unit, parsed.attempt)
+                if node is not None:
+                    holders[parsed.unit, parsed.attempt] = node
+            elif isinstance(parsed, keys.QueueDoneKey):
+                marker = completion.decode_done(body, parsed.attempt)
+                if isinstance(marker, completion.DoneMarker):
+                    holder = holders.get((parsed.unit, parsed.attempt))
+                    found.append((parsed.unit, parsed.attempt, marker, holder))
+        return found
+
     def dones(self) -> dict[str, dict[int, completion.DoneMarker | None]]:
         """Every done marker ever created, judged, by unit and attempt."""
         found: dict[str, dict[int, completion.DoneMarker | None]] = {}
@@ -246,11 +270,9 @@ def _parse(key: str) -> keys.ParsedKey | None:
 
 def check_ledger(world: World, *, exactly_once: bool) -> None:
     """Every unit counted once with one full pass of tokens; done markers only by holders."""
-    claims, dones = world.claims(), world.dones()
-    for unit, attempts in dones.items():
-        for attempt, marker in attempts.items():
-            if marker is not None:
-                assert claims.get((unit, attempt)) == marker.node, (unit, attempt, marker)
+    dones = world.dones()
+    for unit, attempt, marker, holder in world.done_writes():
+        assert holder == marker.node, (unit, attempt, marker, holder)
     verdict = completion.finished(completion.Queued(frozenset(world.units)), dones, frozenset())
     assert isinstance(verdict, completion.Finished), verdict
     assert verdict.tokens == sum(tokens_of(u) for u in world.units)
@@ -471,15 +493,10 @@ def test_garbage_in_the_queue_is_refused_by_name_and_every_unit_still_gets_done(
     drive(world, names, [s for s in steps if s[0] not in ("crash", "pause")], faults=True)
     world.run_fair()
     assert set(world.states) <= world.exhausted
-    claims, dones = world.claims(), world.dones()
-    honest = {
-        u: {a: m for a, m in attempts.items() if m is not None and m.node in names}
-        for u, attempts in dones.items()
-    }
-    for unit in units:
-        assert honest.get(unit), unit
-        for attempt, marker in honest[unit].items():
-            assert claims.get((unit, attempt)) == marker.node
+    honest = [w for w in world.done_writes() if w[2].node in names]
+    assert {unit for unit, *_ in honest} == set(units)
+    for unit, attempt, marker, holder in honest:
+        assert holder == marker.node, (unit, attempt, marker, holder)
     # Junk keys, done markers and units statements are always read: garbage there is named.
     rejected = sum(s.rejected for s in world.states.values())
     assert rejected > 0 or not any(kind in ("junk", "done", "units") for kind, *_ in forged)
