@@ -24,11 +24,13 @@ from gm_core.check import actions
 from gm_core.check.bounds import CI_BOUNDS, LONG_BOUNDS
 from gm_core.check.explore import Bounds, explore, initial_state, narrate
 from gm_core.check.fingerprint import Digests, Fingerprinter, fingerprint
+from gm_core.check.independence import Footprint, Recorder, independent
 from gm_core.check.plants import PLANTS, planted
 from gm_core.check.transitions import Transitions
 from gm_core.events import TimerFired
 from gm_core.liveness import LeaseView
 from gm_core.records import Manifest
+from gm_core.store_model import ModelStore
 from gm_shell import check_cli
 
 PINNED = {
@@ -174,6 +176,69 @@ def test_planted_restores_the_real_rule() -> None:
 
 
 # --- the pieces ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        CI_BOUNDS["two closers race, one fault"],
+        CI_BOUNDS["one node, one crash"],  # a node's learner and closer are two machines
+    ],
+    ids=["two closers, one fault", "one node, one crash, liveness"],
+)
+def test_sleep_sets_prune_transitions_but_no_state(bounds: Bounds) -> None:
+    full = explore(bounds, sleep_sets=False)
+    reduced = explore(bounds)
+    assert attrs.evolve(reduced, transitions=0) == attrs.evolve(full, transitions=0)
+    assert reduced.transitions < 0.8 * full.transitions
+
+
+def _footprint(
+    machine: str, reads: str = "", writes: str = "", prefixes: tuple[str, ...] = ()
+) -> Footprint:
+    return Footprint(
+        machine=(machine, cluster.Machine.CLOSER),
+        reads=frozenset(reads.split()),
+        prefixes=prefixes,
+        writes=frozenset(writes.split()),
+    )
+
+
+def test_independence_is_disjoint_machines_and_no_conflicting_key() -> None:
+    assert independent(_footprint("n0", reads="a", writes="b"), _footprint("n1", reads="a c"))
+    assert not independent(_footprint("n0"), _footprint("n0"))  # one machine
+    assert not independent(_footprint("n0", writes="a"), _footprint("n1", reads="a"))
+    assert not independent(_footprint("n0", reads="a"), _footprint("n1", writes="a"))
+    assert not independent(_footprint("n0", writes="a"), _footprint("n1", writes="a"))
+    assert not independent(_footprint("n0", writes="r/1"), _footprint("n1", prefixes=("r/",)))
+    assert not independent(_footprint("n0", prefixes=("r/",)), _footprint("n1", writes="r/1"))
+    assert independent(_footprint("n0", prefixes=("r/",)), _footprint("n1", writes="s/1"))
+    assert not independent(None, _footprint("n1"))
+
+
+def test_recorder_sees_what_a_step_touched_and_restores_the_store() -> None:
+    real = {name: getattr(ModelStore, name) for name in ("get", "put_once", "list")}
+    store = ModelStore()
+    recorder = Recorder()
+    take = actions.Action(kind=actions.Kind.DELIVER, node="n0")
+    with recorder.installed():
+        with recorder.recording():
+            store.get("a")
+            store, _ = store.put_once("b", b"x")
+            store.list("p/")
+        store.get("outside")  # not recording: not part of any footprint
+        seen = recorder.footprint(take)
+        with recorder.recording():
+            store.delete_prefix("p/")
+        assert recorder.footprint(take) is None  # a sweep depends on everything
+        assert recorder.footprint(attrs.evolve(take, kind=actions.Kind.CRASH)) is None
+    assert seen == Footprint(
+        machine=("n0", cluster.Machine.LEARNER),
+        reads=frozenset({"a"}),
+        prefixes=("p/",),
+        writes=frozenset({"b"}),
+    )
+    assert {name: getattr(ModelStore, name) for name in real} == real
 
 
 def test_transition_cache_answers_a_repeat_with_the_real_result() -> None:

@@ -12,12 +12,17 @@ exploration stops at a state once ``rounds`` records exist, the clock never
 passes ``max_time_s``, and at most ``faults`` request faults and ``crashes``
 crashes happen on any path.
 
-Search is breadth-first, so the first violation found has a shortest trace. A
-state is identified by its fingerprint plus the fault budget it has spent; a
-state reached again with at least as much budget left is not explored twice
-(more budget can only allow more behaviour, so the pruning is sound). Every state
-is judged by every named invariant: those over the store alone are looked up by
-the store's fingerprint, since many states share one store.
+Search is breadth-first, so the first violation found has a shortest trace. It
+carries sleep sets (:mod:`gm_core.check.independence`): an action independent of
+a sibling explored before it is not taken again after that sibling, since both
+orders reach one state; a state's sleep set is the intersection over every
+arrival in its layer. That prunes transitions, never states (the state counts
+are those of the full search). A state is identified by its fingerprint plus
+the fault budget it has spent; a state reached again with at least as much
+budget left is not explored twice (more budget can only allow more behaviour,
+so the pruning is sound). Every state is judged by every named invariant: those
+over the store alone are looked up by the store's fingerprint, since many states
+share one store.
 
 Bounded progress is judged from every state where exploration stopped before the
 round bound — the clock bound reached and nothing left in flight — and from every
@@ -36,6 +41,7 @@ from gm_core import closer, cluster, invariants, learner
 from gm_core.check import forger, progress
 from gm_core.check.actions import Action, Kind, apply, describe, enabled, settle_payloads
 from gm_core.check.fingerprint import Fingerprinter
+from gm_core.check.independence import Footprint, Recorder, independent
 from gm_core.check.progress import FairRuns
 from gm_core.check.transitions import Transitions
 from gm_core.records import AlgorithmConfig, Alignment
@@ -150,22 +156,41 @@ class ExploreProgress:
 
 
 Key = tuple[bytes, int, int]
+Sleep = dict[Action, Footprint]
+"""A sleep set: actions a state need not take (their order is explored elsewhere), with
+the footprint each had when it ran."""
 
 
 def explore(
-    bounds: Bounds, on_progress: Callable[[ExploreProgress], None] | None = None
+    bounds: Bounds,
+    on_progress: Callable[[ExploreProgress], None] | None = None,
+    *,
+    sleep_sets: bool = True,
 ) -> Outcome:
-    """Explore every state within ``bounds``; stop at the first (shortest) counterexample."""
-    with Transitions().installed():
-        return _Search(bounds, on_progress).run()
+    """Explore every state within ``bounds``; stop at the first (shortest) counterexample.
+
+    ``sleep_sets=False`` takes every transition (the same states, more work).
+    """
+    with Transitions().installed(), Recorder().installed() as recorder:
+        return _Search(bounds, on_progress, recorder if sleep_sets else None).run()
 
 
 class _Search:
     """One breadth-first search; its tables are mutable and live only inside :func:`explore`."""
 
-    def __init__(self, bounds: Bounds, on_progress: Callable[[ExploreProgress], None] | None):
+    def __init__(
+        self,
+        bounds: Bounds,
+        on_progress: Callable[[ExploreProgress], None] | None,
+        recorder: Recorder | None,
+    ):
         self.b = bounds
         self.on_progress = on_progress
+        self.recorder = recorder
+        self.sleep: dict[Key, Sleep] = {}
+        """Per state of the layer being expanded: the actions it need not take."""
+        self.next_sleep: dict[Key, Sleep] = {}
+        """The same for the next layer, intersected over every arrival from this one."""
         self.parents: dict[Key, tuple[Key | None, Action | None]] = {}
         self.budgets: dict[bytes, list[tuple[int, int]]] = {}
         self.store_verdicts: dict[bytes, list[invariants.Violation]] = {}
@@ -199,6 +224,7 @@ class _Search:
                 if len(self.parents) >= self.b.max_states:
                     return self._outcome("incomplete")
             frontier = layer
+            self.sleep, self.next_sleep = self.next_sleep, {}
             self.depth += 1
         return self._outcome("pass")
 
@@ -227,22 +253,47 @@ class _Search:
             return self._fail("no progress", key, [])
         if self.b.liveness and not self._live(c):
             return self._fail("not live", key, [])
+        asleep = self.sleep.pop(key, {})
+        done: list[tuple[Action, Footprint | None]] = []
         for action in actions:
+            if action in asleep:
+                continue
             self.transitions += 1
             try:
-                after = step(c, action, self.b)
+                after, footprint = self._step(c, action)
             except Exception as error:  # the core is total: a transition that raises is a bug
                 return self._fail("exception", key, [], then=action, error=error)
             spent = (key[1] + (action.fault is not cluster.Fault.NONE), key[2])
             spent = (spent[0], spent[1] + (action.kind is Kind.CRASH))
             k2: Key = (self.prints.state(after), *spent)
+            sleep = {
+                b: f
+                for b, f in (*asleep.items(), *done)
+                if f is not None and independent(f, footprint)
+            }
+            done.append((action, footprint))
+            pending = self.next_sleep.get(k2)
+            if pending is not None:  # another arrival in this layer: both must be covered
+                self.next_sleep[k2] = {b: f for b, f in pending.items() if b in sleep}
+                continue
             if self._dominated(k2):
                 continue
             self._admit(k2, key, action)
+            self.next_sleep[k2] = sleep
             if bad := self._judge(after):
                 return self._fail("violation", k2, bad)
             layer.append((k2, after))
         return None
+
+    def _step(self, c: cluster.Cluster, action: Action) -> tuple[cluster.Cluster, Footprint | None]:
+        """The next state, and what the action touched (None: it may depend on anything)."""
+        if self.recorder is None:
+            return step(c, action, self.b), None
+        with self.recorder.recording():
+            after = step(c, action, self.b)
+        if self._records(after) >= self.b.rounds:  # it ends exploration: no sibling commutes
+            return after, None
+        return after, self.recorder.footprint(action)
 
     def _records(self, c: cluster.Cluster) -> int:
         """How many records the tape holds, remembered per store (many states share one)."""
