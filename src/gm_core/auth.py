@@ -65,7 +65,12 @@ TAG_CHARS = 64
 _TAG_CONTEXT = b"gm/2 2026 object tag"
 _PAYLOAD_CONTEXT = b"gm/2 2026 payload digest"
 _KEY_ID_CONTEXT = b"gm/2 2026 key id"
+_NAME_CONTEXT = b"gm/2 2026 slot name"
 _DOMAIN = b"gm/2 object"
+_SLOT_DOMAIN = b"gm/2 slot"
+_OPEN_NAME_KEY = b"gm/2 open run: slot names are public"
+"""An open run's slot names use this public key: the same code, no secret."""
+SLOT_NAME_CHARS = 16
 _HEX = frozenset(b"0123456789abcdef")
 
 
@@ -100,6 +105,8 @@ class RunAuth:
     tag_key: bytes = attrs.field(repr=False)
     payload_key: bytes = attrs.field(repr=False)
     """BLAKE3 key for payload digests (the shell hashes payloads)."""
+    name_key: bytes = attrs.field(repr=False)
+    """HMAC-SHA256 key for the names of create-once slots (protocol §16.4.1)."""
 
 
 def derive(run_key: bytes) -> RunAuth:
@@ -111,6 +118,7 @@ def derive(run_key: bytes) -> RunAuth:
         key_id=key_id,
         tag_key=_mac(run_key, _TAG_CONTEXT),
         payload_key=_mac(run_key, _PAYLOAD_CONTEXT),
+        name_key=_mac(run_key, _NAME_CONTEXT),
     )
 
 
@@ -165,6 +173,18 @@ class Envelope:
             return data
         return verify(self.auth, self.run_id, key, data)
 
+    def slot_name(self, kind: str, subject: str, slot: int) -> str:
+        """The name of slot ``slot`` of the create-once key ``kind``/``subject`` (§16.4.1).
+
+        A keyed hash in an authenticated run, so an outsider cannot name a slot above 0
+        (a guess is right with probability 2^-64); the same hash under a public key in
+        an open run, where anyone can compute it and the slots only bound the cost of
+        garbage, not who writes it.
+        """
+        name_key = _OPEN_NAME_KEY if self.auth is None else self.auth.name_key
+        parts = (_SLOT_DOMAIN, self.run_id.encode(), kind.encode(), subject.encode())
+        return _framed(name_key, (*parts, str(slot).encode())).hexdigest()[:SLOT_NAME_CHARS]
+
 
 def verify(run_auth: RunAuth, run_id: str, key: str, data: bytes) -> bytes | Unauthenticated:
     """The body of ``data`` at ``key`` of run ``run_id`` when its tag verifies; else why not."""
@@ -186,12 +206,18 @@ def verify(run_auth: RunAuth, run_id: str, key: str, data: bytes) -> bytes | Una
 
 
 def _tag(run_auth: RunAuth, run_id: str, key: str, body: bytes) -> bytes:
-    mac = hmac.new(run_auth.tag_key, digestmod=hashlib.sha256)
-    for part in (_DOMAIN, run_id.encode(), key.encode()):
-        mac.update(len(part).to_bytes(8, "big"))
-        mac.update(part)
+    mac = _framed(run_auth.tag_key, (_DOMAIN, run_id.encode(), key.encode()))
     mac.update(body)
     return mac.hexdigest().encode()
+
+
+def _framed(mac_key: bytes, parts: tuple[bytes, ...]) -> hmac.HMAC:
+    """An HMAC-SHA256 over ``parts``, each framed by its length (no two inputs collide)."""
+    mac = hmac.new(mac_key, digestmod=hashlib.sha256)
+    for part in parts:
+        mac.update(len(part).to_bytes(8, "big"))
+        mac.update(part)
+    return mac
 
 
 def for_run(run_id: str, run_auth: RunAuth | None) -> Envelope:

@@ -99,7 +99,17 @@ from gm_core.records import (
     Timing,
 )
 from gm_core.requests import Purpose, failure, issue, settle
-from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
+from gm_core.tape import (
+    BadRecord,
+    SlotCursor,
+    exhausted,
+    frontier_of,
+    parse_head,
+    parse_record,
+    record_key,
+    skip,
+    slot_of,
+)
 
 NEVER = float("inf")
 TICK_S = 1e-3
@@ -187,6 +197,8 @@ class CloserState:
     last: RoundRecord | None = None
     round: int = 0
     probe_round: int = -1
+    record_slots: SlotCursor = attrs.field(factory=SlotCursor)
+    """The slot of a round's record key to read or write next (spec/protocol.md §16.4)."""
     claims: Mapping[int, str] = attrs.field(factory=dict)
     claim: int = 0
     closer_lease: liveness.LeaseView | None = None
@@ -369,11 +381,39 @@ def _tape_outcome(
         if state.last is None and state.probe_round > 0:
             return attrs.evolve(state, probe_round=0)  # the hint led the tape: start over
         return _enter(state, event.now_s, cmds)
-    parsed = parse_record(state.envelope, event.data, purpose.round, state.manifest.config)
+    parsed = _parse(state, purpose, event.data)
     if isinstance(parsed, BadRecord):
-        cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
-        return attrs.evolve(state, poll_at_s=event.now_s + state.options.poll_s)
+        state = _skip(state, parsed, event.now_s, cmds)
+        if parsed.newer or state.phase is Phase.BLOCKED:
+            poll_at_s = event.now_s + state.options.poll_s
+            return attrs.evolve(state, phase=Phase.BOOTING, poll_at_s=poll_at_s)
+        return state
     return attrs.evolve(state, last=parsed, probe_round=parsed.round + 1)
+
+
+def _parse(state: CloserState, purpose: Purpose[Ask], data: bytes) -> RoundRecord | BadRecord:
+    """The record at the slot ``purpose`` read, or why it is invalid."""
+    config = state.manifest.config
+    return parse_record(state.envelope, data, purpose.round, config, int(purpose.name))
+
+
+def _skip(state: CloserState, bad: BadRecord, now_s: float, cmds: list[Command]) -> CloserState:
+    """``bad`` lies at a slot of a record key: go on at the slot above it, now.
+
+    Blocked instead when it is a newer format's record (skipping it would fork the tape
+    from the newer nodes') or when every slot holds an invalid object.
+    """
+    if state.phase is not Phase.BLOCKED:
+        detail = f"slot {bad.slot}: {bad.reason}"
+        cmds.append(Notify(kind="record_rejected", round=bad.round, detail=detail))
+    if bad.newer:
+        return _blocked(state, bad, now_s, cmds)
+    cursor = skip(state.record_slots, bad)
+    if exhausted(cursor, bad.round):
+        if state.phase is not Phase.BLOCKED:
+            cmds.append(Notify(kind="slots_exhausted", round=bad.round, detail=bad.reason))
+        return _blocked(attrs.evolve(state, record_slots=SlotCursor()), bad, now_s, cmds)
+    return attrs.evolve(state, record_slots=cursor, poll_at_s=now_s)
 
 
 def _enter(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
@@ -448,24 +488,24 @@ def _watch_outcome(
         poll_at_s = max(state.poll_at_s, min(look_s, _takeover_due(state)))
         missed_at_s = state.looked_at_s  # the record was absent when this look was sent
         return attrs.evolve(state, records=records, missed_at_s=missed_at_s, poll_at_s=poll_at_s)
-    parsed = parse_record(state.envelope, event.data, purpose.round, state.manifest.config)
+    parsed = _parse(state, purpose, event.data)
     if isinstance(parsed, BadRecord):
-        return _blocked(state, parsed, now_s, cmds)
+        return _skip(state, parsed, now_s, cmds)
     state = attrs.evolve(state, records=cadence.seen(state.records, now_s))
     return _adopt(state, parsed, now_s, cmds)
 
 
 def _blocked(state: CloserState, bad: BadRecord, now_s: float, cmds: list[Command]) -> CloserState:
-    """An unreadable object holds our round's record key: nobody can commit this round.
+    """Our round's record key holds a newer format's record, or garbage in every slot:
+    nobody of this version can commit this round.
 
     The tape cannot skip a round, so the closer stops competing for it and only
-    re-reads the key every poll (an operator may remove the object, or a newer
+    re-reads the key every poll (an operator may remove the objects, or a newer
     writer's record may be readable by a newer gm) instead of claiming and merging
     in a loop.
     """
-    if state.phase is not Phase.BLOCKED:
-        cmds.append(Notify(kind="record_rejected", round=bad.round, detail=bad.reason))
-    return attrs.evolve(state, phase=Phase.BLOCKED, poll_at_s=max(state.poll_at_s, now_s))
+    poll_at_s = max(state.poll_at_s, now_s + state.options.poll_s)
+    return attrs.evolve(state, phase=Phase.BLOCKED, poll_at_s=poll_at_s)
 
 
 def _claim_outcome(
@@ -819,10 +859,16 @@ def _commit(
     record = _draft(state, now_s, merged)
     own = merged.requests if merged is not None and state.options.account_own else None
     state = attrs.evolve(state, own_draft=own)
-    state, req = issue(state, Purpose(kind=Ask.COMMIT, round=state.round))
-    key = keys.round_record(state.round)
+    return _write(attrs.evolve(state, phase=Phase.COMMITTING, draft=record), record, cmds)
+
+
+def _write(state: CloserState, record: RoundRecord, cmds: list[Command]) -> CloserState:
+    """Write ``record`` create-once at the lowest slot not known to hold garbage."""
+    slot = slot_of(state.record_slots, state.round)
+    state, req = issue(state, Purpose(kind=Ask.COMMIT, round=state.round, name=str(slot)))
+    key = record_key(state.envelope, state.round, slot)
     cmds.append(PutOnce(req=req, key=key, data=state.envelope.pack(key, record)))
-    return attrs.evolve(state, phase=Phase.COMMITTING, draft=record)
+    return state
 
 
 def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundRecord:
@@ -923,8 +969,14 @@ def _commit_outcome(
     if isinstance(event, PutDone) and event.created and state.draft is not None:
         return _committed(state, state.draft, event.now_s, cmds)
     # Taken, or unknown after a lost response: read the record to learn which.
-    state, req = issue(state, Purpose(kind=Ask.CHECK, round=state.round))
-    cmds.append(Get(req=req, key=keys.round_record(state.round)))
+    return _check(state, purpose, cmds)
+
+
+def _check(state: CloserState, purpose: Purpose[Ask], cmds: list[Command]) -> CloserState:
+    """Read the slot our record was written to (``purpose``'s)."""
+    slot = int(purpose.name)
+    state, req = issue(state, Purpose(kind=Ask.CHECK, round=state.round, name=purpose.name))
+    cmds.append(Get(req=req, key=record_key(state.envelope, state.round, slot)))
     return state
 
 
@@ -935,18 +987,13 @@ def _check_outcome(
     if purpose.round != state.round or state.phase is not Phase.COMMITTING or draft is None:
         return state
     if not isinstance(event, GotObject):
-        state, req = issue(state, Purpose(kind=Ask.CHECK, round=state.round))
-        cmds.append(Get(req=req, key=keys.round_record(state.round)))
-        return state
+        return _check(state, purpose, cmds)
     if event.data is None:
-        # Our write never landed: write the same bytes again.
-        state, req = issue(state, Purpose(kind=Ask.COMMIT, round=state.round))
-        key = keys.round_record(state.round)
-        cmds.append(PutOnce(req=req, key=key, data=state.envelope.pack(key, draft)))
-        return state
-    parsed = parse_record(state.envelope, event.data, state.round, state.manifest.config)
+        return _write(state, draft, cmds)  # our write never landed: write it again
+    parsed = _parse(state, purpose, event.data)
     if isinstance(parsed, BadRecord):
-        return _blocked(state, parsed, event.now_s, cmds)
+        state = _skip(state, parsed, event.now_s, cmds)
+        return state if state.phase is Phase.BLOCKED else _write(state, draft, cmds)
     if parsed == draft:
         return _committed(state, parsed, event.now_s, cmds)
     return _adopt(state, parsed, event.now_s, cmds)
@@ -1023,17 +1070,21 @@ def _pump(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
 def _boot_probe(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     if Ask.TAPE in state.busy or state.probe_round < 0 or now_s < state.poll_at_s:
         return state
-    round_ = state.probe_round
-    state, req = _busy(state, Purpose(kind=Ask.TAPE, round=round_))
-    cmds.append(Get(req=req, key=keys.round_record(round_)))
+    return _read_record(state, Ask.TAPE, state.probe_round, cmds)
+
+
+def _read_record(state: CloserState, ask: Ask, round_: int, cmds: list[Command]) -> CloserState:
+    """GET the slot of round ``round_``'s record key that is next to judge."""
+    slot = slot_of(state.record_slots, round_)
+    state, req = _busy(state, Purpose(kind=ask, round=round_, name=str(slot)))
+    cmds.append(Get(req=req, key=record_key(state.envelope, round_, slot)))
     return state
 
 
 def _watch(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     """GET our round's record key when due (a miss is the cheapest request there is)."""
     if Ask.WATCH not in state.busy and now_s >= state.poll_at_s:
-        state, req = _busy(state, Purpose(kind=Ask.WATCH, round=state.round))
-        cmds.append(Get(req=req, key=keys.round_record(state.round)))
+        state = _read_record(state, Ask.WATCH, state.round, cmds)
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s, looked_at_s=now_s)
     return state
 
@@ -1086,8 +1137,7 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
         cmds.append(List(req=req, prefix=keys.snapshot_prefix(state.round)))
         if Ask.WATCH not in state.busy:
             # Someone who judged us dead may have closed this round: its record ends it.
-            state, req = _busy(state, Purpose(kind=Ask.WATCH, round=state.round))
-            cmds.append(Get(req=req, key=keys.round_record(state.round)))
+            state = _read_record(state, Ask.WATCH, state.round, cmds)
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
     state = _discover(state, now_s, cmds)
     state = _collect_late(state, now_s, cmds)

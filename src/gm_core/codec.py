@@ -837,6 +837,21 @@ def decode(kind: type[T], data: bytes | bytearray | memoryview) -> T:
     return _decode_text(kind, text)
 
 
+def declared_format(data: bytes) -> int | None:
+    """The ``format`` a document declares, nothing else checked (None: it declares none).
+
+    For telling a newer writer's record, which a reader must not skip, from garbage.
+    """
+    if len(data) > MAX_RECORD_BYTES:
+        return None
+    try:
+        doc = _loads(data.decode("utf-8"))
+    except (CodecError, UnicodeDecodeError):
+        return None
+    version = doc.get("format") if type(doc) is dict else None
+    return version if type(version) is int else None
+
+
 def encode(record: Value) -> bytes:
     """Canonical JSON of ``record``: sorted keys, no spaces, UTF-8, floats as floats.
 

@@ -171,12 +171,17 @@ def one_record_per_round(view: ClusterView) -> tuple[str, ...]:
         seen[key] = seen.get(key, 0) + 1
     out = [f"{k} created {n} times" for k, n in seen.items() if n > 1]
     tape = read_tape(view)
+    slots: dict[int, int] = {}
     for key in view.store.list(keys.ROUNDS_PREFIX):
         parsed = _parse_or_none(key)
         if not isinstance(parsed, keys.RoundKey) or parsed.round not in tape:
             out.append(f"{key} is not a decodable round record")
         elif tape[parsed.round].round != parsed.round:
             out.append(f"{key} holds round {tape[parsed.round].round}")
+        else:
+            slots[parsed.round] = slots.get(parsed.round, 0) + 1
+    # Two slots of one round holding the run's records: two writers disagreed on the winner.
+    out += [f"round {r} has records in {n} slots" for r, n in sorted(slots.items()) if n > 1]
     return tuple(out)
 
 
@@ -398,8 +403,8 @@ def pointer_targets_exist(store: ModelStore, key: str, data: bytes) -> tuple[str
     refs = []
     try:
         if isinstance(parsed, keys.SnapshotKey):
-            if store.get(keys.round_record(parsed.round)) is not None:
-                return ()
+            if store.list(keys.round_prefix(parsed.round)):
+                return ()  # a record of its round (at any slot) exists
             refs = [codec.decode(Snapshot, data).payload]
         elif isinstance(parsed, keys.RoundKey):
             rec = codec.decode(RoundRecord, data)

@@ -6,7 +6,8 @@ Keys are relative to the run prefix (the mailbox prepends it)::
 
     manifest.json                              the run's birth certificate
     head.json                                  hint of the newest committed round
-    rounds/{round:012d}.json                   the tape: one create-once record per round
+    rounds/{round:012d}.json                   the tape: round's record, slot 0
+    rounds/{round:012d}.{name}.json            the same round's slots 1..15 (protocol §16.4)
     snapshots/{round:012d}/{learner}.json      a learner's contribution to a round
     payloads/{round:012d}/{digest}.st          tensor bytes, named by their content hash
     leases/{node}.json                         a node's liveness token
@@ -83,6 +84,10 @@ _PAYLOAD_SUFFIX = ".st"
 # used with fullmatch only, since ``$`` would also match before a trailing newline.
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+_SLOT_NAME_RE = re.compile(r"[0-9a-f]{16}")
+
+SLOT_NAME_CHARS = 16
+"""A record slot above 0 is named by this many lowercase hex characters (a keyed hash)."""
 
 
 class BadKey(ValueError):  # noqa: N818 (the protocol names it BadKey)
@@ -133,9 +138,10 @@ class HeadKey:
 
 @attrs.frozen
 class RoundKey:
-    """``rounds/{round}.json``."""
+    """``rounds/{round}.json`` (slot 0, ``name`` None) or ``rounds/{round}.{name}.json``."""
 
     round: int
+    name: str | None = None
 
 
 @attrs.frozen
@@ -281,9 +287,22 @@ def head() -> str:
     return HEAD
 
 
-def round_record(r: int) -> str:
-    """Key of round ``r``'s record (the commit point)."""
-    return f"{ROUNDS_PREFIX}{_round(r)}{_JSON}"
+def round_record(r: int, name: str | None = None) -> str:
+    """Key of round ``r``'s record (the commit point): slot 0, or the slot named ``name``.
+
+    Which slot a name stands for is a keyed hash only the run's nodes can compute
+    (:meth:`gm_core.auth.Envelope.slot_name`); here a name is only checked for shape.
+    """
+    if name is None:
+        return f"{ROUNDS_PREFIX}{_round(r)}{_JSON}"
+    if not isinstance(name, str) or _SLOT_NAME_RE.fullmatch(name) is None:
+        raise ValueError(f"slot name {name!r} is not {SLOT_NAME_CHARS} lowercase hex digits")
+    return f"{ROUNDS_PREFIX}{_round(r)}.{name}{_JSON}"
+
+
+def round_prefix(r: int) -> str:
+    """What every slot key of round ``r``'s record begins with (and no other round's)."""
+    return f"{ROUNDS_PREFIX}{_round(r)}."
 
 
 def snapshot_prefix(r: int) -> str:
@@ -407,8 +426,8 @@ def build(parsed: ParsedKey) -> str:
             return manifest()
         case HeadKey():
             return head()
-        case RoundKey(round=r):
-            return round_record(r)
+        case RoundKey(round=r, name=name):
+            return round_record(r, name)
         case SnapshotKey(round=r, learner=learner):
             return snapshot(r, learner)
         case PayloadKey(round=r, digest=digest):
@@ -486,8 +505,7 @@ def parse(key: str) -> ParsedKey:
         raise BadKey(key, "not a known top-level object")
     if folder == ROUNDS_PREFIX[:-1]:
         _, name = _segments(key, parts, 2)
-        r = _parse_number(key, _strip(key, name, _JSON), _ROUND_WIDTH, "round")
-        return RoundKey(r)
+        return _parse_round(key, _strip(key, name, _JSON))
     if folder == SNAPSHOTS_PREFIX[:-1]:
         _, round_text, name = _segments(key, parts, 3)
         r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
@@ -520,6 +538,17 @@ def parse(key: str) -> ParsedKey:
         _, name = _segments(key, parts, 2)
         return DoneKey(_parse_id(key, _strip(key, name, _JSON), "node"))
     raise BadKey(key, f"unknown folder {folder!r}")
+
+
+def _parse_round(key: str, stem: str) -> RoundKey:
+    """``{round}`` (slot 0) or ``{round}.{name}`` (a named slot)."""
+    round_text, dot, name = stem.partition(".")
+    r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
+    if not dot:
+        return RoundKey(r)
+    if _SLOT_NAME_RE.fullmatch(name) is None:
+        raise BadKey(key, f"slot name {name!r} is not {SLOT_NAME_CHARS} lowercase hex digits")
+    return RoundKey(r, name)
 
 
 def _parse_barrier(key: str, parts: list[str]) -> BarrierArrivalKey | BarrierMarkerKey:

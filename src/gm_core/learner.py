@@ -84,7 +84,17 @@ from gm_core.records import (
     Snapshot,
 )
 from gm_core.requests import Purpose, failure, issue, settle
-from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
+from gm_core.tape import (
+    BadRecord,
+    SlotCursor,
+    exhausted,
+    frontier_of,
+    parse_head,
+    parse_record,
+    record_key,
+    skip,
+    slot_of,
+)
 
 NEVER = float("inf")
 MAX_PUBLISH_ATTEMPTS = 3
@@ -183,6 +193,8 @@ class LearnerState:
     next_round: int = 0
     aligned_round: int = -1
     seen_round: int = -1
+    record_slots: SlotCursor = attrs.field(factory=SlotCursor)
+    """The slot of the next round's record key to read (spec/protocol.md §16.4)."""
     fetched: Mapping[int, RoundRecord] = attrs.field(factory=dict)
     outgoing: Mapping[int, Outgoing] = attrs.field(factory=dict)
     retries: Mapping[int, Retry] = attrs.field(factory=dict)
@@ -378,10 +390,10 @@ def _record_outcome(
             records, now_s, poll_s, longest_s=state.manifest.config.lease_timeout_s
         )
         return attrs.evolve(poll_later, records=records, idle_until_s=idle_until_s)
-    parsed = parse_record(state.envelope, event.data, purpose.round, state.manifest.config)
+    config, slot = state.manifest.config, int(purpose.name)
+    parsed = parse_record(state.envelope, event.data, purpose.round, config, slot)
     if isinstance(parsed, BadRecord):
-        cmds.append(Notify(kind="record_rejected", round=parsed.round, detail=parsed.reason))
-        return poll_later
+        return _bad_record(state, parsed, now_s, cmds)
     # Booting only needs the newest record: keep memory bounded while probing forward.
     fetched = {} if state.phase is Phase.BOOTING else dict(state.fetched)
     fetched[parsed.round] = parsed
@@ -399,6 +411,27 @@ def _record_outcome(
     if state.phase in (Phase.RUNNING, Phase.CLOSING):
         state = _catch_up(state, parsed)
     return state
+
+
+def _bad_record(
+    state: LearnerState, bad: BadRecord, now_s: float, cmds: list[Command]
+) -> LearnerState:
+    """An invalid object at a slot of the next record's key: read the slot above it now.
+
+    A newer format's record stops the probe (skipping it would fork the tape from the
+    newer nodes'); a key whose every slot is invalid is reported and read again from
+    slot 0 after a poll (only an operator can clear it).
+    """
+    detail = f"slot {bad.slot}: {bad.reason}"
+    cmds.append(Notify(kind="record_rejected", round=bad.round, detail=detail))
+    poll_later = attrs.evolve(state, probing=False, probe_at_s=now_s + state.options.poll_s)
+    if bad.newer:
+        return poll_later
+    cursor = skip(state.record_slots, bad)
+    if exhausted(cursor, bad.round):
+        cmds.append(Notify(kind="slots_exhausted", round=bad.round, detail=bad.reason))
+        return attrs.evolve(poll_later, record_slots=SlotCursor())
+    return attrs.evolve(state, probing=False, probe_at_s=now_s, record_slots=cursor)
 
 
 def _catch_up(state: LearnerState, record: RoundRecord) -> LearnerState:
@@ -852,8 +885,9 @@ def _poll(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
     if not _can_poll(state) or now_s < _probe_at_s(state):
         return state
     round_ = max(state.seen_round + 1, 0)  # -1 while the head hint is unknown: tape start
-    state, req = issue(state, Purpose(kind=Ask.RECORD, round=round_))
-    cmds.append(Get(req=req, key=keys.round_record(round_)))
+    slot = slot_of(state.record_slots, round_)
+    state, req = issue(state, Purpose(kind=Ask.RECORD, round=round_, name=str(slot)))
+    cmds.append(Get(req=req, key=record_key(state.envelope, round_, slot)))
     return attrs.evolve(state, probing=True, seen_round=max(state.seen_round, round_ - 1))
 
 

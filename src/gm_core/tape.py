@@ -13,6 +13,21 @@ the newest record in O(1) requests in the common case.
 These helpers are shared by the learner and the closer; they only decode and
 check, they hold no state.
 
+Slots (spec/protocol.md §16.4). A round's record key is a family of
+:data:`SLOTS` create-once slots: slot 0 at ``rounds/{r}.json``, slot ``s`` at a
+name only the run's nodes can compute (a keyed hash, :meth:`Envelope.slot_name`).
+The record of a round is the object at its lowest *valid* slot. Readers probe
+slots in order: a valid object is the record, an absent slot means "not yet",
+an invalid one (unauthenticated, undecodable, implausible, another round's) is
+skipped. Writers write at the lowest slot they have not read an invalid object
+at. Since objects at create-once keys never change, every honest reader judges
+every slot alike and all adopt the same record, whatever lies in lower slots;
+so garbage at a round's key costs each node a GET, and no longer halts the run.
+Only an object a reader must not skip stops the probe: a record of a newer
+format (a newer gm's record, which an older node cannot judge) — skipping it
+would fork the tape between versions. A node that finds all :data:`SLOTS`
+invalid reports the key exhausted (operator action).
+
 Plausibility. A record's round fixes much of what it may say: its fragment and
 step follow from the schedule, a fragment's version counts its commits so far,
 the sweep mark trails the round, and estimates are durations the timing rules
@@ -25,16 +40,32 @@ machines that follow the tape. (Authenticating the writer is a separate check.)
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from gm_core import codec, keys, schedule, timing
 from gm_core.auth import Envelope, Unauthenticated
-from gm_core.records import AlgorithmConfig, FragmentState, Head, Manifest, RoundRecord
+from gm_core.records import (
+    FORMAT_VERSION,
+    AlgorithmConfig,
+    FragmentState,
+    Head,
+    Manifest,
+    RoundRecord,
+)
 
 LAST_ROUND = keys.ROUND_LIMIT // 2 - 1
 """The last round a record or head hint may name: half the key space (16,000 years at a
 round a second), so every round a node derives from a plausible one (the next, a flush
 of every fragment) still has a key."""
+
+
+SLOTS = 16
+"""Slots per round record key: the most invalid objects a reader skips before a round's
+record, and so the most GETs garbage can cost a node per round (protocol §16.4.3)."""
+
+_ROUND_KIND = "round"
 
 
 @attrs.frozen(kw_only=True)
@@ -43,26 +74,68 @@ class BadRecord:
 
     round: int
     reason: str
+    slot: int = 0
+    newer: bool = False
+    """A newer format's record: it stops the probe instead of being skipped."""
+
+
+@attrs.frozen
+class SlotCursor:
+    """The first slot of one round's record key that a node has not judged invalid."""
+
+    round: int = -1
+    slot: int = 0
+
+
+def slot_of(cursor: SlotCursor, round_: int) -> int:
+    """The slot of round ``round_`` to read (or write) next."""
+    return cursor.slot if cursor.round == round_ else 0
+
+
+def skip(cursor: SlotCursor, bad: BadRecord) -> SlotCursor:
+    """The cursor after ``bad`` was judged invalid: on to the slot above it."""
+    return SlotCursor(bad.round, max(slot_of(cursor, bad.round), bad.slot + 1))
+
+
+def exhausted(cursor: SlotCursor, round_: int) -> bool:
+    """Whether every slot of round ``round_``'s key holds an invalid object."""
+    return slot_of(cursor, round_) >= SLOTS
+
+
+def after(cursor: SlotCursor, parsed: RoundRecord | BadRecord) -> SlotCursor | None:
+    """Where a probe of ``parsed``'s round reads next; None when ``parsed`` ends it (it is
+    the round's record, a newer format's, or the last slot's invalid object)."""
+    if isinstance(parsed, RoundRecord) or parsed.newer:
+        return None
+    cursor = skip(cursor, parsed)
+    return None if exhausted(cursor, parsed.round) else cursor
+
+
+def record_key(envelope: Envelope, round_: int, slot: int) -> str:
+    """The key of slot ``slot`` of round ``round_``'s record."""
+    if slot == 0:
+        return keys.round_record(round_)
+    return keys.round_record(round_, envelope.slot_name(_ROUND_KIND, f"{round_:012d}", slot))
 
 
 def parse_record(
-    envelope: Envelope, data: bytes, expected_round: int, config: AlgorithmConfig
+    envelope: Envelope, data: bytes, expected_round: int, config: AlgorithmConfig, slot: int = 0
 ) -> RoundRecord | BadRecord:
-    """Open and decode the object at ``rounds/{expected_round}``, or say why it is unusable."""
-    body = envelope.open(keys.round_record(expected_round), data)
+    """Open and decode the object at slot ``slot`` of round ``expected_round``, or say why
+    it is unusable."""
+    bad = functools.partial(BadRecord, round=expected_round, slot=slot)
+    body = envelope.open(record_key(envelope, expected_round, slot), data)
     if isinstance(body, Unauthenticated):
-        why = f"unauthenticated ({body.why}): {body.detail}"
-        return BadRecord(round=expected_round, reason=why)
+        return bad(reason=f"unauthenticated ({body.why}): {body.detail}")
     try:
         record = codec.decode(RoundRecord, body)
     except codec.CodecError as error:
-        return BadRecord(round=expected_round, reason=str(error))
+        declared = codec.declared_format(body)
+        return bad(reason=str(error), newer=declared is not None and declared > FORMAT_VERSION)
     if record.round != expected_round:
-        return BadRecord(
-            round=expected_round, reason=f"record names round {record.round}, not its key's round"
-        )
+        return bad(reason=f"record names round {record.round}, not its key's round")
     reason = implausible(record, config)
-    return record if reason is None else BadRecord(round=expected_round, reason=reason)
+    return record if reason is None else bad(reason=reason)
 
 
 def implausible(record: RoundRecord, config: AlgorithmConfig) -> str | None:

@@ -32,7 +32,7 @@ from gm_core.auth import Envelope
 from gm_core.manifest import frozen_mismatch, schema_mismatch
 from gm_core.numerics.arrays import F32
 from gm_core.records import AlgorithmConfig, Manifest, PayloadRef, RoundRecord
-from gm_core.tape import BadRecord, frontier_of, parse_head, parse_record
+from gm_core.tape import BadRecord, frontier_of, parse_head
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError, payload_key
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
@@ -43,6 +43,7 @@ from gm_shell.run import RunError, RunMismatchError, read_manifest
 from gm_shell.runkey import FROM_ENV, RunKey
 from gm_shell.runkey import resolve as resolve_run_key
 from gm_shell.stores import MailboxOptions
+from gm_shell.tapereads import read_record
 
 LOG = logging.getLogger("gm")
 
@@ -75,10 +76,9 @@ async def _walk(
     newest: RoundRecord | None = None
     round_ = start
     while True:
-        data = await read_json(mailbox, keys.round_record(round_))
-        if data is None:
+        parsed = (await read_record(mailbox, envelope, config, round_)).record
+        if parsed is None:
             return newest, ""
-        parsed = parse_record(envelope, data, round_, config)
         if isinstance(parsed, BadRecord):
             return newest, f"round {round_}: {parsed.reason}"
         newest, round_ = parsed, round_ + 1
@@ -175,10 +175,9 @@ def _adapter_for(model: Any, manifest: Manifest, url: str) -> ModelAdapter:
 async def _record_of(
     box: Mailbox, url: str, envelope: Envelope, config: AlgorithmConfig, round_: int
 ) -> RoundRecord:
-    data = await read_json(box, keys.round_record(round_))
-    if data is None:
+    parsed = (await read_record(box, envelope, config, round_)).record
+    if parsed is None:
         raise RunError(f"{url}: round {round_} has no record (not committed, or not yet)")
-    parsed = parse_record(envelope, data, round_, config)
     if isinstance(parsed, BadRecord):
         raise RunError(f"{url}: the record of round {round_} is unreadable: {parsed.reason}")
     return parsed

@@ -234,6 +234,15 @@ class RecordRejected(Event):
 
 
 @attrs.frozen(kw_only=True)
+class SlotsExhausted(Event):
+    """Every slot of a round's record key holds an object this node cannot use: the run
+    cannot commit that round until an operator removes them (spec/protocol.md §16.4.3)."""
+
+    kind: ClassVar[str] = "slots_exhausted"
+    level: ClassVar[int] = logging.ERROR
+
+
+@attrs.frozen(kw_only=True)
 class SnapshotMalformed(Event):
     """A snapshot object did not decode; its learner is rejected ``corrupt``."""
 
@@ -374,6 +383,7 @@ _PLAIN: dict[str, type[Event]] = {
         PublishFailed,
         AlignFailed,
         RecordRejected,
+        SlotsExhausted,
         SnapshotMalformed,
         SnapshotUnauthenticated,
         ClaimRejected,

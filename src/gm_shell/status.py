@@ -32,10 +32,12 @@ made are taken from the mailbox's meter at the end and reported with it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import attrs
 import cattrs
@@ -44,13 +46,14 @@ from gm_core import auth, keys, schedule, timing
 from gm_core.auth import Envelope, RunAuth
 from gm_core.completion import Summary, decode_summary
 from gm_core.records import AlgorithmConfig, Alignment, Manifest, Requests, RoundRecord
-from gm_core.tape import BadRecord, parse_head, parse_record
+from gm_core.tape import BadRecord, parse_head
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.mailbox import Mailbox
 from gm_shell.reads import read_json
 from gm_shell.run import RunError, read_manifest
 from gm_shell.runkey import remote
 from gm_shell.stores import MailboxOptions, local_path
+from gm_shell.tapereads import SlotRead, read_record
 
 DEFAULT_LAST = 20
 """Records summarized by default (the newest and the ones before it)."""
@@ -247,23 +250,36 @@ def open_mailbox(url: str, options: MailboxOptions | None = None) -> Mailbox:
     return Mailbox.open(url, options=options)
 
 
-async def _round_bytes(box: Mailbox, round_: int) -> bytes | None:
-    return await read_json(box, keys.round_record(round_))
+T = TypeVar("T")
 
 
-async def tape_length(box: Mailbox, hint: int, seen: dict[int, bytes]) -> int:
+async def _written(
+    box: Mailbox, envelope: Envelope, config: AlgorithmConfig, round_: int
+) -> SlotRead | None:
+    """What round ``round_``'s key holds; None when nothing is there (the tape ends before).
+
+    Objects the slot rule skips count as written here: an operator's status names
+    them as unreadable (an overwritten record, garbage) instead of ending the tape.
+    """
+    got = await read_record(box, envelope, config, round_)
+    return None if got.record is None and not got.skipped else got
+
+
+async def tape_length(
+    read: Callable[[int], Awaitable[T | None]], hint: int, seen: dict[int, T]
+) -> int:
     """How many records the tape holds (the newest round plus one); fills ``seen``.
 
     Gallops forward from the hint and bisects, relying on records being a prefix
-    of the rounds. Every probe is a GET; the bytes of each record found go into
-    ``seen`` so the window does not fetch them again.
+    of the rounds. ``read`` reads one round's record (None: not written); each one
+    found goes into ``seen`` so the window does not read it again.
     """
 
     async def written(round_: int) -> bool:
-        data = await _round_bytes(box, round_)
-        if data is not None:
-            seen[round_] = data
-        return data is not None
+        got = await read(round_)
+        if got is not None:
+            seen[round_] = got
+        return got is not None
 
     present = -1  # a round known written (-1: none yet)
     absent: int | None = None  # a round known missing
@@ -386,7 +402,7 @@ async def read_window(
     config: AlgorithmConfig,
     first: int,
     end: int,
-    seen: dict[int, bytes],
+    seen: dict[int, SlotRead],
 ) -> tuple[_Tally, list[Unreadable]]:
     """Fold records ``first..end-1`` into a tally, in round order; name the unreadable."""
     tally = _Tally()
@@ -394,23 +410,25 @@ async def read_window(
     for start in range(first, end, READ_CHUNK):
         rounds = range(start, min(start + READ_CHUNK, end))
         fetched = await asyncio.gather(
-            *(_known(seen, r) if r in seen else _round_bytes(box, r) for r in rounds)
+            *(
+                _known(seen, r) if r in seen else read_record(box, envelope, config, r)
+                for r in rounds
+            )
         )
-        for round_, data in zip(rounds, fetched, strict=True):
+        for round_, got in zip(rounds, fetched, strict=True):
             seen.pop(round_, None)
-            if data is None:
+            parsed = got.skipped[-1] if got.record is None and got.skipped else got.record
+            if parsed is None:
                 # Below the tape's end, so it was written: something deleted it.
                 unreadable.append(Unreadable(round=round_, reason="record is missing"))
-                continue
-            parsed = parse_record(envelope, data, round_, config)
-            if isinstance(parsed, BadRecord):
+            elif isinstance(parsed, BadRecord):
                 unreadable.append(Unreadable(round=parsed.round, reason=parsed.reason))
             else:
                 tally.add(parsed)
     return tally, unreadable
 
 
-async def _known(seen: dict[int, bytes], round_: int) -> bytes | None:
+async def _known(seen: dict[int, SlotRead], round_: int) -> SlotRead:
     return seen[round_]
 
 
@@ -491,8 +509,10 @@ async def gather_status(
         raise NoRunError(f"{box.url}: no run here (manifest.json is absent)")
     envelope = auth.for_run(manifest.run_id, run_auth)
     hint = parse_head(envelope, await read_json(box, keys.head()))
-    seen: dict[int, bytes] = {}
-    rounds = await tape_length(box, hint, seen)
+    seen: dict[int, SlotRead] = {}
+    rounds = await tape_length(
+        functools.partial(_written, box, envelope, manifest.config), hint, seen
+    )
     first = 0 if everything else max(rounds - last, 0)
     tally, unreadable = await read_window(box, envelope, manifest.config, first, rounds, seen)
     newest = tally.newest

@@ -19,12 +19,14 @@ from hypothesis import strategies as st
 
 from gm_core import auth, closer, codec, keys, learner, tape
 from gm_core import cluster as cl
-from gm_core.records import AlgorithmConfig, Claim, Head, Lease, Reason, Snapshot
+from gm_core.check import forger
+from gm_core.records import FORMAT_VERSION, AlgorithmConfig, Claim, Head, Lease, Reason, Snapshot
 
 ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "n2": frozenset({L})}
 CONFIG = AlgorithmConfig(sync_every=4, fragments=2, quorum=1, in_flight=2)
 RUN_KEY = bytes(range(32))
 OTHER_KEY = bytes(range(1, 33))
+ENVELOPE = auth.for_run("run", auth.derive(RUN_KEY))
 
 
 def started(run_key: bytes | None = RUN_KEY) -> cl.Cluster:
@@ -75,7 +77,15 @@ def forgeries(draw: st.DrawFn, c: cl.Cluster) -> list[tuple[str, bytes]]:
     ]
     if draw(st.booleans()):  # under a learner of the run, before it publishes
         forged.append((keys.snapshot(next_round, "n2"), codec.encode(snapshot)))
+    record = forger.forged_record(c)
+    if record is not None and draw(st.booleans()):  # at the next round's record key
+        forged.append(record)
     objects = [(key, seal(how, key, body)) for key, body in forged]
+    if records and draw(st.booleans()):
+        # A genuine record replayed at the next round's key (its tag binds its own key).
+        genuine = c.store.get(next(k for k in c.store.objects if k.startswith("rounds/")))
+        assert genuine is not None
+        objects.append((keys.round_record(next_round), genuine.data))
     # Replays: a genuine snapshot of this run, copied byte for byte under another learner.
     for key, stored in sorted(c.store.objects.items()):
         if isinstance(keys.parse(key), keys.SnapshotKey):
@@ -124,12 +134,9 @@ def test_a_forger_without_the_key_changes_nothing(
         c = step(c, rng)
     assert cl.check(c) == []
     assert not forged_participants(c)
-    envelope = auth.for_run("run", auth.derive(RUN_KEY))
-    for key, stored in c.store.objects.items():
-        parsed = keys.parse(key)
-        if isinstance(parsed, keys.RoundKey):  # every record on the tape is the run's own
-            record = tape.parse_record(envelope, stored.data, parsed.round, CONFIG)
-            assert not isinstance(record, tape.BadRecord), record
+    for r, record in enumerate(cl.records(c)):  # every record on the tape is the run's own
+        assert record.round == r
+        assert record.closer in ROLES
     assert len(cl.records(c)) > committed  # and the run went on committing
 
 
@@ -192,3 +199,71 @@ def test_skipping_tag_verification_lets_the_forger_in(monkeypatch: pytest.Monkey
     while cl.records(c)[-1].round < first + 5:
         c = step(c, rng)
     assert forged_participants(c) == {"evil"}
+
+
+def committing(c: cl.Cluster, rng: random.Random) -> cl.Cluster:
+    """``c`` once it has committed a record."""
+    while not cl.records(c):
+        c = step(c, rng)
+    return c
+
+
+@pytest.mark.parametrize("how", ["bare", "other_key", "bad_tag", "garbage"])
+def test_an_object_at_the_next_record_key_is_skipped_and_the_run_goes_on(how: str) -> None:
+    """Slots (spec/protocol.md §16.4): whatever lies at slot 0 of the next round's key,
+    the round's closer writes its record at slot 1, every node adopts that one, and the
+    run keeps committing; each node names what it skipped once per slot it judged."""
+    rng = random.Random(11)
+    c = committing(started(), rng)
+    target = cl.records(c)[-1].round + 1
+    forged = forger.forged_record(c)
+    assert forged is not None
+    key, body = forged
+    c = cl.inject(c, key, b"\x00not json" if how == "garbage" else seal(how, key, body))
+    for _ in range(800):
+        c = step(c, rng)
+    assert cl.check(c) == []
+    records = cl.records(c)
+    assert records[-1].round > target + 2
+    assert not forged_participants(c)
+    named = [k for k in c.store.objects if k.startswith(keys.round_prefix(target))]
+    assert sorted(named) == sorted([key, tape.record_key(ENVELOPE, target, 1)])
+    skipped = {(name, n.round) for name, n in c.notes if n.kind == "record_rejected"}
+    assert ("n0", target) in skipped or ("n1", target) in skipped
+    assert not [n for _, n in c.notes if n.kind == "slots_exhausted"]
+
+
+def test_a_key_with_garbage_in_every_slot_halts_its_round_by_name() -> None:
+    """What a member (or an open run's writer) can do: fill all 16 slots. The run stops
+    at that round, says so (``slots_exhausted``), and commits nothing else."""
+    rng = random.Random(12)
+    c = committing(started(), rng)
+    target = cl.records(c)[-1].round + 1
+    for slot in range(tape.SLOTS):
+        c = cl.inject(c, tape.record_key(ENVELOPE, target, slot), b"garbage")
+    for _ in range(600):
+        c = step(c, rng)
+    assert cl.check(c) == []
+    assert cl.records(c)[-1].round == target - 1
+    assert {n.round for _, n in c.notes if n.kind == "slots_exhausted"} == {target}
+
+
+def test_a_newer_formats_record_is_never_skipped() -> None:
+    """An authenticated record a newer gm wrote stops the probe: skipping it would fork
+    the tape between versions. The round blocks, by name, and nobody writes slot 1."""
+    rng = random.Random(13)
+    c = committing(started(), rng)
+    target = cl.records(c)[-1].round + 1
+    forged = forger.forged_record(c)
+    assert forged is not None
+    key, body = forged
+    newer = body.replace(b'"format":%d' % FORMAT_VERSION, b'"format":%d' % (FORMAT_VERSION + 1))
+    assert newer != body
+    c = cl.inject(c, key, ENVELOPE.seal(key, newer))
+    for _ in range(600):
+        c = step(c, rng)
+    assert cl.records(c)[-1].round == target - 1
+    assert c.store.get(tape.record_key(ENVELOPE, target, 1)) is None
+    details = [n.detail for _, n in c.notes if n.kind == "record_rejected" and n.round == target]
+    assert details
+    assert all("unknown format version" in d for d in details)

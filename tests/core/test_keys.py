@@ -50,11 +50,12 @@ ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", fullmatch=True).filter(
     lambda s: ".." not in s
 )
 digests = st.text("0123456789abcdef", min_size=64, max_size=64)
+slot_names = st.none() | st.text("0123456789abcdef", min_size=16, max_size=16)
 
 parsed_keys: st.SearchStrategy[ParsedKey] = st.one_of(
     st.just(ManifestKey()),
     st.just(HeadKey()),
-    st.builds(RoundKey, rounds),
+    st.builds(RoundKey, rounds, slot_names),
     st.builds(SnapshotKey, rounds, ids),
     st.builds(PayloadKey, rounds, digests),
     st.builds(LeaseKey, ids),
@@ -222,12 +223,19 @@ def test_prefixes_do_not_capture_other_rounds(a: int, b: int, name: str) -> None
     assume(a != b)
     assert not keys.snapshot(b, name).startswith(keys.snapshot_prefix(a))
     assert not keys.claim(b, 0).startswith(keys.claim_prefix(a))
+    assert not keys.round_record(b).startswith(keys.round_prefix(a))
+    assert not keys.round_record(b, "0" * 16).startswith(keys.round_prefix(a))
 
 
-@given(rounds, rounds)
-def test_round_keys_sort_numerically(a: int, b: int) -> None:
+@given(rounds, slot_names)
+def test_every_slot_of_a_round_is_under_its_round_prefix(r: int, name: str | None) -> None:
+    assert keys.round_record(r, name).startswith(keys.round_prefix(r))
+
+
+@given(rounds, rounds, slot_names, slot_names)
+def test_round_keys_sort_numerically(a: int, b: int, x: str | None, y: str | None) -> None:
     assume(a < b)
-    assert keys.round_record(a) < keys.round_record(b)
+    assert keys.round_record(a, x) < keys.round_record(b, y)
     assert keys.snapshot_prefix(a) < keys.snapshot_prefix(b)
     assert keys.payload_prefix(a) < keys.payload_prefix(b)
     assert keys.claim_prefix(a) < keys.claim_prefix(b)
@@ -436,3 +444,18 @@ def test_round_of_payload_key_refuses_other_keys(r: int, name: str) -> None:
     for key in (keys.round_record(r), keys.snapshot(r, name), keys.manifest()):
         with pytest.raises(BadKey, match="not a payload key"):
             keys.round_of_payload_key(key)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "rounds/000000000001.0123456789abcde.json",  # 15 hex
+        "rounds/000000000001.0123456789ABCDEF.json",  # upper case
+        "rounds/000000000001..json",
+        "rounds/000000000001.0123456789abcdef.0123456789abcdef.json",
+        "rounds/000000000001.0123456789abcdeg.json",
+    ],
+)
+def test_malformed_slot_names_are_bad_keys(key: str) -> None:
+    with pytest.raises(keys.BadKey):
+        keys.parse(key)

@@ -3,8 +3,10 @@
 Two nodes share a run key and train; a forger with write access to the same folder
 but without the key writes, for the rounds about to open, codec-valid snapshots that
 are bare, tagged under another key, and genuine snapshots of the run replayed under
-another learner's name, and overwrites the head hint and a lease with its own. The
-run trains to the same loss as ever, every record on the tape authenticates, the
+another learner's name, garbage or a genuine record replayed at every other round's
+record key (slot 0), and overwrites the head hint and a lease with its own. The
+run trains to the same loss as ever, every record on the tape authenticates (those
+of rounds whose slot 0 the forger took sit at slot 1, protocol §16.4), the
 forged snapshots are rejected by name (``unauthenticated``) and never merged, payload
 digests are keyed, and nodes with no key or another key are refused by name.
 """
@@ -22,13 +24,15 @@ from runtime_worker import torch_model
 from test_session import FAST, algorithm, flat, train
 
 from gm_core import auth, codec, keys
-from gm_core.records import Head, Lease, PayloadRef, Reason, RoundRecord, Snapshot
+from gm_core.records import AlgorithmConfig, Head, Lease, PayloadRef, Reason, RoundRecord, Snapshot
+from gm_core.tape import BadRecord, record_key
 from gm_shell import RunError, RunKeyError, Session, align, keygen
 from gm_shell.cli import main
 from gm_shell.mailbox import Mailbox
 from gm_shell.payload import content_hash
 from gm_shell.run import read_manifest
 from gm_shell.runkey import FROM_ENV, open_run_warning, resolve
+from gm_shell.tapereads import read_record
 
 KEY = bytes(range(32))
 OTHER = auth.derive(bytes(range(1, 33)))
@@ -73,7 +77,9 @@ async def _forge(url: str, stop: threading.Event) -> None:
     async with Mailbox.open(url) as box:
         while not stop.is_set():
             rounds = [keys.parse(x.key) for x in await box.list(keys.ROUNDS_PREFIX)]
-            newest = max((k.round for k in rounds if isinstance(k, keys.RoundKey)), default=-1)
+            # The run's records: at named slots, or at slot 0 of a round it did not squat.
+            run = [k for k in rounds if isinstance(k, keys.RoundKey) and (k.round % 2 or k.name)]
+            newest = max((k.round for k in run if isinstance(k, keys.RoundKey)), default=-1)
             for target in (newest + 1, newest + 2):
                 if target not in done:
                     done.add(target)
@@ -107,6 +113,10 @@ async def _forge_round(box: Mailbox, newest: int, target: int) -> None:
     await box.put_once(key, auth.for_run("whatever", OTHER).seal(key, body))
     if genuine is not None:
         await box.put_once(keys.snapshot(target, "evil-replay"), genuine)
+    if target % 2 == 0:  # the round's record key, before its closer writes there
+        record = await box.get(keys.round_record(newest)) if newest >= 0 else None
+        squat = b"\x00garbage" if record is None or target % 4 == 0 else record.data
+        await box.put_once(keys.round_record(target), squat)
     await box.put(keys.head(), codec.encode(Head(round=target + 1000)))
     lease = Lease(node="evil-bare", roles=("learner", "closer"), seq=target, renew_s=1.0)
     await box.put(keys.lease("evil-bare"), codec.encode(lease))
@@ -133,20 +143,27 @@ async def _tape(url: str) -> list[RoundRecord]:
         manifest = await read_manifest(box, run_auth)
         assert manifest is not None
         envelope = auth.for_run(manifest.run_id, run_auth)
-        records = []
-        for listed in await box.list(keys.ROUNDS_PREFIX):
-            got = await box.get(listed.key)
-            assert got is not None
-            opened = envelope.open(listed.key, got.data)
-            assert isinstance(opened, bytes), opened
-            records.append(codec.decode(RoundRecord, opened))
+        records: list[RoundRecord] = []
+        while (got := await _record(box, envelope, manifest.config, len(records))) is not None:
+            assert isinstance(got, RoundRecord), got
+            records.append(got)
             payload = await box.get(records[-1].theta.key)
             if payload is not None:  # kept: the newest cycles
                 digest = records[-1].theta.digest
                 keyed = await asyncio.to_thread(content_hash, payload.data, run_auth.payload_key)
                 assert keyed == digest
                 assert await asyncio.to_thread(content_hash, payload.data) != digest
+        listed = {x.key for x in await box.list(keys.ROUNDS_PREFIX)}
+        slot_1 = {record_key(envelope, r.round, 1) for r in records}
+        assert listed & slot_1, "no round's slot 0 was taken by the forger"
+        assert listed <= slot_1 | {keys.round_record(r) for r in range(len(records) + 2)}
     return records
+
+
+async def _record(
+    box: Mailbox, envelope: auth.Envelope, config: AlgorithmConfig, round_: int
+) -> RoundRecord | BadRecord | None:
+    return (await read_record(box, envelope, config, round_)).record
 
 
 def test_an_authenticated_run_trains_and_refuses_every_forgery(tmp_path: Path) -> None:

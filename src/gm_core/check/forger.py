@@ -72,6 +72,12 @@ def forge(c: cluster.Cluster, kind: Forgery) -> cluster.Cluster:
     return cluster.inject(c, key, _sealed(c, body))
 
 
+def forged_record(c: cluster.Cluster) -> tuple[str, bytes] | None:
+    """A plausible record for the next round merging ``evil``, at the round's slot 0, bare
+    (None before the first record: a plausible forgery copies a real record's shape)."""
+    return _object(c, Forgery.RECORD)
+
+
 def _object(c: cluster.Cluster, kind: Forgery) -> tuple[str, bytes] | None:
     """The key the run reads next for ``kind``, and the forged body for it."""
     records = cluster.records(c)

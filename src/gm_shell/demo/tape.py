@@ -22,10 +22,11 @@ import attrs
 from gm_core import auth, codec, keys
 from gm_core.auth import Envelope
 from gm_core.records import Manifest, RoundRecord, Snapshot
-from gm_core.tape import BadRecord, parse_record
+from gm_core.tape import BadRecord
 from gm_shell.mailbox import Mailbox
 from gm_shell.run import read_manifest
 from gm_shell.runkey import FROM_ENV, resolve
+from gm_shell.tapereads import read_record
 
 
 async def _run(box: Mailbox) -> tuple[Manifest, Envelope] | None:
@@ -42,10 +43,9 @@ async def _walk(box: Mailbox) -> tuple[list[RoundRecord], str]:
         return records, "no manifest"
     manifest, envelope = run
     while True:
-        got = await box.get(keys.round_record(len(records)))
-        if got is None:
+        parsed = (await read_record(box, envelope, manifest.config, len(records))).record
+        if parsed is None:
             return records, ""
-        parsed = parse_record(envelope, got.data, len(records), manifest.config)
         if isinstance(parsed, BadRecord):
             return records, f"round {parsed.round}: {parsed.reason}"
         records.append(parsed)
