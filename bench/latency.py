@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from obstore.store import LocalStore, MemoryStore
@@ -45,13 +45,19 @@ T = TypeVar("T")
 
 
 class _Listing:
-    """What ``store.list(...)`` returns, already collected (the mailbox only calls ``collect``)."""
+    """What ``store.list(...)`` returns, already collected: whole (``collect``) or chunk by
+    chunk (iteration, as the mailbox reads a listing it may stop early)."""
 
-    def __init__(self, items: list[Any]) -> None:
+    def __init__(self, items: list[Any], chunk_size: int) -> None:
         self._items = items
+        self._chunk_size = chunk_size
 
     def collect(self) -> list[Any]:
         return self._items
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        for start in range(0, len(self._items), self._chunk_size):
+            yield self._items[start : start + self._chunk_size]
 
 
 class SlowStore:
@@ -87,14 +93,16 @@ class SlowStore:
     def head(self, path: str) -> Any:
         return self._request("GET", path, 1, lambda: self._bucket.head(path))
 
-    def list(self, prefix: str | None = None, *, offset: str | None = None) -> _Listing:
+    def list(
+        self, prefix: str | None = None, *, offset: str | None = None, chunk_size: int = 50
+    ) -> _Listing:
         started = time.monotonic()
         items = list(self._bucket.list(prefix, offset=offset).collect())
         pages = max(1, math.ceil(len(items) / S3_LIST_PAGE_KEYS))
         if self.latency_s > 0:
             time.sleep(self.latency_s * pages)
         self._note(started, "LIST", pages, prefix or "")
-        return _Listing(items)
+        return _Listing(items, chunk_size)
 
     def delete(self, paths: str | Sequence[str]) -> None:
         keys = [paths] if isinstance(paths, str) else list(paths)
