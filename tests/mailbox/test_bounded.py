@@ -23,7 +23,7 @@ import attrs
 import blake3
 import numpy as np
 import pytest
-import zstandard
+from hostile_objects import declared_tensor, nested_header, sealed, zeros_frame
 from mailbox_targets import Target, local_target, server_target, store_params
 
 from gm_core import auth, codec, keys, plan
@@ -167,24 +167,6 @@ def test_the_json_caps_hold_the_largest_records_a_correct_writer_makes() -> None
 # -- a bucket full of hostile objects, read by a fresh process -------------------------------
 
 
-def zeros_frame(size: int, *, declare: bool) -> bytes:
-    """A zstd frame of ``size`` zero bytes, made in 1 MiB pieces (~32 KB per GiB)."""
-    cobj = zstandard.ZstdCompressor(level=1, write_content_size=declare).compressobj(
-        size=size if declare else -1
-    )
-    piece = bytes(MiB)
-    return b"".join([cobj.compress(piece) for _ in range(size // MiB)] + [cobj.flush()])
-
-
-def safetensors(header: bytes, data: bytes = b"") -> bytes:
-    header += b" " * (-(8 + len(header)) % 8)
-    return len(header).to_bytes(8, "little") + header + data
-
-
-def sealed(data: bytes) -> bytes:
-    return zstandard.ZstdCompressor().compress(data)
-
-
 def ref_of(data: bytes, round_: int = 7) -> PayloadRef:
     digest = blake3.blake3(data).hexdigest()
     return PayloadRef(key=keys.payload(round_, digest), size=len(data), digest=digest)
@@ -248,10 +230,8 @@ def hostile() -> tuple[Manifest, Bucket]:
     bucket.record("record-garbage", keys.round_record(8), b"{not json")
     bucket.payload("zstd-declares-1GiB", zeros_frame(GiB, declare=True))
     bucket.payload("zstd-inflates-to-1GiB", zeros_frame(GiB, declare=False))
-    depth = 30_000
-    bucket.payload("nested-header", sealed(safetensors(b"[" * depth + b"]" * depth)))
-    huge = {"a.weight": {"dtype": "F32", "shape": [1 << 31, 2], "data_offsets": [0, 1 << 34]}}
-    bucket.payload("tensor-of-16GiB", sealed(safetensors(json.dumps(huge).encode(), bytes(8))))
+    bucket.payload("nested-header", sealed(nested_header(30_000)))
+    bucket.payload("tensor-of-16GiB", sealed(declared_tensor("a.weight", 16 * GiB)))
     big = bytes(64 * MiB)
     bucket.payload("bigger-than-its-ref", big, attrs.evolve(ref_of(big), size=1000))
     ten = ref_of(b"absent")

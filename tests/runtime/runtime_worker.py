@@ -113,6 +113,9 @@ def poison(model: Any, framework: str) -> None:
 
 
 def main(spec: dict[str, Any]) -> int:
+    # Here, not at the top: scripts that import this module for its model lack tests/mailbox.
+    from peak_memory import reset_peak, rss_bytes
+
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     framework = spec.get("framework", "torch")
@@ -135,13 +138,16 @@ def main(spec: dict[str, Any]) -> int:
         options=SessionOptions(**spec.get("options", {})),
         mailbox_options=MailboxOptions(**spec.get("mailbox", {})),
         callbacks=[record],
-        run_key=None,  # open on every store: the harness's witness and judge read bare objects
+        # Open on every store unless the test gives the run a key (hex).
+        run_key=bytes.fromhex(spec["run_key"]) if spec.get("run_key") else None,
     )
     signal.signal(signal.SIGUSR1, lambda *_: dump_state(out, session))
     rng = np.random.default_rng(seed)
     stop = Path(spec["stop_file"])
     losses: list[float] = []
     with session:
+        reset_peak()  # the node's peak memory from here on (see write_result)
+        rss_start = rss_bytes()
         (out / "started").write_text(str(time.time()))
         for step in range(int(spec.get("steps", 10**9))):
             if stop.exists():
@@ -152,7 +158,7 @@ def main(spec: dict[str, Any]) -> int:
             losses.append(train(x, x @ TEACHER))
             session.step(samples=32)
             time.sleep(float(spec.get("step_sleep_s", 0.0)))
-    write_result(out, session, model, losses)
+    write_result(out, session, model, losses, rss_start)
     return 0
 
 
@@ -164,7 +170,11 @@ def dump_state(out: Path, session: Session) -> None:
         (out / "state.txt").write_text(text)
 
 
-def write_result(out: Path, session: Session, model: Any, losses: list[float]) -> None:
+def write_result(
+    out: Path, session: Session, model: Any, losses: list[float], rss_start: int
+) -> None:
+    from peak_memory import peak_rss_bytes
+
     from gm_shell.models import adapt
 
     assert session.manifest is not None
@@ -179,6 +189,10 @@ def write_result(out: Path, session: Session, model: Any, losses: list[float]) -
         "first_losses": losses[:20],
         "steps": len(losses),
         "stats": session.stats.as_metrics(),
+        # Resident memory once the session had started, and the peak from then to here
+        # (after close: every read, merge and payload of the run is in it).
+        "rss_start": rss_start,
+        "rss_peak": peak_rss_bytes(),
     }
     (out / "result.json").write_text(json.dumps(result))
 

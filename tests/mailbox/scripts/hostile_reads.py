@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from gm_core import codec
@@ -24,22 +24,11 @@ from gm_shell.mailbox import Mailbox
 from gm_shell.reads import Reader
 from gm_shell.stores import MailboxOptions
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from peak_memory import peak_rss_bytes, reset_peak
+
 KEPT: list[object] = []
 """Objects the control case read, held until the end (as a reader holding them would)."""
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident memory since the last :func:`reset_peak` (Linux: VmHWM)."""
-    with open("/proc/self/status") as status:
-        found = re.search(r"VmHWM:\s+(\d+) kB", status.read())
-    assert found is not None
-    return int(found.group(1)) * 1024
-
-
-def reset_peak() -> None:
-    """Start the peak afresh at the memory resident now (Linux: ``clear_refs`` 5)."""
-    with open("/proc/self/clear_refs", "w") as clear:
-        clear.write("5")
 
 
 async def main(url: str, options: MailboxOptions, cases: list[dict[str, Any]]) -> None:

@@ -1,0 +1,443 @@
+"""A hostile bucket: a live run answers every attack by name, keeps committing, and stays small.
+
+Three honest nodes train in their own processes (quorum 2, zstd payloads) on a local
+folder and on SeaweedFS, open and with a run key. A hostile writer — this test, with
+nothing but the bucket and no run key — watches the tape and, for rounds about to
+open, drops objects no correct node would write (:class:`Hostile`): payloads whose
+bytes miss their digest, NaN deltas, deltas for another model or shape, snapshots that
+are not JSON or are 8 MiB, references declaring 10 GiB, zstd frames declaring 1 GiB or
+inflating far past their fragment, safetensors headers nested 30,000 deep or declaring a
+2 GiB tensor in a file of a hundred bytes, ``tokens`` near 2^63 and ``step_s = 1e7``
+under ids that never joined, garbage at an honest learner's own snapshot key, keys no
+learner could have (unicode, ``..``, ``%2e``, 200-character ids, nested folders), a
+flood of 4,001 claims, and a record 1,000 rounds ahead (with the head hint pointing at
+it, in keyed runs, where a learner then joins).
+
+Each attack must come back as its named verdict (:data:`OPEN_VERDICTS`,
+:data:`KEYED_VERDICTS`, :data:`EVENTS`); the run must keep committing; no honest node
+may end with a non-finite parameter or merge a forged snapshot (keyed) or any but a
+zero one (open: a well-formed snapshot of an outsider is accepted there, by design,
+its share capped); and every node's peak resident memory may grow, from its session's
+start to its exit, by at most ``2 × model bytes + RSS_SLACK``.
+
+Known limitation, tested as such (the last test here): until slots (protocol.md §16.4)
+land, an object at the *next* round's record key that does not open or decode blocks
+that round for good, by name (``record_rejected``), so it is not among the attacks above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+from hostile_objects import declared_tensor, declaring_frame, nested_header, sealed, zeros_frame
+from runtime_bucket import Witness, judge
+from runtime_harness import Harness, file_run, make_harness, wait_until
+from runtime_worker import HIDDEN, IN
+from test_chaos import started
+
+from gm_core import codec, keys, plan, schedule
+from gm_core.records import (
+    Head,
+    Manifest,
+    PayloadRef,
+    Reason,
+    RoundRecord,
+    Snapshot,
+    TensorSpec,
+)
+from gm_shell.fragments import FragmentCodec, Role
+from gm_shell.mailbox import Mailbox, PutOutcome
+from gm_shell.payload import content_hash
+from gm_shell.stores import MailboxOptions
+
+KEY = bytes(range(32))
+MiB = 1 << 20
+MODEL_BYTES = 4 * (IN * HIDDEN + HIDDEN + HIDDEN + 1)
+"""The test model's parameters (float32), as every node holds them."""
+RSS_SLACK = 64 * MiB
+"""What a node's peak memory may grow by, beyond twice the model, from its session's start
+to its exit (the constant of issue 12's bound; the measured growth is printed, -s). One
+hostile object read whole or inflated would cost 8 MiB to 2 GiB."""
+
+OPEN_VERDICTS = {
+    "evil-corrupt": Reason.CORRUPT,  # the bytes of ones under the digest of twos
+    "evil-nan": Reason.NONFINITE,
+    "evil-schema": Reason.SCHEMA,
+    "evil-shape": Reason.SCHEMA,
+    "evil-malformed": Reason.CORRUPT,  # not JSON
+    "evil-huge": Reason.CORRUPT,  # 8 MiB: refused from its size, read as garbage
+    "evil-declared": Reason.CORRUPT,  # the reference declares 10 GiB
+    "evil-nested": Reason.CORRUPT,  # a safetensors header nested 30,000 deep
+    "evil-bomb": Reason.CORRUPT,  # a 22-byte zstd frame declaring 1 GiB
+    "evil-inflate": Reason.CORRUPT,  # a zstd frame of 16 MiB of zeros, size undeclared
+    "evil-tensor": Reason.CORRUPT,  # a 2 GiB tensor declared in a file of ~100 bytes
+    "n2": Reason.CORRUPT,  # garbage at an honest learner's own key, written before it
+}
+ACCEPTED_WHEN_OPEN = ("evil-tokens", "evil-slow")
+"""Well-formed zero deltas from ids that never joined: an open run merges them (no promise
+against outsiders, threat-model.md §3), with ``tokens`` near 2^63 capped to ``max_share``
+of an equal share and ``step_s = 1e7`` outvoted by the honest learners' lower median."""
+KEYED_VERDICTS = dict.fromkeys((*OPEN_VERDICTS, *ACCEPTED_WHEN_OPEN), Reason.UNAUTHENTICATED)
+BAD_KEYS = ("nested/evil.json", "évil.json", "..evil.json", "%2e%2e.json", "a" * 200 + ".json")
+"""Names under a round's snapshot folder that no learner could have written."""
+EVENTS = {
+    "refused": "evil-huge",  # the 8 MiB snapshot, never downloaded
+    "publish_failed": "",  # n2 found garbage at its own key and gave the round up
+    "listing_cut": "claims/",  # 4,001 claims: a closer reads four pages of them
+}
+CLAIM_FLOOD = 4_001
+ATTACK_S = 180.0
+"""How long the attacks may take to be answered (a few seconds, when every answer comes)."""
+FLOOD_ROUND = 10**6
+"""Where the claims flood: a round the test never reaches (the witness skips it)."""
+
+
+@attrs.define
+class Hostile:
+    """Writes bad objects for future rounds with the run's own formats, and no run key."""
+
+    mailbox: Mailbox
+    manifest: Manifest
+    keyed: bool
+    pending: set[str]
+    """Attacks whose verdict has not been seen yet: each round gets only those."""
+    unnamed: list[str] = attrs.field(factory=lambda: list(BAD_KEYS))
+    """Bad keys no node has reported yet: written under each round until they are."""
+    done: set[int] = attrs.field(factory=set)
+    ahead: str = ""
+    """The key of the record forged 1,000 rounds ahead, once written."""
+    flood: asyncio.Task[None] | None = None
+
+    async def tip(self) -> RoundRecord | None:
+        """The newest record on the tape, as anyone who can list and read the bucket finds it."""
+        found = [keys.parse(x.key) for x in await self.mailbox.list(keys.ROUNDS_PREFIX)]
+        rounds = [k.round for k in found if isinstance(k, keys.RoundKey)]
+        real = [r for r in rounds if keys.round_record(r) != self.ahead]
+        if not real:
+            return None
+        got = await self.mailbox.get(keys.round_record(max(real)))
+        return None if got is None else codec.decode(RoundRecord, unwrapped(got.data))
+
+    async def attack(self, newest: RoundRecord) -> None:
+        target = newest.round + 2  # not open yet: the closer will list these when it opens
+        if target in self.done:
+            return
+        first = not self.done
+        self.done.add(target)
+        payloads, records = await asyncio.to_thread(self.forge, newest, target)
+        box = self.mailbox
+        # Payloads before pointers, like a learner; each batch at once (the round is near).
+        await asyncio.gather(*(box.put_once(key, data) for key, data in payloads.items()))
+        await asyncio.gather(*(box.put_once(key, data) for key, data in records.items()))
+        if "n2" in self.pending:  # a round further: n2 may already have published target
+            await self.mailbox.put_once(keys.snapshot(target + 1, "n2"), b"garbage")
+        store = self.mailbox.handle.store  # keys the mailbox refuses to name: the raw client
+        for name in self.unnamed:
+            await asyncio.to_thread(store.put, f"{keys.snapshot_prefix(target)}{name}", b"{}")
+        if first:
+            await self.far_ahead(newest)
+            self.flood = asyncio.create_task(self.flood_claims())  # slow: alongside the rest
+        if self.keyed:
+            await self.mailbox.put(keys.head(), codec.encode(Head(round=newest.round + 1000)))
+
+    async def far_ahead(self, newest: RoundRecord) -> None:
+        """A copy of the newest record, 1,000 rounds ahead (bare: this writer has no key)."""
+        ahead = attrs.evolve(newest, round=newest.round + 1000)
+        self.ahead = keys.round_record(ahead.round)
+        await self.mailbox.put_once(self.ahead, codec.encode(ahead))
+
+    async def flood_claims(self) -> None:
+        """Claims at a far round, through a mailbox of their own (the attacks go on meanwhile)."""
+        handle = self.mailbox.handle
+        async with Mailbox(handle, MailboxOptions(max_concurrency=32)) as box:
+            for start in range(0, CLAIM_FLOOD, 128):
+                attempts = range(start, min(start + 128, CLAIM_FLOOD))
+                await asyncio.gather(
+                    *(box.put_once(keys.claim(FLOOD_ROUND, a), b"{}") for a in attempts)
+                )
+
+    def forge(self, newest: RoundRecord, target: int) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """Bad payloads and the snapshot records that point at them (CPU work: off the loop)."""
+        fragment = schedule.fragment_of(target, self.manifest.config.fragments)
+        # With two fragments, round target-1 syncs the other one: the base is unchanged.
+        base = newest.frontier[fragment].version
+        ours = FragmentCodec(self.manifest)
+        size = ours.size(fragment)
+        zeros, zeros_ref = ours.encode(fragment, Role.DELTA, target, np.zeros(size, np.float32))
+        ones, _ = ours.encode(fragment, Role.DELTA, target, np.ones(size, np.float32))
+        _, twos_ref = ours.encode(fragment, Role.DELTA, target, np.full(size, 2, np.float32))
+        nan, nan_ref = ours.encode(fragment, Role.DELTA, target, np.full(size, np.nan, np.float32))
+        shape, shape_ref = FragmentCodec(transposed(self.manifest)).encode(
+            fragment, Role.DELTA, target, np.ones(size, np.float32)
+        )
+        first_tensor = self.manifest.plan.fragments[fragment][0]
+        payloads = {twos_ref.key: ones, nan_ref.key: nan, shape_ref.key: shape}
+        refs = {
+            "evil-corrupt": twos_ref,
+            "evil-nan": nan_ref,
+            "evil-schema": nan_ref,
+            "evil-shape": shape_ref,
+            "evil-declared": attrs.evolve(zeros_ref, size=10 << 30),
+        }
+        for name, data in {
+            "evil-nested": sealed(nested_header(30_000)),
+            "evil-bomb": declaring_frame(1 << 30),
+            "evil-inflate": zeros_frame(16 * MiB, declare=False),
+            "evil-tensor": sealed(declared_tensor(first_tensor, 2 << 30)),
+            "zeros": zeros,
+        }.items():
+            refs[name] = ref_of(data, target)
+            payloads[refs[name].key] = data
+        digest = plan.schema_digest(self.manifest.schema)
+        snapshot = Snapshot(
+            learner="",
+            round=target,
+            fragment=fragment,
+            base_version=base,
+            steps=8,
+            tokens=256,
+            step_s=0.01,
+            schema_digest=digest,
+            payload=zeros_ref,
+        )
+        forged = {
+            name: attrs.evolve(snapshot, learner=name, payload=refs[name])
+            for name in refs
+            if name.startswith("evil-")
+        }
+        forged["evil-schema"] = attrs.evolve(forged["evil-schema"], schema_digest="0" * 64)
+        forged["evil-tokens"] = attrs.evolve(
+            snapshot, learner="evil-tokens", tokens=2**63 - 1, payload=refs["zeros"]
+        )
+        forged["evil-slow"] = attrs.evolve(
+            snapshot, learner="evil-slow", step_s=1e7, payload=refs["zeros"]
+        )
+        records = {
+            keys.snapshot(target, name): codec.encode(value)
+            for name, value in forged.items()
+            if name in self.pending
+        }
+        bare = {"evil-malformed": b"{not json", "evil-huge": b" " * (8 * MiB)}
+        for name, data in bare.items():
+            if name in self.pending:
+                records[keys.snapshot(target, name)] = data
+        return payloads, records
+
+
+def ref_of(data: bytes, round_: int) -> PayloadRef:
+    """A reference to ``data`` with its (unkeyed) digest: all a writer without the key has."""
+    digest = content_hash(data)
+    return PayloadRef(key=keys.payload(round_, digest), size=len(data), digest=digest)
+
+
+def transposed(manifest: Manifest) -> Manifest:
+    """The same tensor names and sizes, with every 2-d tensor's shape reversed."""
+    schema = tuple(
+        TensorSpec(name=t.name, shape=t.shape[::-1], dtype=t.dtype) for t in manifest.schema
+    )
+    return attrs.evolve(manifest, schema=schema)
+
+
+def unwrapped(data: bytes) -> bytes:
+    """An object's body, whatever envelope it wears (a reader without the key can see it)."""
+    return data.split(b"\n", 1)[1] if data.startswith(b"gm/2 ") else data
+
+
+TAPES: dict[int, list[RoundRecord]] = {}
+"""Records decoded so far, by witness (``id``): each is decoded once."""
+
+
+def tape(witness: Witness) -> list[RoundRecord]:
+    """The records that open and decode, from round 0 on, up to the first gap."""
+    records = TAPES.setdefault(id(witness), [])
+    while keys.round_record(len(records)) in witness.seen:
+        body = witness.body(keys.round_record(len(records)))
+        try:
+            records.append(codec.decode(RoundRecord, body))
+        except codec.CodecError:
+            break
+    return list(records)
+
+
+def unwitnessed(violation: str, witness: Witness) -> bool:
+    """Whether a violation says only that the witness missed a snapshot, not a node's fault.
+
+    Listing a 4,001-key flood slows the witness's looks on a loaded machine, and a snapshot
+    is swept two cycles after its round: a merged snapshot the witness never saw at all
+    reads as "never wrote a valid snapshot". Forged snapshots are kept out of every merge
+    by the test's own check of the participants, so such gaps are excused (and counted).
+    """
+    found = re.fullmatch(r"round (\d+): (\S+) never wrote a valid snapshot", violation)
+    return found is not None and keys.snapshot(int(found[1]), found[2]) not in witness.seen
+
+
+def verdicts(witness: Witness) -> set[tuple[str, Reason]]:
+    return {(x.learner, x.reason) for r in tape(witness) for x in r.rejections}
+
+
+def missing_events(events: list[dict[str, str]]) -> dict[str, str]:
+    seen = {(e["event"], e.get("detail", "")) for e in events}
+    return {
+        kind: part
+        for kind, part in EVENTS.items()
+        if not any(k == kind and part in d for k, d in seen)
+    }
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["open", "keyed"])
+def test_a_hostile_bucket_gets_named_verdicts_and_the_run_keeps_committing(
+    run_url: tuple[str, MailboxOptions], keyed: bool, tmp_path: Path
+) -> None:
+    url, options = run_url
+    run_key = KEY if keyed else None
+    h = make_harness(url, options, tmp_path, quorum=2, compression="zstd")
+    # Steps a little slower than the harness's: the witness must see every snapshot
+    # before its sweep while it also lists a flood (its judge needs the whole history).
+    key_spec: dict[str, Any] = {"step_sleep_s": 0.05}
+    if keyed:
+        key_spec["run_key"] = KEY.hex()
+    witness = Witness(url, options, run_key=run_key, foreign=(keys.claim_prefix(FLOOD_ROUND),))
+    expected = KEYED_VERDICTS if keyed else OPEN_VERDICTS
+    try:
+        h.spawn("n0", seed=0, **key_spec)
+        wait_until("the run to exist", lambda: started(h, "n0"), 60)
+        witness.start()
+        h.spawn("n1", **key_spec)
+        h.spawn("n2", role="learner", **key_spec)
+        wait_until("everyone to join", lambda: started(h, "n1") and started(h, "n2"), 60)
+        ahead = asyncio.run(attack_until_answered(url, options, witness, h, expected, keyed))
+        if keyed:  # the head hint names the forged record 1,000 rounds ahead: join anyway
+            h.spawn("n3", role="learner", **key_spec)
+            wait_until("a learner to join past the forged head", lambda: started(h, "n3"), 60)
+        count = len(tape(witness))
+        wait_until("the run to go on", lambda: len(tape(witness)) >= count + 6, 90)
+        running = len(tape(witness))  # later rounds hold the closing nodes' final deltas
+        nodes = ["n3", "n2", "n1", "n0"] if keyed else ["n2", "n1", "n0"]
+        codes = h.stop(*nodes)
+        results = {name: h.result(name) for name in nodes}
+    finally:
+        h.close()
+        witness.stop()
+    assert all(code == 0 for code in codes.values()), codes
+    judgement = judge(url, options, witness, foreign=[ahead])
+    gaps = [v for v in judgement.violations if unwitnessed(v.message, witness)]
+    print(f"snapshots swept before the witness saw them: {len(gaps)}")
+    violations = [v for v in judgement.violations if v not in gaps]
+    assert not violations, violations
+    honest = set(nodes)
+    merged = {p.learner for r in judgement.records for p in r.participants}
+    assert merged <= honest | (set() if keyed else set(ACCEPTED_WHEN_OPEN)), merged
+    for record in judgement.records[running - 4 : running]:
+        assert len(record.participants) >= 2
+    for record in judgement.records:  # one report of 1e7 s among honest ones moves nothing
+        assert record.timing.step_s is None or record.timing.step_s < 1.0, record.timing
+    growth = {}
+    for name, result in results.items():
+        assert all(np.isfinite(p).all() for p in result["params"]), name
+        growth[name] = result["rss_peak"] - result["rss_start"]
+        print(  # the measured figures, for -s and the issue's table
+            f"{name}: rss at start {result['rss_start'] / MiB:.1f} MiB, peak"
+            f" {result['rss_peak'] / MiB:.1f} MiB, growth {growth[name] / MiB:.1f} MiB"
+            f" (bound {(2 * MODEL_BYTES + RSS_SLACK) / MiB:.1f} MiB)"
+        )
+    assert max(growth.values()) < 2 * MODEL_BYTES + RSS_SLACK, growth
+
+
+async def attack_until_answered(
+    url: str,
+    options: MailboxOptions,
+    witness: Witness,
+    h: Harness,
+    expected: dict[str, Reason],
+    keyed: bool,
+) -> str:
+    """Attack every new round until each attack's verdict is on the tape or in the events;
+    returns the key of the record forged far ahead (no node reads it: it has no verdict)."""
+    with Mailbox.open(url, options=options) as mailbox:
+        got = await mailbox.get(keys.manifest())
+        assert got is not None
+        manifest = codec.decode(Manifest, unwrapped(got.data))
+        pending = {*expected, *ACCEPTED_WHEN_OPEN}
+        hostile = Hostile(mailbox=mailbox, manifest=manifest, keyed=keyed, pending=pending)
+        deadline = time.monotonic() + ATTACK_S
+        while time.monotonic() < deadline:
+            seen = verdicts(witness)
+            merged = {p.learner for r in tape(witness) for p in r.participants}
+            hostile.pending = {n for n in pending if (n, expected.get(n)) not in seen}
+            if not keyed:
+                hostile.pending -= merged & set(ACCEPTED_WHEN_OPEN)
+            events = h.all_events()
+            bad_keys = [e["detail"] for e in events if e["event"] == "bad_key"]
+            unnamed = [k for k in BAD_KEYS if not any(d.endswith(k) for d in bad_keys)]
+            hostile.unnamed = unnamed
+            if not hostile.pending and not unnamed and not missing_events(events):
+                assert hostile.flood is not None
+                await hostile.flood
+                return hostile.ahead
+            newest = await hostile.tip()
+            if newest is not None:
+                await hostile.attack(newest)
+            await asyncio.sleep(0.1)
+    raise AssertionError(
+        f"not answered by name: {sorted(hostile.pending)}, keys {unnamed},"
+        f" events {missing_events(h.all_events())}; verdicts seen {sorted(verdicts(witness))}"
+    )
+
+
+def test_a_forged_record_at_the_next_round_key_halts_the_run_by_name(tmp_path: Path) -> None:
+    """Known limitation until slots (protocol.md §16.0, §16.4): a record nobody can read at
+    the next round's key blocks that round. It is named (``record_rejected ...
+    unauthenticated``) and never adopted: the node keeps its model, finite."""
+    url, options = file_run(tmp_path)
+    h = make_harness(url, options, tmp_path, quorum=1)
+    witness = Witness(url, options, run_key=KEY)
+    try:
+        h.spawn("n0", seed=0, run_key=KEY.hex())
+        wait_until("the run to exist", lambda: started(h, "n0"), 60)
+        witness.start()
+        wait_until("a commit", lambda: len(tape(witness)) >= 2, 60)
+        forged = asyncio.run(forge_next_record(url, options, witness))
+        wait_until(
+            "the forged record to be named",
+            lambda: any(
+                e["event"] == "record_rejected" and "unauthenticated" in e["detail"]
+                for e in h.events("n0")
+            ),
+            60,
+        )
+        codes = h.stop("n0")
+        result = h.result("n0")
+    finally:
+        h.close()
+        witness.stop()
+    assert codes == {"n0": 0}
+    assert len(tape(witness)) == forged  # nothing commits past the blocked round
+    assert result["round"] < forged
+    assert all(np.isfinite(p).all() for p in result["params"])
+
+
+async def forge_next_record(url: str, options: MailboxOptions, witness: Witness) -> int:
+    """A bare copy of the newest record at the next free round key; returns that round."""
+    with Mailbox.open(url, options=options) as mailbox:
+        while True:
+            newest = tape(witness)[-1]
+            forged = attrs.evolve(newest, round=newest.round + 1)
+            key = keys.round_record(forged.round)
+            if await mailbox.put_once(key, codec.encode(forged)) is PutOutcome.CREATED:
+                return forged.round
+            await asyncio.sleep(0.05)
+
+
+def test_the_model_bytes_are_the_workers_parameters() -> None:
+    """:data:`MODEL_BYTES` (the RSS bound's model term) counts the test model exactly."""
+    from runtime_worker import torch_model
+
+    model, _ = torch_model(seed=0)
+    assert sum(p.numel() * p.element_size() for p in model.parameters()) == MODEL_BYTES
