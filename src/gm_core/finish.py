@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from gm_core import codec, completion, keys, liveness
+from gm_core import codec, completion, keys, liveness, ranks
 from gm_core.auth import Envelope, Unauthenticated
 from gm_core.commands import Command, Get, List, Notify, PutOnce, WakeAt
 from gm_core.completion import DoneMarker, Shape, Summary
@@ -259,6 +259,8 @@ def _judge(state: FinishState, now_s: float) -> Transition:
 def _markers_prefix(spec: FinishSpec) -> str:
     if isinstance(spec.shape, completion.Queued):
         return keys.queue_units_prefix(spec.queue)
+    if isinstance(spec.shape, completion.Ranked):
+        return keys.queue_units_prefix(ranks.QUEUE)
     return keys.DONE_PREFIX
 
 
@@ -268,6 +270,11 @@ def _slice_of(spec: FinishSpec, key: str) -> tuple[completion.Slice, int] | None
     if isinstance(spec.shape, completion.Queued):
         if isinstance(parsed, keys.QueueDoneKey) and parsed.queue == spec.queue:
             return parsed.unit, parsed.attempt
+        return None
+    if isinstance(spec.shape, completion.Ranked):
+        if isinstance(parsed, keys.QueueDoneKey) and parsed.queue == ranks.QUEUE:
+            rank = ranks.rank_of(parsed.unit)
+            return None if rank is None else (rank, parsed.attempt)
         return None
     if isinstance(parsed, keys.DoneKey):
         return parsed.node, 0

@@ -38,6 +38,10 @@ holder and its successor that both finish count once.
 claim is gone or superseded, or a done marker it has not judged garbage is there (a
 listing older than a peer's finish), it drops the unit and chooses again.
 
+**Watching.** A holder that must stop as soon as it has lost its unit (a rank,
+:mod:`gm_core.ranks`) sends :class:`Watch` while it trains: the same check of the
+unit's folder, answered :attr:`Outcome.HELD` or :attr:`Outcome.LOST`.
+
 **Prefetch.** A node asking for a unit while it holds none unstarted claims up to
 ``1 + prefetch`` units at once; each is checked as above when it starts.
 
@@ -126,7 +130,14 @@ class Finish:
     tokens: int
 
 
-QueueEvent = Event | Want | Finish
+@attrs.frozen(kw_only=True)
+class Watch:
+    """The trainer is still training its unit: is it still this node's?"""
+
+    now_s: float
+
+
+QueueEvent = Event | Want | Finish | Watch
 
 
 @attrs.frozen(kw_only=True)
@@ -148,7 +159,10 @@ class Outcome(enum.StrEnum):
     DONE = "done"
     """The finished unit's done marker is written."""
     LOST = "lost"
-    """The finished unit was taken over (or finished) by another holder: no marker written."""
+    """The finished (or watched) unit was taken over (or finished) by another holder: no
+    marker written."""
+    HELD = "held"
+    """The watched unit is still this node's."""
     MISMATCHED = "mismatched"
     """The queue holds another set of units than this node's (``mismatch`` says how)."""
 
@@ -197,6 +211,8 @@ class QueueSpec:
     lease_timeout_s: float
     poll_s: float
     envelope: Envelope
+    ordered: bool = False
+    """Take units in id order (ranks: the lowest first), not in a node-specific order."""
 
     def __attrs_post_init__(self) -> None:
         # Caller misuse raises; bucket contents never reach here.
@@ -225,7 +241,7 @@ class Listing:
 class QueueState:
     spec: QueueSpec
     phase: Phase = Phase.AGREEING
-    task: Want | Finish | None = None
+    task: Want | Finish | Watch | None = None
     """The trainer's request being served."""
     outcome: Outcome | None = None
     current: Assignment | None = None
@@ -263,7 +279,7 @@ def advance(state: QueueState, event: QueueEvent) -> Transition:
         if state.command is not None:
             return state, []
         return _issue(state, PutOnce(req=0, key=_units_key(state), data=units_body(state)))
-    if isinstance(event, Want | Finish):
+    if isinstance(event, Want | Finish | Watch):
         return _request(state, event)
     if isinstance(event, TimerFired):
         if state.in_flight or state.command is None or state.phase is Phase.IDLE:
@@ -278,10 +294,14 @@ def advance(state: QueueState, event: QueueEvent) -> Transition:
     return _answered(state, event)
 
 
-def _request(state: QueueState, event: Want | Finish) -> Transition:
+def _request(state: QueueState, event: Want | Finish | Watch) -> Transition:
     if state.task is not None or state.phase is not Phase.IDLE:
         raise ValueError(f"the queue is busy ({state.phase}): one request at a time")
     state = attrs.evolve(state, task=event, outcome=None)
+    if isinstance(event, Watch):
+        if state.current is None:
+            raise ValueError("no unit is being trained here: nothing to watch")
+        return _check(state, state.current.unit)
     if isinstance(event, Finish):
         held = _held(state, event.unit)
         if held is None or not held.started:
@@ -487,6 +507,7 @@ def _choose(
         me=state.spec.node,
         live=live,
         held=held,
+        ordered=state.spec.ordered,
     )
 
 
@@ -511,6 +532,7 @@ def choose(
     me: str,
     live: frozenset[str],
     held: frozenset[str],
+    ordered: bool = False,
 ) -> tuple[tuple[str, int], ...]:
     """The units this node may take, best first, each with the claim attempt it would write.
 
@@ -520,7 +542,8 @@ def choose(
     is free even when garbage sits at a lower one); ``live`` is who is live on this node's clock
     (this node included). Order: this node's own units not done (resumed under the
     attempt it holds), then units held by nobody, then units whose holder is not live
-    (re-issued); within each, a node-specific order so nodes start apart. Units done,
+    (re-issued); within each, a node-specific order so nodes start apart (``ordered``:
+    the units' own order, so the lowest free rank is taken first). Units done,
     already held here, or past the attempt limit are not offered.
     """
     ranked: list[tuple[int, str, str, int]] = []
@@ -538,7 +561,7 @@ def choose(
         else:
             continue
         if attempt < keys.ATTEMPT_LIMIT:
-            ranked.append((kind, spread(me, unit), unit, attempt))
+            ranked.append((kind, unit if ordered else spread(me, unit), unit, attempt))
     return tuple((unit, attempt) for _, _, unit, attempt in sorted(ranked))
 
 
@@ -630,6 +653,13 @@ def _checked(state: QueueState, event: Listed) -> Transition:
             state, cmds = _request(attrs.evolve(state, task=None, phase=Phase.IDLE), task)
             return state, [note, *cmds]
         return _start(attrs.evolve(state, todo=()), held)
+    if isinstance(task, Watch):
+        if not lost:  # the usual answer, every renewal interval: not worth a notice
+            state = attrs.evolve(state, phase=Phase.IDLE, task=None, command=None, todo=())
+            return attrs.evolve(state, outcome=Outcome.HELD), []
+        state, note = _drop(state, unit, "taken over while it was trained")
+        state, cmds = _reply(attrs.evolve(state, current=None), Outcome.LOST)
+        return state, [note, *cmds]
     assert isinstance(task, Finish)
     if lost:
         state, note = _drop(state, unit, "taken over before it was finished: no done marker")

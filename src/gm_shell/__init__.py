@@ -5,6 +5,7 @@ from gm_shell.align import Checkpoint, align
 from gm_shell.barrier import Barrier, BarrierMismatchError, BarrierTimeoutError
 from gm_shell.pacer import StalledError
 from gm_shell.queue import QueueMismatchError, SharedQueue
+from gm_shell.ranks import RankLost, RanksDoneError
 from gm_shell.resume import ResumeError
 from gm_shell.run import RunError, RunMismatchError
 from gm_shell.runkey import OpenRunWarning, RunKeyError, keygen
@@ -25,6 +26,8 @@ __all__ = [
     "OpenRunWarning",
     "Partition",
     "QueueMismatchError",
+    "RankLost",
+    "RanksDoneError",
     "Reason",
     "ResumeError",
     "Role",

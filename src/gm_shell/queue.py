@@ -37,6 +37,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from gm_core import queue as core
+from gm_core import ranks
 from gm_core.auth import HEADER_MAX_BYTES, Envelope
 from gm_core.commands import Command, Delete, Get, List, Notify, Probe, PutOnce, WakeAt
 from gm_core.events import (
@@ -93,6 +94,8 @@ class SharedQueue(Generic[V]):
         self.units = tuple(sorted(values))
         if len(self.units) != len(values) or not self.units:
             raise ValueError("a queue needs at least one unit, each id once")
+        if name == ranks.QUEUE:
+            raise ValueError(f"the queue name {name!r} is the run's ranks (Session(ranks=N))")
 
     def spec(
         self, *, node: str, lease_timeout_s: float, poll_s: float, envelope: Envelope
@@ -117,6 +120,9 @@ class Consumer:
         self._loop = loop
         self._background: set[asyncio.Task[None]] = set()
         self._seen_rejections = 0
+        self._lock = asyncio.Lock()
+        """One request at a time: the trainer's and a watcher's (both run on the loop)."""
+        self._watcher: asyncio.Task[None] | None = None
         self.state = core.initial(spec)
         self._serve(Started(now_s=_now()))
         if self.state.outcome is core.Outcome.MISMATCHED:
@@ -135,9 +141,43 @@ class Consumer:
         self._serve(core.Finish(now_s=_now(), unit=unit, steps=steps, tokens=tokens))
         return self.state.outcome is core.Outcome.DONE
 
+    def watch(self, period_s: float, on_lost: Callable[[], None]) -> None:
+        """Check every ``period_s`` (on the loop) that the unit being trained is still this
+        node's; call ``on_lost`` on the loop once it is not, and stop watching."""
+
+        async def watching() -> None:
+            while True:
+                await asyncio.sleep(period_s)
+                await self._drive(core.Watch(now_s=_now()))
+                if self.state.outcome is core.Outcome.LOST:
+                    on_lost()
+                    return
+
+        def begin() -> None:
+            self._watcher = asyncio.get_running_loop().create_task(watching())
+
+        self._loop.call(begin)
+
+    def unwatch(self) -> None:
+        """Stop watching; a check cut short changes nothing (the state is a value, kept
+        only once a request has settled)."""
+
+        async def stop() -> None:
+            watcher, self._watcher = self._watcher, None
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+
+        if self._watcher is not None and self._loop.alive:
+            self._loop.run(stop())
+
     def _serve(self, event: core.QueueEvent) -> None:
-        self.state = self._loop.run(
-            drive(
+        self._loop.run(self._drive(event))
+
+    async def _drive(self, event: core.QueueEvent) -> None:
+        async with self._lock:
+            self.state = await drive(
                 self._mailbox,
                 core.advance,
                 self.state,
@@ -146,7 +186,6 @@ class Consumer:
                 spawn=self._spawn,
                 seen=self._log,
             )
-        )
 
     def _log(self, state: core.QueueState) -> None:
         self._seen_rejections = log_rejections(

@@ -54,12 +54,12 @@ from typing import Any
 import attrs
 
 from gm_core import closer as core_closer
-from gm_core import finish, keys
+from gm_core import finish, keys, liveness
 from gm_core import learner as core_learner
 from gm_core import resume as core_resume
 from gm_core.advice import advise
 from gm_core.auth import RunAuth, for_run
-from gm_core.completion import DoneMarker, Plain, Queued, Shape, encode_done
+from gm_core.completion import DoneMarker, Plain, Queued, Ranked, Shape, encode_done
 from gm_core.events import Started
 from gm_core.manifest import natural_format, wire_wider_than_params
 from gm_core.records import (
@@ -84,6 +84,7 @@ from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, adapt
 from gm_shell.pacer import Pacer, StalledError
 from gm_shell.queue import Consumer, SharedQueue, drive, log_rejections
+from gm_shell.ranks import RankHolder
 from gm_shell.replica import Replica
 from gm_shell.resume import Resumer, default_max_bytes
 from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
@@ -324,6 +325,13 @@ class Session:
             from ``GM_RUN_KEY`` or ``GM_RUN_KEY_FILE``; on a shared bucket (``s3://``,
             ``gs://``, ``az://``) one is required unless ``run_key=None`` asks for an open
             run (warned about). ``file://`` and ``memory://`` runs are open by default.
+        ranks: split the run's data into this many fixed slices (1 to 1000; every node
+            passes the same number): entering the session takes the lowest rank that is
+            not done and held by nobody live (waiting while every rank is), and
+            :attr:`rank` says which slice to train. A peer that found this node's lease
+            dead for the lease timeout may claim the rank over it; then :meth:`step` and
+            :meth:`close` raise :class:`~gm_shell.ranks.RankLost`. :meth:`run` marks the
+            rank done at the end of its data.
 
     Raises:
         ValueError: a bad node id, no model for a training role, or ``resume`` for a
@@ -335,6 +343,8 @@ class Session:
         gm_shell.RunMismatchError: the run exists with other settings or another model.
         gm_shell.mailbox.MailboxError: the bucket cannot be used (the message says why
             and what to do).
+        gm_shell.ranks.RanksDoneError: (at :meth:`start`) with ``ranks``, every rank is done.
+        gm_shell.QueueMismatchError: (at :meth:`start`) the run has another number of ranks.
     """
 
     def __init__(
@@ -352,10 +362,15 @@ class Session:
         on_diverged: Callable[[], None] | None = None,
         resume: MutableMapping[str, Any] | None = None,
         run_key: RunKey = FROM_ENV,
+        ranks: int | None = None,
     ) -> None:
         self.role = Role(role)
         if model is None and self.role is not Role.CLOSER:
             raise ValueError(f"role {self.role} trains a model: pass one")
+        if ranks is not None and self.role is Role.CLOSER:
+            raise ValueError("a closer trains no slice: it takes no ranks")
+        self._ranks = ranks
+        self._ranked: RankHolder | None = None
         if resume is not None and (
             self.role is Role.CLOSER or any(v is model for v in resume.values())
         ):
@@ -432,6 +447,8 @@ class Session:
             if self._pacer is not None:
                 self._pacer.serve(self._pacer.running, self.options.join_timeout_s, self._why)
                 self._start_resume(self.manifest)
+                if self._ranks is not None:
+                    self._ranked = self._hold_rank(self._ranks, self.manifest)
         except BaseException:
             self._leave()  # the runtime may have written the lease already
             raise
@@ -462,6 +479,29 @@ class Session:
             events.LOG.info(
                 "%s: resumed at step %d (saved at round %d)", self.node, saved.step, saved.round
             )
+
+    def _hold_rank(self, count: int, manifest: Manifest) -> RankHolder:
+        """Claim a rank (waiting while every one is held by a live node) and watch it."""
+        assert self._mailbox is not None
+        assert self._loop is not None
+        timeout_s = manifest.config.lease_timeout_s
+        holder = RankHolder(
+            self._mailbox,
+            self._loop,
+            node=self.node,
+            ranks_count=count,
+            lease_timeout_s=timeout_s,
+            poll_s=self.options.poll_s,
+            watch_s=liveness.renew_interval_s(self.options.renew_s, timeout_s),
+            envelope=for_run(manifest.run_id, self._run_auth),
+        )
+        events.LOG.info("%s: holds rank %d (claim %d)", self.node, holder.rank, holder.attempt)
+        return holder
+
+    @property
+    def rank(self) -> int | None:
+        """The rank this node trains (``Session(ranks=N)``, from :meth:`start` on), else None."""
+        return None if self._ranked is None else self._ranked.rank
 
     def _adapt(self) -> ModelAdapter | None:
         if self._model is None:
@@ -571,6 +611,9 @@ class Session:
         pacer = self._pacer
         if pacer is None:
             raise RuntimeError("step() needs a started session with a learner role")
+        ranked = self._ranked
+        if ranked is not None and ranked.lost is not None:
+            raise ranked.lost
         count = tokens if self._counts_tokens else samples
         if count is None:
             count = self._missing_count(samples, tokens)
@@ -651,6 +694,12 @@ class Session:
         if self._closed:
             return  # :meth:`run` closed it already
         runtime, pacer = self._runtime, self._pacer
+        ranked = self._ranked
+        if ranked is not None:
+            ranked.stop()
+            if ranked.lost is not None:
+                self._leave()
+                raise ranked.lost
         try:
             if runtime is not None and runtime.failure is None:
                 if pacer is not None:
@@ -677,6 +726,9 @@ class Session:
         """Stop at once and delete this node's lease: no flush, no waiting for commits."""
         runtime, loop = self._runtime, self._loop
         try:
+            if self._ranked is not None:
+                with contextlib.suppress(Exception):
+                    self._ranked.stop()
             if runtime is not None and loop is not None and loop.alive:
                 # Nothing is fed to the machines any more, so they issue no new renewal.
                 loop.call(lambda: setattr(runtime, "failure", runtime.failure or LeftError()))
@@ -738,21 +790,29 @@ class Session:
                 another only if its holder dies), and this node returns once every unit is
                 done.
 
-        At the end of a plain iterable the node writes ``done/{node}.json``; with a queue,
-        each unit's done marker is written as the unit ends. Then the session closes: the
-        last deltas are flushed and committed, and, before this node's closer stops, it
-        looks whether the whole run is finished (every unit done, or with plain data some
-        node done, and no learner live on this node's clock, waiting at most
-        ``close_timeout_s`` plus two lease timeouts for peers to leave); if so it writes
-        ``finished.json`` (``gm status`` shows it) and sets :attr:`finished`. An exception,
-        from ``step`` or the bucket, leaves the run at once with no done marker, and is raised.
+        At the end of a plain iterable the node writes ``done/{node}.json`` (with ``ranks``,
+        its rank's done marker, or raises :class:`~gm_shell.ranks.RankLost` if a peer holds
+        the rank now); with a queue, each unit's done marker is written as the unit ends.
+        Then the session closes: the last deltas are flushed and committed, and, before
+        this node's closer stops, it looks whether the whole run is finished (every unit or
+        rank done, or with plain data some node done, and no learner live on this node's
+        clock, waiting at most ``close_timeout_s`` plus two lease timeouts for peers to
+        leave); if so it writes ``finished.json`` (``gm status`` shows it) and sets
+        :attr:`finished`. An exception, from ``step`` or the bucket, leaves the run at once
+        with no done marker, and is raised.
         """
         if self._pacer is None or self.manifest is None:
             raise RuntimeError("run() needs a started session with a learner role")
         try:
             if isinstance(data, SharedQueue):
+                if self._ranked is not None:
+                    raise ValueError("ranks are fixed slices: train the rank's data, not a queue")
                 self._run_queue(step, data)
                 shape: Shape = Queued(frozenset(data.units))
+            elif self._ranked is not None and self._ranks is not None:
+                steps, tokens = self._train(step, data)
+                self._ranked.finish(steps, tokens)
+                shape = Ranked(self._ranks)
             else:
                 steps, tokens = self._train(step, data)
                 self._mark_done(steps, tokens)

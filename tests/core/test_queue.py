@@ -53,6 +53,9 @@ class World:
     units: tuple[str, ...]
     envelope: auth.Envelope
     prefetch: int = 0
+    name: str = Q
+    ordered: bool = False
+    """The queue's name and order (ranks: :mod:`gm_core.ranks`' reserved queue, lowest first)."""
     store: ModelStore = attrs.field(factory=ModelStore)
     now_s: float = 0.0
     states: dict[str, QueueState] = attrs.field(factory=dict)
@@ -68,13 +71,14 @@ class World:
 
     def start(self, node: str) -> None:
         spec = QueueSpec(
-            queue=Q,
+            queue=self.name,
             node=node,
             units=self.units,
             prefetch=self.prefetch,
             lease_timeout_s=TIMEOUT_S,
             poll_s=POLL_S,
             envelope=self.envelope,
+            ordered=self.ordered,
         )
         self.states[node] = queue.initial(spec)
         self.exhausted.discard(node)
@@ -84,7 +88,7 @@ class World:
     def renew(self, node: str) -> None:
         self.store = self.store.put(keys.lease(node), b"{}")
 
-    def feed(self, node: str, event: Event | Want | Finish) -> None:
+    def feed(self, node: str, event: queue.QueueEvent) -> None:
         state, cmds = queue.advance(self.states[node], event)
         self.states[node] = state
         for cmd in cmds:
