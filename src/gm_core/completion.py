@@ -31,6 +31,7 @@ from collections.abc import Mapping
 import attrs
 
 from gm_core import keys
+from gm_core.auth import Envelope, Unauthenticated
 
 DONE_FORMAT = 1
 """The ``format`` of every done marker; any other is refused."""
@@ -215,3 +216,12 @@ def decode_summary(data: bytes) -> Summary | str:
         return f"by {doc['by']!r:.80} is not an id"
     del doc["format"]
     return Summary(**doc)
+
+
+def judge_summary(envelope: Envelope, data: bytes) -> Summary | str:
+    """The summary found at ``finished.json``, opened under the run's envelope and decoded;
+    a string says why it is not believed. Total: no input raises."""
+    body = envelope.open(keys.finished(), data)
+    if isinstance(body, Unauthenticated):
+        return body.detail
+    return decode_summary(body)

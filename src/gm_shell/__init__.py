@@ -3,6 +3,7 @@
 from gm_core.records import Alignment, Compression, MergeRule, Partition, Reason, WireFormat
 from gm_shell.align import Checkpoint, align
 from gm_shell.barrier import Barrier, BarrierMismatchError, BarrierTimeoutError
+from gm_shell.finished import RunFinishedError
 from gm_shell.pacer import StalledError
 from gm_shell.queue import QueueMismatchError, SharedQueue
 from gm_shell.ranks import RankLost, RanksDoneError
@@ -32,6 +33,7 @@ __all__ = [
     "ResumeError",
     "Role",
     "RunError",
+    "RunFinishedError",
     "RunKeyError",
     "RunMismatchError",
     "Session",

@@ -31,8 +31,9 @@ never touch them; they get copies (see :mod:`gm_shell.pacer`). So ``step()``
 and ``close()`` must be called from the thread that trains.
 
 Roles: ``both`` (the default: learner and closer-capable), ``learner`` and
-``closer`` (no training loop; the model, if given, only serves to create the
-run). A learner and a closer of one node share its lease key, so only the
+``closer`` (no training loop; it never creates the run: it waits for a learner to,
+and a model given to it only checks the run's schema; :meth:`Session.serve` returns
+once the run is finished). A learner and a closer of one node share its lease key, so only the
 learner writes it.
 """
 
@@ -78,6 +79,7 @@ from gm_shell import events, leaving
 from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.align import Checkpoint, load_frontier, newest_record
 from gm_shell.barrier import Barrier
+from gm_shell.finished import RunFinishedError, describe, read_finished
 from gm_shell.fragments import FragmentCodec, compute_backend, payload_key
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
@@ -292,7 +294,8 @@ class Session:
     Args:
         model: the torch ``nn.Module`` (DDP/DataParallel wrappers are unwrapped) or
             MLX module this node trains; its parameters are read and written in
-            place. Optional for ``role="closer"`` (only needed to create the run).
+            place. Optional for ``role="closer"``, which never creates the run (it waits up
+            to ``join_timeout_s`` for a learner to); given, its schema is checked.
         algorithm: the run's :class:`DiLoCo` settings; must match the run's if it
             exists.
         mailbox: the run's URL (``s3://bucket/prefix``, ``gs://``, ``az://``,
@@ -344,6 +347,7 @@ class Session:
         gm_shell.mailbox.MailboxError: the bucket cannot be used (the message says why
             and what to do).
         gm_shell.ranks.RanksDoneError: (at :meth:`start`) with ``ranks``, every rank is done.
+        gm_shell.RunFinishedError: (at :meth:`start`) the run is finished (``finished.json``).
         gm_shell.QueueMismatchError: (at :meth:`start`) the run has another number of ranks.
     """
 
@@ -436,6 +440,7 @@ class Session:
             self._mailbox = self._open_mailbox()
             adapter = self._adapt()
             self.manifest = self._open_run(adapter)
+            self._refuse_if_finished(self.manifest)
             self._counts_tokens = self.manifest.config.unit is Unit.TOKENS
             self._warn_if_wire_is_wide(adapter, self.manifest)
             if adapter is not None and self.role is not Role.CLOSER:
@@ -478,6 +483,16 @@ class Session:
             self._resumer.saved_round = self.round
             events.LOG.info(
                 "%s: resumed at step %d (saved at round %d)", self.node, saved.step, saved.round
+            )
+
+    def _refuse_if_finished(self, manifest: Manifest) -> None:
+        assert self._mailbox is not None
+        assert self._loop is not None
+        envelope = for_run(manifest.run_id, self._run_auth)
+        summary = self._loop.run(read_finished(self._mailbox, envelope))
+        if summary is not None:
+            raise RunFinishedError(
+                f"{self.url}: the run is {describe(summary)}; start a new run under another prefix"
             )
 
     def _hold_rank(self, count: int, manifest: Manifest) -> RankHolder:
@@ -535,7 +550,10 @@ class Session:
                 run_auth=self._run_auth,
             )
         theirs = self._loop.run(read_manifest(mailbox, self._run_auth))
-        if theirs is None and draft is not None and adapter is not None:
+        waited = self.role is Role.CLOSER
+        if theirs is None and waited:
+            theirs = self._wait_for_run()
+        if theirs is None and draft is not None and adapter is not None and not waited:
             initial = Replica(adapter, draft.plan)
             values = [initial.read(f) for f in range(len(draft.plan.fragments))]
             created = self._loop.run(create(mailbox, draft, values, self._run_auth))
@@ -553,6 +571,18 @@ class Session:
         if manifest.created_by != self.node:
             self._emit(events.RunAdopted(node=self.node, round=-1, detail=mailbox.url))
         return manifest
+
+    def _wait_for_run(self) -> Manifest | None:
+        """A closer never creates the run: it waits (``join_timeout_s``) for a learner to."""
+        assert self._loop is not None
+        assert self._mailbox is not None
+        deadline = time.monotonic() + self.options.join_timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(min(self.options.poll_s, max(deadline - time.monotonic(), 0.0)))
+            theirs = self._loop.run(read_manifest(self._mailbox, self._run_auth))
+            if theirs is not None:
+                return theirs
+        return None
 
     def _make_runtime(self, manifest: Manifest) -> Runtime:
         assert self._loop is not None
@@ -921,15 +951,35 @@ class Session:
         )
 
     def serve(self, duration_s: float | None = None) -> None:
-        """Block while the node works (a closer-only node's main loop), or for ``duration_s``."""
+        """Block while the node works (a closer-only node's main loop): until the run is
+        finished (``finished.json``; :attr:`finished` is then True), or for ``duration_s``.
+
+        It looks for ``finished.json`` once per renewal interval (one GET); the node that
+        finds the run finished writes it after its own final rounds are committed, so a
+        closer returning here has nothing left to commit. Close the session after it.
+        """
         deadline = math.inf if duration_s is None else time.monotonic() + duration_s
+        runtime, manifest = self._runtime, self.manifest
+        if runtime is None or manifest is None or self._loop is None or self._mailbox is None:
+            raise RuntimeError("serve() needs a started session")
+        envelope = for_run(manifest.run_id, self._run_auth)
+        every_s = liveness.renew_interval_s(self.options.renew_s, manifest.config.lease_timeout_s)
+        look_at = time.monotonic()
         while time.monotonic() < deadline:
-            runtime = self._runtime
-            if runtime is None:
-                raise RuntimeError("serve() needs a started session")
             if runtime.failure is not None:
                 raise RuntimeError("the gm session failed") from runtime.failure
-            time.sleep(min(0.5, max(deadline - time.monotonic(), 0.0)))
+            if time.monotonic() >= look_at:
+                look_at = time.monotonic() + every_s
+                try:
+                    summary = self._loop.run(read_finished(self._mailbox, envelope))
+                except Exception as error:  # the store is down: look again later
+                    events.LOG.info("%s: could not look for finished.json: %s", self.node, error)
+                    summary = None
+                if summary is not None:
+                    self.finished = True
+                    events.LOG.info("%s: the run is %s", self.node, describe(summary))
+                    return
+            time.sleep(min(0.5, every_s, max(deadline - time.monotonic(), 0.0)))
 
     # -- what a user may look at -----------------------------------------------------------------
 

@@ -44,7 +44,7 @@ import cattrs
 
 from gm_core import auth, keys, schedule, timing
 from gm_core.auth import Envelope, RunAuth
-from gm_core.completion import Summary, decode_summary
+from gm_core.completion import Summary, judge_summary
 from gm_core.records import AlgorithmConfig, Alignment, Manifest, Requests, RoundRecord
 from gm_core.tape import BadRecord, parse_head
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
@@ -551,10 +551,7 @@ def _finished(envelope: Envelope, data: bytes | None) -> tuple[Summary | None, s
     """The run's finished summary, or why the object there is not believed."""
     if data is None:
         return None, ""
-    body = envelope.open(keys.finished(), data)
-    if isinstance(body, auth.Unauthenticated):
-        return None, body.detail
-    summary = decode_summary(body)
+    summary = judge_summary(envelope, data)
     return (None, summary) if isinstance(summary, str) else (summary, "")
 
 

@@ -171,8 +171,10 @@ def test_a_run_counts_samples_or_tokens_and_step_names_the_one_it_needs() -> Non
 
 
 def test_without_a_run_or_a_closer_the_errors_say_what_is_missing() -> None:
+    # A closer never creates the run: it waits (join_timeout_s) for a learner to.
+    brief = SessionOptions(poll_s=0.02, join_timeout_s=0.2)
     with pytest.raises(RunError, match="no run here"):
-        Session(role="closer", algorithm=algorithm(), mailbox=fresh_url()).start()
+        Session(role="closer", algorithm=algorithm(), mailbox=fresh_url(), options=brief).start()
     with pytest.raises(ValueError, match="trains a model"):
         Session(algorithm=algorithm(), mailbox=fresh_url())
     model, step = torch_model(0)
