@@ -4,7 +4,13 @@ Four nodes train over a ``file://`` bucket with a median merge and both outlier
 screens; one of them (``evil``) publishes every delta multiplied by 100 — finite,
 well-formed, from a learner that holds a valid lease, so every earlier check
 accepts it. Every round offered all four (or three) deltas must name ``evil`` as an
-outlier, never as a participant, and the run must keep committing with the honest three.
+outlier, never as a participant, and the run must keep committing with the honest three,
+whose loss falls.
+
+``evil`` starts once a round has merged all three honest learners. Started earlier, it
+can meet ``n0`` alone: a round of two deltas is not screened (neither is a majority), so
+it merges ``100·Δ``, and the outer momentum keeps applying that step for rounds after
+(a CI run lost the loss assertion that way; honest losses 3 to 200 after it here).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from runtime_harness import file_run, make_harness, wait_until
 from test_chaos import committed, started
 
 from gm_core.records import Reason
+from gm_shell.stores import MailboxOptions
 
 HONEST = ("n0", "n1", "n2")
 
@@ -40,8 +47,11 @@ def test_a_scaled_up_learner_is_rejected_as_outlier_and_the_run_goes_on(tmp_path
         witness.start()
         for name in HONEST[1:]:
             h.spawn(name)
+        wait_until(
+            "a round of the three honest", lambda: merged_all(url, options, witness), 120, 1.0
+        )
         h.spawn("evil", role="learner", delta_scale=100.0)
-        wait_until("everyone to join", lambda: all(started(h, n) for n in h.nodes), 60)
+        wait_until("evil to join", lambda: started(h, "evil"), 60)
         count = len(committed(witness))
         wait_until("ten more commits", lambda: len(committed(witness)) >= count + 10, 120)
         codes = h.stop("evil", *HONEST[::-1])
@@ -67,6 +77,11 @@ def test_a_scaled_up_learner_is_rejected_as_outlier_and_the_run_goes_on(tmp_path
     for name in HONEST:
         result = h.result(name)
         assert all(np.all(np.isfinite(p)) for p in result["params"])
-    # Not asserted: that the honest loss falls. In two CI runs it rose (mean 0.344 vs 0.248
-    # over the first 20 steps, and 1.136 vs 0.433 with no round merging evil): an open
-    # problem of the robust rules in this short run, reported in the issue 12 note.
+        first, last = np.mean(result["first_losses"]), np.mean(result["losses"])
+        assert last < first, (name, first, last, result["losses"])
+
+
+def merged_all(url: str, options: MailboxOptions, witness: Witness) -> bool:
+    """Whether some committed round merged every honest learner."""
+    records = judge(url, options, witness).records
+    return any({p.learner for p in r.participants} >= set(HONEST) for r in records)
