@@ -81,6 +81,11 @@ class Watcher:
             self.events.append(event)
             self._cond.notify_all()
 
+    def count(self, found: Callable[[Event], bool]) -> int:
+        """How many events so far ``found`` accepts."""
+        with self._cond:
+            return sum(1 for e in self.events if found(e))
+
     def wait(self, found: Callable[[Event], bool], timeout_s: float) -> Event:
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -210,6 +215,9 @@ class Bucket:
 
 # --- figure 1 -------------------------------------------------------------------------------
 
+LOAD_SLACK = 10
+"""How many times its nominal steps a node of figure 1 may train waiting for the commits."""
+
 
 def requests_per_round(
     *,
@@ -228,6 +236,11 @@ def requests_per_round(
     takeover floor, and the per-request latency) lasts ``scale`` s. gm's takeover floor is set
     to three rounds: its 10 s default is shorter than this scenario's first round (30 s), which
     has no timing estimates yet, and followers would take round 0 over.
+
+    Each node trains the steps of ``rounds + 2`` rounds, and on past them (up to
+    ``LOAD_SLACK`` times as many) until ``rounds`` rounds after the first are committed: on a
+    loaded machine the commits trail the steps by ``in_flight`` rounds, and a fixed step count
+    left too few of them in the window (the window ends when the first node stops).
     """
     round_s = sync_every // fragments * step_s
     steps = (rounds + 2) * (sync_every // fragments)
@@ -249,6 +262,9 @@ def requests_per_round(
     stopped: list[float] = []
     failures: list[str] = []
 
+    def counted(event: Event) -> bool:
+        return isinstance(event, Committed) and event.round >= 1
+
     def node(name: str) -> None:
         model = torch_model(8, 4096)
         try:
@@ -260,7 +276,9 @@ def requests_per_round(
                 options=options,
                 callbacks=(watcher,),
             ) as session:
-                for _ in range(steps):
+                for done in range(steps * LOAD_SLACK):
+                    if done >= steps and watcher.count(counted) >= rounds:
+                        break
                     time.sleep(step_s * scale)
                     with torch.no_grad():
                         for p in model.parameters():
@@ -279,9 +297,7 @@ def requests_per_round(
     bucket.close()
     end = min(stopped, default=math.inf)
     commits = sorted(
-        (e.round, e.at_s, e.participants)
-        for e in watcher.events
-        if isinstance(e, Committed) and e.round >= 1 and e.at_s <= end
+        (e.round, e.at_s, e.participants) for e in watcher.events if counted(e) and e.at_s <= end
     )
     if len(commits) < 3:
         why = "; ".join(failures) or f"{len(commits)} commits in the window"
