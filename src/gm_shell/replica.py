@@ -148,6 +148,23 @@ class Replica:
         for old in [r for r in self._taken if r <= round_]:
             del self._taken[old]
 
+    def copies(self) -> frozenset[int]:
+        """The rounds whose snapshot copy is kept for carry (training thread)."""
+        return frozenset(self._taken)
+
+    def progress(self, fragment: int, base_round: int) -> F32:
+        """θ of ``fragment`` minus its base: the copy kept for ``base_round``'s snapshot,
+        or the anchor if ``base_round`` is -1 (a fresh array; see :mod:`gm_core.resume`)."""
+        base = self._taken[base_round] if base_round >= 0 else self._anchors[fragment]
+        assert base is not None, "progress is taken only after the join loaded the model"
+        theta = self.read(fragment)
+        return np.subtract(theta, base, out=theta)
+
+    def add(self, fragment: int, progress: F32) -> None:
+        """Lay saved local progress over the fragment as the model holds it (a restart)."""
+        theta = self.read(fragment)
+        self.fragments[fragment].scatter(np.add(theta, progress, out=theta))
+
     def overwrite_all(self, frontier: Sequence[F32]) -> None:
         """Every fragment takes the committed value (join, close, evaluation)."""
         for fragment, committed in enumerate(frontier):

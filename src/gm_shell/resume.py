@@ -19,10 +19,16 @@ next step overwrites. Hashing and uploading run on the session's event loop, one
 save at a time: a save that falls due while the previous one is still uploading
 waits for the next boundary.
 
+The session adds its parameters' local progress at each boundary save (per fragment:
+the parameters minus a base, with the steps and tokens since it; see
+:mod:`gm_core.resume`, which decides on a restart which fragments get it back).
+
 The object at ``keys.resume(node)``: :data:`MAGIC`, the 32-byte blake3 of the
 rest, then a safetensors file whose tensors (``"0"``, ``"1"``, ...) are the
 state's tensors and whose metadata holds, as JSON under ``"gm-resume"``, the run
-id, the node, the round and step of the save, and the state's structure. In that
+id, the node, the round and step of the save, the state's structure and, when
+saved, the progress (``"progress"``: per fragment its anchor version, base round,
+steps, tokens and an fp32 array). In that
 structure containers and tensors are tagged (``{"list": [...]}``, ``{"tuple":
 [...]}``, ``{"dict": [[key, value], ...]}``, ``{"torch": i}``, ``{"numpy": i}``,
 ``{"scalar": i}``), so tuples, integer keys, dtypes and devices' tensors come
@@ -42,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import math
 import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Protocol, runtime_checkable
@@ -52,10 +59,16 @@ import numpy as np
 
 from gm_core import keys
 from gm_core import resume as core_resume
+from gm_core.numerics.arrays import F32
+from gm_core.resume import Drift
 from gm_shell import events
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox, TooLargeError
 from gm_shell.payload import PayloadError, TensorEntry, header_bytes, read_payload
+from gm_shell.run import read_manifest
+from gm_shell.runkey import FROM_ENV, RunKey
+from gm_shell.runkey import resolve as resolve_run_key
+from gm_shell.stores import MailboxOptions
 
 MAGIC = b"gm-resume/1\n"
 """The first bytes of a resume object (the format's version is in it)."""
@@ -114,6 +127,12 @@ class Stateful(Protocol):
     def load_state_dict(self, state: Any, /) -> Any: ...
 
 
+Progress = tuple[tuple[Drift, F32], ...]
+"""Per fragment: where its local progress is measured from, and the progress (fp32)."""
+
+_PROGRESS_FIELDS = ("version", "base_round", "steps", "tokens", "drift")
+
+
 @attrs.frozen(kw_only=True)
 class Saved:
     """A decoded resume state: where it was saved, and the values (not yet restored)."""
@@ -121,6 +140,8 @@ class Saved:
     round: int
     step: int
     values: dict[str, Any]
+    progress: Progress | None = None
+    """The parameters' local progress at the save (None: saved without, on joining or closing)."""
 
 
 # -- encoding ----------------------------------------------------------------------------
@@ -186,8 +207,17 @@ def capture(state: Mapping[str, Any]) -> dict[str, Any]:
     return {name: v.state_dict() if isinstance(v, Stateful) else v for name, v in state.items()}
 
 
-def encode(values: Mapping[str, Any], *, run: str, node: str, round: int, step: int) -> bytearray:
-    """The object for ``values`` with its digest left blank (:func:`seal` fills it in).
+def encode(
+    values: Mapping[str, Any],
+    *,
+    run: str,
+    node: str,
+    round: int,
+    step: int,
+    progress: Progress | None = None,
+) -> bytearray:
+    """The object for ``values`` (and ``progress``) with its digest left blank (:func:`seal`
+    fills it in).
 
     Copies every tensor once, into the returned buffer, so the caller may go on
     training while the buffer is sealed and uploaded.
@@ -195,6 +225,14 @@ def encode(values: Mapping[str, Any], *, run: str, node: str, round: int, step: 
     packer = _Packer()
     tree = packer.pack(dict(values), "")
     document = {"run": run, "node": node, "round": round, "step": step, "state": tree}
+    if progress is not None:
+        document["progress"] = packer.pack(
+            [
+                {**attrs.asdict(drift), "drift": np.ascontiguousarray(array, dtype=np.float32)}
+                for drift, array in progress
+            ],
+            "progress",
+        )
     header = header_bytes(packer.entries, {META: json.dumps(document, separators=(",", ":"))})
     prefix = len(MAGIC) + DIGEST_BYTES
     out = bytearray(prefix + len(header) + sum(v.nbytes for v in packer.views))
@@ -240,7 +278,8 @@ def _decode(data: bytes, run: str, node: str) -> Saved:
         document = json.loads(payload.metadata.get(META, "null"))
     except (PayloadError, ValueError, RecursionError) as error:
         raise _RefusedError(f"malformed: {error}") from None
-    if not isinstance(document, dict) or set(document) != {"run", "node", "round", "step", "state"}:
+    fields = {"run", "node", "round", "step", "state"}
+    if not isinstance(document, dict) or not fields <= set(document) <= fields | {"progress"}:
         raise _RefusedError("malformed: its document lacks run, node, round, step or state")
     if (document["run"], document["node"]) != (run, node):
         raise _RefusedError(
@@ -257,7 +296,32 @@ def _decode(data: bytes, run: str, node: str) -> Saved:
     values = unpacker.unpack(document["state"], 0)
     if not isinstance(values, dict) or not all(isinstance(k, str) for k in values):
         raise _RefusedError("malformed: the state is not a mapping of names")
-    return Saved(round=saved_round, step=step, values=values)
+    progress = None
+    if "progress" in document:
+        progress = _progress(unpacker.unpack(document["progress"], 0))
+    return Saved(round=saved_round, step=step, values=values, progress=progress)
+
+
+def _progress(tree: Any) -> Progress:
+    """Check the decoded progress entries' fields, types and signs."""
+    if not isinstance(tree, list):
+        raise _RefusedError("malformed: its progress is not a list")
+    out = []
+    for entry in tree:
+        if not isinstance(entry, dict) or tuple(entry) != _PROGRESS_FIELDS:
+            fields = ", ".join(_PROGRESS_FIELDS)
+            raise _RefusedError(f"malformed: a progress entry without {fields}")
+        numbers = [entry[name] for name in _PROGRESS_FIELDS[:-1]]
+        lowest = (0, -1, 0, 0)
+        if not all(_integer(n) and n >= low for n, low in zip(numbers, lowest, strict=True)):
+            raise _RefusedError(f"malformed: progress counts {numbers!r}")
+        drift = entry["drift"]
+        if not (isinstance(drift, np.ndarray) and drift.dtype == np.float32 and drift.ndim == 1):
+            raise _RefusedError("malformed: a fragment's progress is not a flat fp32 array")
+        version, base_round, steps, tokens = numbers
+        counts = Drift(version=version, base_round=base_round, steps=steps, tokens=tokens)
+        out.append((counts, drift))
+    return tuple(out)
 
 
 def _integer(value: Any) -> bool:
@@ -342,6 +406,7 @@ class Resumer:
     """One node's resume state: restored once on joining, saved at commit boundaries.
 
     Its methods run on the training thread; uploads run on the session's loop.
+    ``sizes`` are the run's fragment sizes, which saved progress must match.
     """
 
     def __init__(
@@ -354,8 +419,10 @@ class Resumer:
         node: str,
         every: int,
         max_bytes: int,
+        sizes: tuple[int, ...] = (),
     ) -> None:
         self.state = state
+        self._sizes = sizes
         self.key = keys.resume(node)
         self.saved_round = -1
         self._mailbox = mailbox
@@ -378,19 +445,35 @@ class Resumer:
         if got is None:
             return None
         saved = decode(got.data, run=self._run, node=self._node, key=self.key)
+        self._check_progress(saved.progress)
         try:
             restore(self.state, saved.values)
         except Exception as error:  # e.g. an optimizer built for other parameters now
             raise ResumeError(self.key, f"loading it failed: {error}") from error
         return saved
 
-    def at_boundary(self, aligned_round: int, step: int) -> None:
-        """After a barrier step: start a save if one is due and none is uploading."""
-        if not core_resume.due(aligned_round, self.saved_round, self._every):
+    def _check_progress(self, progress: Progress | None) -> None:
+        if progress is None:
             return
-        if self._pending is not None and not self._pending.done():
-            return  # the previous save is still uploading: the next boundary saves
-        data = self._capture(aligned_round, step)
+        sizes = tuple(len(array) for _, array in progress)
+        if sizes != self._sizes:
+            raise ResumeError(
+                self.key,
+                f"its progress has fragments of {sizes} values, the run's are {self._sizes}",
+            )
+        if not all(np.isfinite(array).all() for _, array in progress):
+            raise ResumeError(self.key, "its progress holds non-finite values")
+
+    def due(self, aligned_round: int) -> bool:
+        """Whether a boundary save is due now and none is uploading."""
+        if not core_resume.due(aligned_round, self.saved_round, self._every):
+            return False
+        return self._pending is None or self._pending.done()
+
+    def at_boundary(self, aligned_round: int, step: int, progress: Progress | None = None) -> None:
+        """After a barrier step where :meth:`due`: start a save (with the parameters' local
+        progress, taken at this step) that uploads in the background."""
+        data = self._capture(aligned_round, step, progress)
         self._pending = asyncio.run_coroutine_threadsafe(
             self._upload(data, aligned_round, step, raising=False), self._loop.loop
         )
@@ -403,9 +486,12 @@ class Resumer:
         data = self._capture(aligned_round, step)
         self._loop.run(self._upload(data, aligned_round, step, raising=raising))
 
-    def _capture(self, aligned_round: int, step: int) -> bytearray:
+    def _capture(
+        self, aligned_round: int, step: int, progress: Progress | None = None
+    ) -> bytearray:
         values = capture(self.state)
-        data = encode(values, run=self._run, node=self._node, round=aligned_round, step=step)
+        run, node = self._run, self._node
+        data = encode(values, run=run, node=node, round=aligned_round, step=step, progress=progress)
         if len(data) > self._max_bytes:
             raise ResumeError(
                 self.key,
@@ -438,3 +524,35 @@ def default_max_bytes(parameters: int) -> int:
     """The size limit on a node's resume state when none is set: room for 4 fp32 values per
     synchronized parameter (Adam's two moments take 2) plus 64 MiB for everything else."""
     return 16 * parameters + (64 << 20)
+
+
+def read_saved(
+    url: str,
+    node: str,
+    *,
+    run_key: RunKey = FROM_ENV,
+    options: MailboxOptions | None = None,
+    max_bytes: int | None = None,
+) -> Saved | None:
+    """The resume state ``node`` saved in the run at ``url``, read without joining the run
+    (checked as on a restart; None: the run or the state does not exist yet). For what has
+    to know the saved step before a session starts, e.g. a Trainer that skips the data its
+    node trained (:meth:`gm_shell.integrations.hf.GmTrainerCallback.trainer_checkpoint`)."""
+    run_auth = resolve_run_key(run_key, url)
+    loop = LoopThread(f"gm-resume-{node}")
+    box = Mailbox.open(url, options=options)
+    try:
+        manifest = loop.run(read_manifest(box, run_auth))
+        if manifest is None:
+            return None
+        parameters = sum(math.prod(t.shape) for t in manifest.schema)
+        limit = max_bytes or default_max_bytes(parameters)
+        key = keys.resume(node)
+        try:
+            got = loop.run(box.get(key, max_bytes=limit))
+        except TooLargeError as error:
+            raise ResumeError(key, f"{error.size:,} bytes, over the limit ({limit:,})") from None
+        return None if got is None else decode(got.data, run=manifest.run_id, node=node, key=key)
+    finally:
+        loop.stop()
+        box.close()

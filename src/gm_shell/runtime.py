@@ -272,6 +272,19 @@ class Runtime:
     def wake(self) -> None:
         self._loop.post(self._drain)
 
+    def amend_learner(self, change: Callable[[learner.LearnerState], learner.LearnerState]) -> None:
+        """Replace the learner's state by ``change(state)`` between two transitions, and wait.
+
+        Only for a core function that keeps what plans are made of (captures and pace):
+        a restart laying saved progress back (:func:`gm_core.resume.resumed`).
+        """
+
+        def amend() -> None:
+            assert self.learner is not None
+            self.learner = change(self.learner)
+
+        self._loop.call(amend)
+
     def _drain(self) -> None:
         self._feed(Machine.LEARNER, None)
 

@@ -75,7 +75,7 @@ from gm_core.records import (
     Unit,
     WireFormat,
 )
-from gm_shell import events, leaving
+from gm_shell import drift, events, leaving
 from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.align import Checkpoint, load_frontier, newest_record
 from gm_shell.barrier import Barrier
@@ -88,7 +88,7 @@ from gm_shell.pacer import Pacer, StalledError
 from gm_shell.queue import Consumer, SharedQueue, drive, log_rejections
 from gm_shell.ranks import RankHolder
 from gm_shell.replica import Replica
-from gm_shell.resume import Resumer, default_max_bytes
+from gm_shell.resume import Progress, Resumer, default_max_bytes
 from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
 from gm_shell.runkey import FROM_ENV, OpenRunWarning, RunKey, open_run_warning
 from gm_shell.runkey import resolve as resolve_run_key
@@ -464,6 +464,7 @@ class Session:
             return
         assert self._mailbox is not None
         assert self._loop is not None
+        assert self._replica is not None
         parameters = sum(math.prod(t.shape) for t in manifest.schema)
         opts = self.options
         self._resumer = Resumer(
@@ -474,16 +475,43 @@ class Session:
             node=self.node,
             every=core_resume.every_rounds(opts.resume_every_rounds, manifest.config.fragments),
             max_bytes=opts.resume_max_bytes or default_max_bytes(parameters),
+            sizes=tuple(f.layout.total for f in self._replica.fragments),
         )
         saved = self._resumer.restore()
         if saved is None:
             self._resumer.save(self.round, 0)
         else:
             self._step_base = saved.step
+            if saved.progress is not None:
+                self._lay_back(saved.round, saved.progress)
             self._resumer.saved_round = self.round
             events.LOG.info(
                 "%s: resumed at step %d (saved at round %d)", self.node, saved.step, saved.round
             )
+
+    def _lay_back(self, saved_round: int, progress: Progress) -> None:
+        """The parameters' local progress at the save, where the core keeps it (:mod:`drift`)."""
+        runtime, pacer, replica = self._runtime, self._pacer, self._replica
+        mailbox, loop, manifest = self._mailbox, self._loop, self.manifest
+        assert runtime is not None
+        assert pacer is not None
+        assert replica is not None
+        assert mailbox is not None
+        assert loop is not None
+        assert manifest is not None
+        drift.lay_back(
+            node=self.node,
+            manifest=manifest,
+            runtime=runtime,
+            pacer=pacer,
+            replica=replica,
+            mailbox=mailbox,
+            loop=loop,
+            saved_round=saved_round,
+            progress=progress,
+            wait_s=self.options.join_timeout_s,
+            why=self._why,
+        )
 
     def _refuse_if_finished(self, manifest: Manifest) -> None:
         assert self._mailbox is not None
@@ -654,8 +682,18 @@ class Session:
             runtime = self._runtime
             if runtime is not None and runtime.divergences != self._divergences:
                 self._diverged(runtime.divergences)
-            if self._resumer is not None:
-                self._resumer.at_boundary(self.round, self.step_count)
+            if self._resumer is not None and self._resumer.due(self.round):
+                self._save_at_boundary()
+
+    def _save_at_boundary(self) -> None:
+        """A resume save with the parameters' local progress, taken at this step."""
+        resumer, runtime, pacer, replica = self._resumer, self._runtime, self._pacer, self._replica
+        assert resumer is not None
+        assert runtime is not None
+        assert pacer is not None
+        assert replica is not None
+        aligned, progress = drift.take(runtime, pacer, replica)
+        resumer.at_boundary(aligned, self.step_count, progress)
 
     def _missing_count(self, samples: int | None, tokens: int | None) -> int:
         """``step()`` without the run's count: one sample, or a mistake worth naming."""

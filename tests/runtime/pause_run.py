@@ -89,9 +89,11 @@ def pause(session: Session, pause_s: float, declared: bool) -> None:
 
 
 def summary(tape: list[RoundRecord], sync_every: int = 20) -> dict[str, Any]:
-    """ξ_step and the grace window: before the pause (median), in the first record once
-    ``a`` is back, and their largest values after it. A record's window follows from the
-    previous record's estimates (its ``grace_s`` is what its round waited of it).
+    """ξ_step and the grace window: before the pause (median), in the first two records
+    after the round ``a`` is back in (``_back``, ``_next``: one round for the pause to be
+    forgotten), and their largest values over the rest of the run (``_after_max``). A
+    record's window follows from the previous record's estimates (its ``grace_s`` is what
+    its round waited of it).
 
     The pause shows on the tape as the rounds ``a`` took no part in (``b`` closes them).
     """
@@ -111,6 +113,8 @@ def summary(tape: list[RoundRecord], sync_every: int = 20) -> dict[str, Any]:
         "grace_s_before": float(np.median([window[r.round] for r in before])),
         "step_s_back": after[0].timing.step_s,
         "grace_s_back": window[after[0].round],
+        "step_s_next": after[1].timing.step_s,
+        "grace_s_next": window[after[1].round],
         "step_s_after_max": max(r.timing.step_s or 0.0 for r in after),
         "grace_s_after_max": max(window[r.round] for r in after),
         "zero_steps": sum(1 for r in after for x in r.rejections if x.reason.value == "zero_steps"),

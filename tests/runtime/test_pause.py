@@ -7,6 +7,14 @@ stay within 40% of their values before the pause: the pause's share is at most
 10%, the rest is this shared machine's noise. With the plain EMAs of before, the
 undeclared pause read 2.6× and 2.4×: its one report carried 3 s into ξ_step.
 ``bench/bench_pause.py`` runs the same with a 40 s pause.
+
+What is held to that bound are the two records after the round ``a`` came back in,
+not every later one: the estimates are EMAs, so whatever the pause put in shows
+first there and only decays after. The later rounds (a dozen or more) add nothing
+about the pause, only this shared machine's load swings over a 10-15 s run, held
+against a median taken before them: the likely way this test failed under load
+(not reproduced: 4 runs at load ~20 passed, the largest later record 1.17× the
+median before).
 """
 
 from __future__ import annotations
@@ -23,5 +31,6 @@ def test_a_pause_is_forgotten_within_one_round(tmp_path: Path, declared: bool) -
     tape = run(bucket, steps=300, step_s=0.02, pause_at=120, pause_s=3.0, declared=declared)
     got = summary(tape)
     assert got["rounds_without_a"] >= 1, got  # rounds closed while a was away
-    assert got["step_s_after_max"] <= 1.4 * got["step_s_before"], got
-    assert got["grace_s_after_max"] <= 1.4 * got["grace_s_before"] + 1e-3, got
+    for when in ("back", "next"):
+        assert got[f"step_s_{when}"] <= 1.4 * got["step_s_before"], got
+        assert got[f"grace_s_{when}"] <= 1.4 * got["grace_s_before"] + 1e-3, got

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gm_core import keys
+from gm_core.resume import Drift
 from gm_shell import DiLoCo, ResumeError, Session
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
@@ -143,6 +144,21 @@ def test_an_optimizer_and_scheduler_restored_in_place_take_the_same_next_steps()
         assert torch.equal(a, b)
 
 
+def test_local_progress_comes_back_exactly() -> None:
+    progress = (
+        (Drift(version=3, base_round=-1, steps=5, tokens=160), np.linspace(-1, 1, 7, dtype="f4")),
+        (Drift(version=0, base_round=12, steps=0, tokens=0), np.zeros(2, dtype=np.float32)),
+    )
+    data = seal(encode({"x": 1}, run=RUN, node=NODE, round=11, step=40, progress=progress))
+    saved = decode(data, run=RUN, node=NODE, key=KEY)
+    assert saved.values == {"x": 1}
+    assert saved.progress is not None
+    assert [d for d, _ in saved.progress] == [d for d, _ in progress]
+    for (_, got), (_, sent) in zip(saved.progress, progress, strict=True):
+        assert same(got, sent)
+    assert decode(GOOD, run=RUN, node=NODE, key=KEY).progress is None
+
+
 def test_a_value_that_cannot_be_saved_is_named() -> None:
     with pytest.raises(TypeError, match=r"\['data'\]\[1\]: a set cannot be saved"):
         encode({"data": [1, {2}]}, run=RUN, node=NODE, round=0, step=0)
@@ -160,6 +176,19 @@ def forged(document: Any, entries: tuple[TensorEntry, ...] = (), body: bytes = b
 
 def doc(state: Any, **fields: Any) -> dict[str, Any]:
     return {"run": RUN, "node": NODE, "round": 2, "step": 9, "state": state, **fields}
+
+
+NONE = {"dict": []}
+"""An empty state, as the format writes it."""
+
+
+def progress_entry(
+    *, version: int = 0, base_round: int = -1, steps: int = 0, tokens: int = 0, tag: str = "numpy"
+) -> dict[str, Any]:
+    """One fragment's progress as the format writes it, its array tensor 0."""
+    fields = [["version", version], ["base_round", base_round], ["steps", steps]]
+    fields += [["tokens", tokens], ["drift", {tag: 0}]]
+    return {"dict": fields}
 
 
 GOOD = seal(encode({"x": np.arange(4.0)}, run=RUN, node=NODE, round=2, step=9))
@@ -207,6 +236,32 @@ HOSTILE = {
     "unhashable key": (forged(doc({"dict": [[{"list": []}, 1]]})), "cannot be a key"),
     "odd pair": (forged(doc({"dict": [[1, 2, 3]]})), "not a [key, value] pair"),
     "names not strings": (forged(doc({"dict": [[1, 2]]})), "not a mapping of names"),
+    "unknown field": (forged(doc({}, extra=1)), "lacks run, node, round, step or state"),
+    "progress not a list": (forged(doc(NONE, progress={"dict": []})), "progress is not a list"),
+    "progress entry fields": (
+        forged(doc(NONE, progress={"list": [{"dict": [["version", 1]]}]})),
+        "a progress entry without",
+    ),
+    "progress negative steps": (
+        forged(doc(NONE, progress={"list": [progress_entry(steps=-2)]}), F32, bytes(8)),
+        "progress counts [0, -1, -2, 0]",
+    ),
+    "progress round below -1": (
+        forged(doc(NONE, progress={"list": [progress_entry(base_round=-2)]}), F32, bytes(8)),
+        "progress counts [0, -2, 0, 0]",
+    ),
+    "progress not fp32": (
+        forged(
+            doc(NONE, progress={"list": [progress_entry()]}),
+            (TensorEntry(name="0", dtype="F64", shape=(2,)),),
+            bytes(16),
+        ),
+        "not a flat fp32 array",
+    ),
+    "progress a torch tensor": (
+        forged(doc(NONE, progress={"list": [progress_entry(tag="torch")]}), F32, bytes(8)),
+        "not a flat fp32 array",
+    ),
 }
 
 
@@ -233,6 +288,28 @@ def test_a_refused_object_restores_nothing_and_an_oversized_one_is_not_downloade
     try:
         resumer = resumer_of(state)
         assert resumer.restore() is None
+        two = (Drift(version=0, base_round=-1, steps=1, tokens=1), np.ones(2, dtype=np.float32))
+        for sizes, problem in (((3,), r"fragments of \(2,\) values"), ((2,), "non-finite")):
+            resumer = Resumer(
+                state,
+                mailbox=mailbox,
+                loop=loop,
+                run=RUN,
+                node=NODE,
+                every=1,
+                max_bytes=1000,
+                sizes=sizes,
+            )
+            nan = (two[0], np.full(2, np.nan, dtype=np.float32))
+            sent = (two,) if sizes == (3,) else (nan,)
+            resumer.save(0, 1)  # a plain save, then one with progress over it
+            data = seal(encode({"data": 6}, run=RUN, node=NODE, round=0, step=1, progress=sent))
+            asyncio.run_coroutine_threadsafe(mailbox.put(KEY, data), loop.loop).result()
+            with pytest.raises(ResumeError, match=problem):
+                resumer.restore()
+            assert state == {"data": 5}
+        resumer = resumer_of(state)
+        asyncio.run_coroutine_threadsafe(mailbox.delete([KEY]), loop.loop).result()
         big = seal(encode({"data": np.zeros(400)}, run=RUN, node=NODE, round=0, step=1))
         asyncio.run_coroutine_threadsafe(mailbox.put(KEY, big), loop.loop).result()
         before = mailbox.stats.bytes_in

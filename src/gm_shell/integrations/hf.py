@@ -23,27 +23,48 @@ optimizer and the scheduler do not notice. One process is one learner.
 
 With ``resume=True`` (and a fixed ``node`` id) the Trainer's optimizer, LR
 scheduler and step counts (``state.global_step``, ``num_input_tokens_seen``) are
-the node's resume state (:mod:`gm_shell.resume`): a node restarted with the same
-id continues at its saved step, so ``max_steps`` counts the steps it trained
-before, and its optimizer and schedule are where they were. A mapping instead of
-``True`` adds its entries to that state and receives the restored plain values.
-The Trainer's data loader restarts at its beginning (the Trainer skips batches
-only when it resumes from its own checkpoint).
+the node's resume state (:mod:`gm_shell.resume`), with the parameters' local
+progress: a node restarted with the same id continues at its saved step, so
+``max_steps`` counts the steps it trained before, and its optimizer, schedule and
+parameters are where they were. A mapping instead of ``True`` adds its entries to
+that state and receives the restored plain values.
+
+The data position. The Trainer fast-forwards its data loader only when it
+resumes from a checkpoint folder (``train(resume_from_checkpoint=...)``): it
+reads ``global_step`` from the folder's ``trainer_state.json`` before any
+callback runs, starts at epoch ``global_step // steps per epoch`` and skips that
+epoch's first ``global_step % steps per epoch`` batches (times gradient
+accumulation; its sampler's seeded order, so these are exactly the batches
+trained before). From its own checkpoints (``save_steps``) it also restores the
+model, optimizer, scheduler and RNG states, but only as fresh as the last
+checkpoint. :meth:`GmTrainerCallback.trainer_checkpoint` writes such a folder
+from the node's state in the bucket instead: the step counts of its last save
+and the model's weights (which the session replaces by the newest commit plus
+the saved progress when training begins; the optimizer and scheduler come from
+the bucket then too). So ``trainer.train(resume_from_checkpoint=
+callback.trainer_checkpoint(trainer))`` continues the data where the saved step
+left it, with everything else as ``resume=True`` restores it.
 """
 
 from __future__ import annotations
 
 from collections.abc import MutableMapping
+from pathlib import Path
 from typing import Any
 
 from gm_shell.extras import require
 
 require("GmTrainerCallback", ("transformers", "torch"), extra="hf")
 
-from transformers import TrainerCallback  # noqa: E402 (after the extra check)
+from transformers import TrainerCallback, TrainerState  # noqa: E402 (after the extra check)
 
 from gm_core.records import Unit  # noqa: E402
+from gm_shell.resume import read_saved  # noqa: E402
+from gm_shell.runkey import FROM_ENV  # noqa: E402
 from gm_shell.session import DiLoCo, Session  # noqa: E402
+
+CHECKPOINT = "gm-resume-{node}"
+"""The folder, under the Trainer's ``output_dir``, that :meth:`trainer_checkpoint` writes."""
 
 
 def _counts(args: Any) -> bool:
@@ -78,6 +99,41 @@ class GmTrainerCallback(TrainerCallback):
         self.session_kwargs = session
         self.session: Session | None = None
         self._tokens_seen = 0
+
+    def trainer_checkpoint(self, trainer: Any) -> str | None:
+        """A checkpoint folder for ``trainer.train(resume_from_checkpoint=...)`` that makes
+        the Trainer skip the batches this node trained before its last resume save; None if
+        the bucket holds no saved state of this node (start afresh: pass None on).
+
+        Needs ``resume=`` and a fixed ``node``. The folder (``output_dir/gm-resume-NODE``,
+        rewritten each time) holds the Trainer's model as it is now and a
+        ``trainer_state.json`` with the saved ``global_step`` and tokens seen: no optimizer,
+        scheduler or RNG files, which the session restores from the bucket instead.
+        """
+        node = self.session_kwargs.get("node")
+        if self.resume is False or node is None:
+            raise ValueError("trainer_checkpoint() needs GmTrainerCallback(resume=..., node=...)")
+        saved = read_saved(
+            self.mailbox,
+            node,
+            run_key=self.session_kwargs.get("run_key", FROM_ENV),
+            options=self.session_kwargs.get("mailbox_options"),
+        )
+        progress = None if saved is None else saved.values.get("trainer.progress")
+        if not isinstance(progress, dict):
+            return None
+        folder = Path(trainer.args.output_dir) / CHECKPOINT.format(node=node)
+        trainer.save_model(str(folder))
+        args = trainer.args
+        TrainerState(
+            global_step=int(progress["global_step"]),
+            num_input_tokens_seen=int(progress["num_input_tokens_seen"]),
+            logging_steps=args.logging_steps,
+            eval_steps=args.eval_steps,
+            save_steps=args.save_steps,
+            train_batch_size=args.per_device_train_batch_size,
+        ).save_to_json(str(folder / "trainer_state.json"))
+        return str(folder)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.algorithm.unit is Unit.TOKENS and not _counts(args):
