@@ -641,7 +641,7 @@ def _checked(state: QueueState, event: Listed) -> Transition:
     for _key, parsed in _judged(state, event.keys):
         if parsed is not None and parsed.unit == unit:
             (claims if isinstance(parsed, keys.QueueClaimKey) else dones).add(parsed.attempt)
-    lost = held.attempt not in claims or max(claims) > held.attempt
+    lost = superseded(held.attempt, claims)
     task = state.task
     if isinstance(task, Want):
         # A done marker not yet judged garbage means a peer may have finished the unit.
@@ -671,6 +671,14 @@ def _checked(state: QueueState, event: Listed) -> Transition:
     collect = tuple(keys.queue_claim(spec.queue, unit, a) for a in sorted(claims))
     state = attrs.evolve(state, phase=Phase.MARKING, todo=collect)
     return _issue(state, PutOnce(req=0, key=key, data=body))
+
+
+def superseded(attempt: int, claims: Iterable[int]) -> bool:
+    """Whether the holder of claim ``attempt`` lost its unit, from the claims listed in the
+    unit's folder: its own claim is gone (collected after a peer finished the unit) or a
+    higher attempt exists (a peer re-issued it)."""
+    listed = frozenset(claims)
+    return attempt not in listed or max(listed) > attempt
 
 
 def _marked(state: QueueState, event: PutDone) -> Transition:

@@ -24,18 +24,13 @@ called, so a bug in them is not agreed with.
 
 from __future__ import annotations
 
-from collections import deque
-
 import attrs
 
 from gm_core import barrier, keys
+from gm_core.check import search
 from gm_core.commands import Command, Delete, Get, List, PutOnce, WakeAt
 from gm_core.events import (
-    Deleted,
     Event,
-    GotObject,
-    Listed,
-    PutDone,
     RequestFailed,
     Started,
     TimerFired,
@@ -184,7 +179,7 @@ def step(world: World, bounds: BarrierBounds, action: Action) -> World:
         return _start(world, bounds, at, world.parties[at].clock_s)
     index, incarnation, cmd = world.inflight[at]
     world = attrs.evolve(world, inflight=world.inflight[:at] + world.inflight[at + 1 :])
-    store, outcome = _execute(world.store, cmd, world.parties[index].clock_s)
+    store, outcome = search.execute(world.store, cmd, world.parties[index].clock_s)
     world = attrs.evolve(world, store=store)
     if kind == "lose":
         req = getattr(cmd, "req", 0)
@@ -193,20 +188,6 @@ def step(world: World, bounds: BarrierBounds, action: Action) -> World:
     if incarnation != world.incarnations[index]:
         return world  # the party that asked has crashed since
     return _feed(world, index, outcome)
-
-
-def _execute(store: ModelStore, cmd: Command, now_s: float) -> tuple[ModelStore, Event]:
-    if isinstance(cmd, Get):
-        got = store.get(cmd.key)
-        data = None if got is None else got.data
-        return store, GotObject(now_s=now_s, req=cmd.req, data=data, etag=None)
-    if isinstance(cmd, PutOnce):
-        store, created = store.put_once(cmd.key, cmd.data)
-        return store, PutDone(now_s=now_s, req=cmd.req, created=created)
-    if isinstance(cmd, List):
-        return store, Listed(now_s=now_s, req=cmd.req, keys=store.list(cmd.prefix, cmd.offset))
-    assert isinstance(cmd, Delete)
-    return store.delete(cmd.keys), Deleted(now_s=now_s, req=cmd.req)
 
 
 def fingerprint(world: World) -> object:
@@ -249,31 +230,14 @@ def stuck(world: World) -> list[str]:
     return [f"p{i} never finished" for i, p in enumerate(world.parties) if p.state.result is None]
 
 
-@attrs.frozen(kw_only=True)
-class Outcome:
-    states: int
-    violation: tuple[str, ...] = ()
-    trace: tuple[Action, ...] = ()
-    """The shortest sequence of actions from the initial world to the violation."""
-
-
-def explore(bounds: BarrierBounds) -> Outcome:
+def explore(bounds: BarrierBounds) -> search.Outcome[Action]:
     """Every world reachable within ``bounds``, breadth first; the first violation stops it."""
-    start = initial(bounds)
-    seen = {fingerprint(start): ()}
-    frontier: deque[tuple[World, tuple[Action, ...]]] = deque([(start, ())])
-    while frontier:
-        world, trace = frontier.popleft()
-        bad = violations(world, bounds) + stuck(world)
-        if bad:
-            return Outcome(states=len(seen), violation=tuple(bad), trace=trace)
-        for action in actions(world):
-            after = step(world, bounds, action)
-            key = fingerprint(after)
-            if key in seen:
-                continue
-            if len(seen) >= bounds.max_states:
-                raise RuntimeError(f"more than {bounds.max_states} states at {bounds}")
-            seen[key] = ()
-            frontier.append((after, (*trace, action)))
-    return Outcome(states=len(seen))
+    return search.breadth_first(
+        initial(bounds),
+        actions=actions,
+        step=lambda world, action: step(world, bounds, action),
+        fingerprint=fingerprint,
+        check=lambda world: violations(world, bounds) + stuck(world),
+        max_states=bounds.max_states,
+        what=bounds,
+    )

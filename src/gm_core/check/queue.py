@@ -1,0 +1,445 @@
+"""Exhaustive search over shared-queue and rank consumers: every interleaving, clock and fault.
+
+Theory of operation
+-------------------
+A :class:`World` is a few nodes consuming one queue (:mod:`gm_core.queue`) over the model
+store — or, with ``ranks``, the run's ranks (:mod:`gm_core.ranks`: lowest first, one per
+node, watched while trained). Each node has **its own clock**, moved only by its own timer,
+and a lease whose ETag changes whenever its clock moves forward or it renews (``renew``,
+bounded by ``renewals``): a node that neither waits nor renews looks dead to a peer after
+``timeout_s`` on the peer's clock, exactly as a paused or slow process does, so re-issue
+over a holder that is still training is part of every search. Clocks stop at
+``max_time_s`` (a timer past it never fires), which bounds the search.
+
+From each world the actions are: deliver one request in flight, deliver it but lose the
+response (``losses``), fire one node's timer, let one idle node's trainer act (ask for a
+unit, or finish the one it trains), watch the rank it trains (``watches``, ranks only),
+renew a lease, or crash a node and restart it under the same id remembering nothing
+(``crashes``). Breadth first, with the world's canonical value as its fingerprint (the
+store's ETags and write counter left out: the leases' ETags are the nodes' renewal counts),
+so the first violation found has a shortest trace.
+
+Checked in every world (:func:`violations`), restated from spec/coordination.md §2.5 and
+§3.4 rather than calling the queue's rules:
+
+- **no_done_without_claim**: every valid done marker ``done/k`` was created by the node the
+  newest claim ``k`` created before it named (ghost history);
+- **done_only_when_held**: a node writes ``done/k`` only if the last listing of its unit it
+  judged showed claim ``k`` as the unit's highest (it never writes after seeing a higher
+  attempt or its own claim gone);
+- **held_is_highest** (ranks: ``rank_single_holder``): whenever a node is told it holds a
+  unit — assigned, or "held" by a watch — its claim is, at that instant, the highest claim
+  of the unit in the store and names it: two nodes are never both told so at once.
+
+Checked where nothing is left to do (:func:`stuck`): every unit has a counted completion.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from gm_core import auth, completion, keys, queue, ranks
+from gm_core.check import search
+from gm_core.commands import Command, Delete, Get, List, Probe, PutOnce, WakeAt
+from gm_core.events import (
+    Event,
+    Listed,
+    Probed,
+    RequestFailed,
+    Started,
+    TimerFired,
+)
+from gm_core.store_model import ModelStore
+
+NAME = "q"
+ENVELOPE = auth.for_run("check", None)
+
+
+@attrs.frozen(kw_only=True)
+class QueueBounds:
+    nodes: int
+    units: int
+    ranks: bool = False
+    """The run's ranks (lowest first, no prefetch, watches) instead of a queue of units."""
+    prefetch: int = 0
+    timeout_s: float = 0.5
+    """Under one poll: a lease seen unchanged at two looks, one poll apart, is dead."""
+    poll_s: float = 1.0
+    max_time_s: float = 1.0
+    crashes: int = 0
+    losses: int = 0
+    renewals: int = 0
+    watches: int = 0
+    max_states: int = 2_000_000
+
+
+@attrs.frozen(kw_only=True)
+class Node:
+    state: queue.QueueState
+    clock_s: float
+    timer_s: float | None
+    epoch: int
+    """The lease's renewal count: its ETag."""
+    seen_top: tuple[tuple[str, int], ...] = ()
+    """Per unit, the highest claim attempt the node's last judged listing of it showed (-1:
+    its own claim missing)."""
+
+
+@attrs.frozen(kw_only=True)
+class World:
+    store: ModelStore
+    nodes: tuple[Node, ...]
+    inflight: tuple[tuple[int, int, Command], ...]
+    """(node, incarnation, command) in flight."""
+    incarnations: tuple[int, ...]
+    crashes: int
+    losses: int
+    renewals: int
+    watches: int
+    bad: tuple[str, ...] = ()
+    """What went wrong at the instant it happened (a node told it holds a unit that is not
+    its; a done marker sent after judging another claim highest)."""
+
+
+Action = tuple[str, int]
+"""``("deliver" | "lose", index)`` into in-flight, or ``("fire" | "act" | "watch" |
+"renew" | "crash", node)``."""
+
+
+def names(bounds: QueueBounds) -> list[str]:
+    return [f"n{i}" for i in range(bounds.nodes)]
+
+
+def units(bounds: QueueBounds) -> tuple[str, ...]:
+    if bounds.ranks:
+        return tuple(ranks.unit(r) for r in range(bounds.units))
+    return tuple(f"u{i}" for i in range(bounds.units))
+
+
+def _queue_name(bounds: QueueBounds) -> str:
+    return ranks.QUEUE if bounds.ranks else NAME
+
+
+def _spec(bounds: QueueBounds, index: int) -> queue.QueueSpec:
+    return queue.QueueSpec(
+        queue=_queue_name(bounds),
+        node=names(bounds)[index],
+        units=units(bounds),
+        prefetch=0 if bounds.ranks else bounds.prefetch,
+        lease_timeout_s=bounds.timeout_s,
+        poll_s=bounds.poll_s,
+        envelope=ENVELOPE,
+        ordered=bounds.ranks,
+    )
+
+
+def initial(bounds: QueueBounds) -> World:
+    world = World(
+        store=ModelStore(),
+        nodes=(),
+        inflight=(),
+        incarnations=(0,) * bounds.nodes,
+        crashes=bounds.crashes,
+        losses=bounds.losses,
+        renewals=bounds.renewals,
+        watches=bounds.watches if bounds.ranks else 0,
+    )
+    for index in range(bounds.nodes):
+        world = _start(world, bounds, index, clock_s=0.0, epoch=0)
+    return world
+
+
+def _start(world: World, bounds: QueueBounds, index: int, clock_s: float, epoch: int) -> World:
+    fresh = Node(
+        state=queue.initial(_spec(bounds, index)), clock_s=clock_s, timer_s=None, epoch=epoch
+    )
+    nodes = list(world.nodes)
+    if index < len(nodes):
+        nodes[index] = fresh
+    else:
+        nodes.append(fresh)
+    return _feed(attrs.evolve(world, nodes=tuple(nodes)), bounds, index, Started(now_s=clock_s))
+
+
+def _feed(world: World, bounds: QueueBounds, index: int, event: queue.QueueEvent) -> World:
+    node = world.nodes[index]
+    before = node.state
+    state, cmds = queue.advance(before, event)
+    timer_s = node.timer_s
+    inflight = list(world.inflight)
+    bad = list(world.bad)
+    name = names(bounds)[index]
+    seen_top = dict(node.seen_top)
+    if before.phase is queue.Phase.CHECKING and isinstance(event, Listed):
+        unit = before.todo[0]
+        seen_top[unit] = _top_seen(bounds, event.keys, unit, _attempt(before, unit))
+    for cmd in cmds:
+        if isinstance(cmd, WakeAt):
+            timer_s = cmd.at_s
+        elif isinstance(cmd, Get | PutOnce | List | Delete | Probe):
+            inflight.append((index, world.incarnations[index], cmd))
+            done = _parse(cmd.key) if isinstance(cmd, PutOnce) else None
+            if isinstance(done, keys.QueueDoneKey):
+                top = seen_top.get(done.unit, -1)
+                if top != done.attempt:  # done_only_when_held
+                    bad.append(
+                        f"{name} sent {done.unit} done/{done.attempt} after judging "
+                        f"claim {top} highest"
+                    )
+    checked = before.phase is queue.Phase.CHECKING and isinstance(event, Listed)
+    told = state.outcome in (queue.Outcome.ASSIGNED, queue.Outcome.HELD)
+    if checked and told and state.current is not None:
+        unit, attempt = state.current.unit, state.current.attempt
+        top, holder = _highest(world.store, bounds, unit)
+        if (top, holder) != (attempt, name):  # held_is_highest
+            bad.append(
+                f"{name} told it holds {unit} under claim {attempt} while claim {top} "
+                f"of {holder or 'nobody'} was the highest"
+            )
+    nodes = list(world.nodes)
+    nodes[index] = attrs.evolve(
+        node, state=state, timer_s=timer_s, seen_top=tuple(sorted(seen_top.items()))
+    )
+    return attrs.evolve(world, nodes=tuple(nodes), inflight=tuple(inflight), bad=tuple(bad))
+
+
+def _attempt(state: queue.QueueState, unit: str) -> int:
+    return next(h.attempt for h in state.held if h.unit == unit)
+
+
+def _top_seen(bounds: QueueBounds, listed: tuple[str, ...], unit: str, mine: int) -> int:
+    claims = [
+        p.attempt
+        for k in listed
+        if isinstance(p := _parse(k), keys.QueueClaimKey)
+        and p.queue == _queue_name(bounds)
+        and p.unit == unit
+    ]
+    return max(claims) if mine in claims else -1
+
+
+def _highest(store: ModelStore, bounds: QueueBounds, unit: str) -> tuple[int, str]:
+    """The unit's highest claim in the store now, and the node its body names."""
+    top = -1
+    for key in store.list(keys.queue_unit_prefix(_queue_name(bounds), unit)):
+        parsed = _parse(key)
+        if isinstance(parsed, keys.QueueClaimKey):
+            top = max(top, parsed.attempt)
+    if top < 0:
+        return -1, ""
+    key = keys.queue_claim(_queue_name(bounds), unit, top)
+    got = store.get(key)
+    assert got is not None
+    return top, _claim_node(key, got.data, unit, top)
+
+
+def _claim_node(key: str, data: bytes, unit: str, attempt: int) -> str:
+    body = ENVELOPE.open(key, data)
+    if not isinstance(body, bytes):
+        return ""
+    return queue.decode_claim(body, unit, attempt) or ""
+
+
+def _parse(key: str) -> keys.ParsedKey | None:
+    try:
+        return keys.parse(key)
+    except keys.BadKey:
+        return None
+
+
+def _idle(node: Node) -> bool:
+    return node.state.phase is queue.Phase.IDLE and node.state.task is None
+
+
+def actions(world: World, bounds: QueueBounds) -> list[Action]:
+    out: list[Action] = []
+    for i in range(len(world.inflight)):
+        out.append(("deliver", i))
+        if world.losses > 0:
+            out.append(("lose", i))
+    for index, node in enumerate(world.nodes):
+        if node.timer_s is not None and node.timer_s <= bounds.max_time_s:
+            out.append(("fire", index))
+        if _idle(node):
+            out.append(("act", index))
+            if world.watches > 0 and node.state.current is not None:
+                out.append(("watch", index))
+        if world.renewals > 0:
+            out.append(("renew", index))
+        if world.crashes > 0:
+            out.append(("crash", index))
+    return out
+
+
+def step(world: World, bounds: QueueBounds, action: Action) -> World:
+    kind, at = action
+    if kind in ("fire", "act", "watch", "renew"):
+        return _node_action(world, bounds, kind, at)
+    if kind == "crash":
+        incarnations = list(world.incarnations)
+        incarnations[at] += 1
+        inflight = tuple(item for item in world.inflight if item[0] != at)
+        node = world.nodes[at]
+        world = attrs.evolve(
+            world, incarnations=tuple(incarnations), inflight=inflight, crashes=world.crashes - 1
+        )
+        return _start(world, bounds, at, node.clock_s, node.epoch)
+    index, incarnation, cmd = world.inflight[at]
+    world = attrs.evolve(world, inflight=world.inflight[:at] + world.inflight[at + 1 :])
+    node = world.nodes[index]
+    store, outcome = _execute(world.store, world.nodes, cmd, node.clock_s)
+    world = attrs.evolve(world, store=store)
+    if kind == "lose":
+        req = getattr(cmd, "req", 0)
+        outcome = RequestFailed(now_s=node.clock_s, req=req, error="lost")
+        world = attrs.evolve(world, losses=world.losses - 1)
+    if incarnation != world.incarnations[index]:
+        return world  # the node that asked has crashed since
+    return _feed(world, bounds, index, outcome)
+
+
+def _node_action(world: World, bounds: QueueBounds, kind: str, at: int) -> World:
+    node = world.nodes[at]
+    nodes = list(world.nodes)
+    if kind == "renew":
+        nodes[at] = attrs.evolve(node, epoch=node.epoch + 1)
+        return attrs.evolve(world, nodes=tuple(nodes), renewals=world.renewals - 1)
+    if kind == "fire":
+        assert node.timer_s is not None
+        clock_s = max(node.clock_s, node.timer_s)
+        epoch = node.epoch + (clock_s > node.clock_s)  # time passing here renews the lease
+        nodes[at] = attrs.evolve(node, clock_s=clock_s, timer_s=None, epoch=epoch)
+        world = attrs.evolve(world, nodes=tuple(nodes))
+        return _feed(world, bounds, at, TimerFired(now_s=clock_s))
+    now_s = node.clock_s
+    if kind == "watch":
+        world = attrs.evolve(world, watches=world.watches - 1)
+        return _feed(world, bounds, at, queue.Watch(now_s=now_s))
+    current = node.state.current
+    if current is None:
+        return _feed(world, bounds, at, queue.Want(now_s=now_s))
+    tokens = units(bounds).index(current.unit) + 1
+    return _feed(
+        world, bounds, at, queue.Finish(now_s=now_s, unit=current.unit, steps=1, tokens=tokens)
+    )
+
+
+def _execute(
+    store: ModelStore, nodes: tuple[Node, ...], cmd: Command, now_s: float
+) -> tuple[ModelStore, Event]:
+    if isinstance(cmd, Probe):  # a lease's ETag is its node's renewal count
+        lease = _parse(cmd.key)
+        assert isinstance(lease, keys.LeaseKey)
+        index = int(lease.node[1:])
+        return store, Probed(now_s=now_s, req=cmd.req, etag=f"l{nodes[index].epoch}")
+    return search.execute(store, cmd, now_s)
+
+
+def _freeze(value: object) -> object:
+    """A hashable canonical form of a machine's state (its mappings as sorted items; its
+    spec, the same in every world, left out)."""
+    if attrs.has(type(value)):
+        names = [f.name for f in attrs.fields(type(value)) if f.name != "spec"]  # type: ignore[arg-type]
+        return tuple(_freeze(getattr(value, name)) for name in names)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def fingerprint(world: World) -> object:
+    objects = tuple(sorted((k, v.data) for k, v in world.store.objects.items()))
+    created = tuple(k for k, _ in world.store.created)
+    return (
+        objects,
+        created,
+        _freeze(world.nodes),
+        world.inflight,
+        world.incarnations,
+        world.crashes,
+        world.losses,
+        world.renewals,
+        world.watches,
+        world.bad,
+    )
+
+
+def violations(world: World, bounds: QueueBounds) -> list[str]:
+    out = []
+    claims: dict[tuple[str, int], str] = {}
+    for key, data in world.store.created:
+        parsed = _parse(key)
+        if isinstance(parsed, keys.QueueClaimKey):
+            claims[parsed.unit, parsed.attempt] = _claim_node(
+                key, data, parsed.unit, parsed.attempt
+            )
+        elif isinstance(parsed, keys.QueueDoneKey):
+            body = ENVELOPE.open(key, data)
+            marker = completion.decode_done(body, parsed.attempt) if isinstance(body, bytes) else ""
+            writer = claims.get((parsed.unit, parsed.attempt))
+            if isinstance(marker, completion.DoneMarker) and marker.node != writer:
+                out.append(
+                    f"{marker.node} wrote {parsed.unit} done/{parsed.attempt}, "
+                    f"claimed by {writer or 'nobody'}"
+                )
+    return [*world.bad, *out]
+
+
+def stuck(world: World, bounds: QueueBounds) -> list[str]:
+    """Where nothing is left to do within the horizon — nothing in flight, no trainer free
+    to act, no timer due before it — a fair run from here (deliveries in order, trainers
+    acting, timers firing past the horizon, no more faults) gives every unit a counted
+    completion."""
+    if world.inflight or any(_idle(n) for n in world.nodes):
+        return []
+    if any(n.timer_s is not None and n.timer_s <= bounds.max_time_s for n in world.nodes):
+        return []
+    world, quiet = _fair_run(world, bounds)
+    out = list(world.bad)
+    if not quiet:
+        out.append(f"a fair run does not come to rest in {FAIR_RUN_STEPS} steps")
+    markers: dict[completion.Slice, dict[int, completion.DoneMarker | None]] = {}
+    for key in world.store.list(keys.queue_units_prefix(_queue_name(bounds))):
+        parsed = _parse(key)
+        if isinstance(parsed, keys.QueueDoneKey):
+            got = world.store.get(key)
+            assert got is not None
+            body = ENVELOPE.open(key, got.data)
+            marker = completion.decode_done(body, parsed.attempt) if isinstance(body, bytes) else ""
+            judged = marker if isinstance(marker, completion.DoneMarker) else None
+            markers.setdefault(parsed.unit, {})[parsed.attempt] = judged
+    verdict = completion.finished(completion.Queued(frozenset(units(bounds))), markers, frozenset())
+    if isinstance(verdict, completion.NotFinished):
+        out.append(f"units never done: {verdict.missing}")
+    return out
+
+
+FAIR_RUN_STEPS = 5_000
+
+
+def _fair_run(world: World, bounds: QueueBounds) -> tuple[World, bool]:
+    """The world a fair run leads to, and whether it came to rest."""
+    for _ in range(FAIR_RUN_STEPS):
+        if world.inflight:
+            world = step(world, bounds, ("deliver", 0))
+        elif acting := [i for i, n in enumerate(world.nodes) if _idle(n)]:
+            world = _node_action(world, bounds, "act", acting[0])
+        elif timers := [(n.timer_s, i) for i, n in enumerate(world.nodes) if n.timer_s is not None]:
+            world = _node_action(world, bounds, "fire", min(timers)[1])
+        else:
+            return world, True
+    return world, False
+
+
+def explore(bounds: QueueBounds) -> search.Outcome[Action]:
+    """Every world reachable within ``bounds``, breadth first; the first violation stops it."""
+    return search.breadth_first(
+        initial(bounds),
+        actions=lambda world: actions(world, bounds),
+        step=lambda world, action: step(world, bounds, action),
+        fingerprint=fingerprint,
+        check=lambda world: violations(world, bounds) + stuck(world, bounds),
+        max_states=bounds.max_states,
+        what=bounds,
+    )

@@ -1,0 +1,86 @@
+"""The shared queue's and the ranks' exhaustive check (:mod:`gm_core.check.queue`): it
+passes at small bounds — every interleaving, every relative speed of the nodes' clocks
+(a node that neither waits nor renews looks dead to its peer), lost responses, crashes
+with same-id restarts, watches of a rank — its state counts are pinned as a change
+detector, and planted bugs are found with a shortest trace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+
+from gm_core import queue
+from gm_core.check.queue import QueueBounds, explore
+
+BOUNDS = {
+    "one node, two units, a crash and restart": (QueueBounds(nodes=1, units=2, crashes=1), 296),
+    "one node, two units, prefetch 1, a crash": (
+        QueueBounds(nodes=1, units=2, prefetch=1, crashes=1),
+        292,
+    ),
+    "one node, two units, two lost responses": (QueueBounds(nodes=1, units=2, losses=2), 783),
+    "one node, two ranks, a crash, a watch": (
+        QueueBounds(nodes=1, units=2, ranks=True, crashes=1, watches=1),
+        685,
+    ),
+}
+SLOW_BOUNDS = {
+    "two nodes race for one unit": (QueueBounds(nodes=2, units=1), 29_555),
+}
+
+
+@pytest.mark.parametrize("name", list(BOUNDS))
+def test_queue_check_passes_and_state_counts_are_pinned(name: str) -> None:
+    bounds, states = BOUNDS[name]
+    outcome = explore(bounds)
+    assert outcome.violation == ()
+    assert outcome.states == states
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SLOW_BOUNDS))
+def test_queue_check_passes_with_two_nodes(name: str) -> None:
+    bounds, states = SLOW_BOUNDS[name]
+    outcome = explore(bounds)
+    assert outcome.violation == ()
+    assert outcome.states == states
+
+
+def never_superseded(attempt: int, claims: Iterable[int]) -> bool:
+    return False
+
+
+@pytest.mark.parametrize("ranked", [False, True])
+def test_a_holder_that_never_sees_it_was_superseded_is_found(
+    monkeypatch: pytest.MonkeyPatch, ranked: bool
+) -> None:
+    """A rank kept by two nodes: the one judged dead is still told it holds it."""
+    monkeypatch.setattr(queue, "superseded", never_superseded)
+    outcome = explore(QueueBounds(nodes=2, units=1, ranks=ranked, watches=1))
+    unit = "0000" if ranked else "u0"
+    assert outcome.violation == (
+        f"n0 told it holds {unit} under claim 0 while claim 1 of n1 was the highest",
+    )
+    assert len(outcome.trace) == 15
+
+
+def test_a_restarted_node_that_does_not_resume_its_own_unit_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its unit stays claimed by a live node (itself) for ever: nobody trains it."""
+    real = queue.choose
+
+    def not_mine(units: Iterable[str], **named: object) -> tuple[tuple[str, int], ...]:
+        holders = named["holders"]
+        assert isinstance(holders, dict)
+        picks = real(units, **named)  # type: ignore[arg-type]
+        return tuple(p for p in picks if holders.get(p[0]) != named["me"])
+
+    monkeypatch.setattr(queue, "choose", not_mine)
+    outcome = explore(QueueBounds(nodes=1, units=2, crashes=1))
+    assert outcome.violation == (
+        "a fair run does not come to rest in 5000 steps",
+        "units never done: ('u0',)",
+    )
+    assert ("crash", 0) in outcome.trace
