@@ -1,10 +1,12 @@
 """``Session(ranks=N)`` across processes: a rank holder paused (SIGSTOP) past the lease
 timeout loses its rank to a waiting peer — the newest claim wins — and, once it runs
 again, gets ``RankLost`` from ``step()`` at its next watch; the peer trains the slice to
-its end, writes the rank's only done marker and finds the run finished."""
+its end, writes the rank's only done marker and finds the run finished. On a local folder
+and on SeaweedFS."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,19 +15,26 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import attrs
 import pytest
 
 from gm_core import auth, completion, keys, ranks
+from gm_shell import MailboxOptions
+from gm_shell.mailbox import Mailbox
 
 HERE = Path(__file__).parent
 WORKER = HERE / "rank_worker.py"
 STEPS = 40
 
 
-def start(url: str, node: str, trace: Path, steps: int, step_s: float) -> subprocess.Popen[str]:
+def start(
+    run: tuple[str, MailboxOptions], node: str, trace: Path, steps: int, step_s: float
+) -> subprocess.Popen[str]:
+    url, options = run
     spec = {"url": url, "node": node, "ranks": 1, "steps": steps, "step_s": step_s}
-    spec["trace"] = str(trace)
+    spec |= {"trace": str(trace), "mailbox": attrs.asdict(options)}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
     return subprocess.Popen(
         [sys.executable, str(WORKER), json.dumps(spec)],
@@ -36,13 +45,32 @@ def start(url: str, node: str, trace: Path, steps: int, step_s: float) -> subpro
     )
 
 
+async def read_bucket(url: str, options: MailboxOptions) -> tuple[dict[int, Any], bytes | None]:
+    """The rank's done markers (judged; every key under its folder must be one) and
+    ``finished.json``."""
+    envelope = auth.for_run("", None)
+    markers = {}
+    with Mailbox.open(url, options=options) as box:
+        prefix = keys.queue_unit_prefix(ranks.QUEUE, ranks.unit(0))
+        for item in await box.list(prefix):
+            parsed = keys.parse(item.key)
+            assert isinstance(parsed, keys.QueueDoneKey), parsed  # claims were collected
+            got = await box.get(item.key)
+            assert got is not None
+            body = envelope.open("", got.data)
+            assert isinstance(body, bytes)
+            markers[parsed.attempt] = completion.decode_done(body, parsed.attempt)
+        finished = await box.get(keys.finished())
+    return markers, None if finished is None else finished.data
+
+
 @pytest.mark.slow
-def test_a_paused_rank_holder_comes_back_and_gets_rank_lost(tmp_path: Path) -> None:
-    bucket = tmp_path / "bucket"
-    url = f"file://{bucket}"
+def test_a_paused_rank_holder_comes_back_and_gets_rank_lost(
+    tmp_path: Path, run_url: tuple[str, MailboxOptions]
+) -> None:
     traces = {n: tmp_path / f"{n}.trace" for n in ("a", "b")}
     # a's slice would take minutes: it is still training when it is paused.
-    holder = start(url, "a", traces["a"], steps=100_000, step_s=0.05)
+    holder = start(run_url, "a", traces["a"], steps=100_000, step_s=0.05)
     deadline = time.monotonic() + 150
 
     def lines(node: str) -> list[str]:
@@ -56,7 +84,7 @@ def test_a_paused_rank_holder_comes_back_and_gets_rank_lost(tmp_path: Path) -> N
 
     try:
         wait("a never trained", lambda: bool(lines("a")))
-        peer = start(url, "b", traces["b"], steps=STEPS, step_s=0.02)
+        peer = start(run_url, "b", traces["b"], steps=STEPS, step_s=0.02)
         # b waits in start() while a holds the only rank live; paused, a's lease stops
         # changing, and after the lease timeout on b's clock b claims the rank over it.
         holder.send_signal(signal.SIGSTOP)
@@ -79,17 +107,10 @@ def test_a_paused_rank_holder_comes_back_and_gets_rank_lost(tmp_path: Path) -> N
                 proc.kill()
                 proc.communicate()
     # The rank's only done marker is b's, under the claim that took it over.
-    envelope = auth.for_run("", None)
-    prefix = bucket / keys.queue_unit_prefix(ranks.QUEUE, ranks.unit(0))
-    markers = {}
-    for path in sorted(prefix.rglob("*.json")):
-        parsed = keys.parse(str(path.relative_to(bucket)))
-        assert isinstance(parsed, keys.QueueDoneKey), parsed  # claims were collected
-        body = envelope.open("", path.read_bytes())
-        assert isinstance(body, bytes)
-        markers[parsed.attempt] = completion.decode_done(body, parsed.attempt)
+    markers, finished = asyncio.run(read_bucket(*run_url))
     assert markers == {1: completion.DoneMarker(node="b", attempt=1, steps=STEPS, tokens=4 * STEPS)}
-    summary = completion.decode_summary((bucket / keys.finished()).read_bytes())
+    assert finished is not None
+    summary = completion.decode_summary(finished)
     assert isinstance(summary, completion.Summary), summary
     assert (summary.by, summary.slices, summary.steps) == ("b", 1, STEPS)
     assert lines("b") == [f"0 {i}" for i in range(STEPS)]
