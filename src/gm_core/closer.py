@@ -771,6 +771,18 @@ def _live(state: CloserState, now_s: float) -> frozenset[str]:
     return frozenset(n for n, v in state.leases.items() if liveness.is_live(v, now_s, timeout_s))
 
 
+def _lapsed(state: CloserState, now_s: float) -> frozenset[str]:
+    """Learners whose lease was live while this round was open and is stale now."""
+    timeout_s = state.manifest.config.lease_timeout_s
+    return frozenset(
+        n
+        for n, v in state.leases.items()
+        if v.etag is not None
+        and v.changed_at_s + timeout_s >= state.opened_at_s
+        and not liveness.is_live(v, now_s, timeout_s)
+    )
+
+
 def _accepted(state: CloserState) -> list[Entry]:
     return sorted(
         (e for e in state.entries.values() if e.stage is Stage.ACCEPTED), key=lambda e: e.learner
@@ -785,17 +797,18 @@ def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> Close
     )
     # A snapshot this round proves its learner alive: its lease is no longer looked at.
     live = _live(state, now_s) | judged
+    lapsed = _lapsed(state, now_s) - judged
     accepted = _accepted(state)
     if state.quorum_at_s is None:
         if not verdicts.ready_to_close(
-            accepted=len(accepted), reported=judged, live=live, quorum=cfg.quorum
+            accepted=len(accepted), reported=judged, live=live, quorum=cfg.quorum, lapsed=lapsed
         ):
             return state
         previous = state.last.timing if state.last is not None else _NO_TIMING
         grace = timing.window_s(previous, cfg, _gap(state))
         state = attrs.evolve(state, quorum_at_s=now_s, grace_s=grace, close_at_s=now_s + grace)
     in_progress = any(e.stage in (Stage.FETCHING, Stage.VERIFYING) for e in state.entries.values())
-    everyone = bool(live) and live <= judged and not in_progress
+    everyone = bool(live or lapsed) and live <= judged and not in_progress
     if now_s < state.close_at_s and not everyone:
         return state
     return _merge(state, now_s, accepted, cmds)

@@ -432,6 +432,8 @@ class Closing:
     """Accepted or rejected."""
     live: frozenset[str]
     """Learners whose lease the closer saw change within the lease timeout."""
+    lapsed: frozenset[str] = frozenset()
+    """Learners not live whose lease the closer had seen live while the round was open."""
 
 
 def knowledge(state: closer.CloserState, now_s: float) -> Closing:
@@ -439,26 +441,26 @@ def knowledge(state: closer.CloserState, now_s: float) -> Closing:
     timeout_s = state.manifest.config.lease_timeout_s
     accepted = {n for n, e in state.entries.items() if e.stage is closer.Stage.ACCEPTED}
     rejected = {n for n, e in state.entries.items() if e.stage is closer.Stage.REJECTED}
-    live = {
-        n
-        for n, v in state.leases.items()
-        if v.etag is not None and now_s - v.changed_at_s <= timeout_s
-    }
+    seen = {n: v.changed_at_s for n, v in state.leases.items() if v.etag is not None}
+    live = {n for n, at_s in seen.items() if now_s - at_s <= timeout_s}
+    lapsed = {n for n, at_s in seen.items() if at_s + timeout_s >= state.opened_at_s} - live
     return Closing(
         closer=state.node,
         round=state.round,
         accepted=frozenset(accepted),
         judged=frozenset(accepted | rejected),
         live=frozenset(live),
+        lapsed=frozenset(lapsed - accepted - rejected),
     )
 
 
 def closing_rule(knew: Closing, quorum: int) -> tuple[str, ...]:
     """A round closes only with ``quorum`` accepted snapshots, or with every learner the
-    closer knew live already judged (and somebody known: live or judged)."""
+    closer knew live already judged (and somebody known: live, judged, or lapsed while
+    the round was open)."""
     if len(knew.accepted) >= quorum:
         return ()
-    if (knew.live or knew.judged) and knew.live <= knew.judged:
+    if (knew.live or knew.judged or knew.lapsed) and knew.live <= knew.judged:
         return ()
     waiting = sorted(knew.live - knew.judged)
     return (

@@ -143,17 +143,26 @@ def capped_shares(shares: Sequence[float], factor: float | None) -> tuple[float,
 
 
 def ready_to_close(
-    *, accepted: int, reported: frozenset[str], live: frozenset[str], quorum: int
+    *,
+    accepted: int,
+    reported: frozenset[str],
+    live: frozenset[str],
+    quorum: int,
+    lapsed: frozenset[str] = frozenset(),
 ) -> bool:
     """Whether the closer may stop waiting for snapshots (grace may still follow).
 
     True when ``accepted >= quorum``, or when every live learner has reported
-    (``live ⊆ reported`` with ``live`` non-empty) — whatever the verdicts were. So
-    a round in which everyone reported and every snapshot was rejected still closes,
-    with no participants: it commits no new version, and waiting longer could only
-    wait for a learner that is not live. With no live learner at all the round
-    stays open (there is nothing to merge and nobody to wait for; it closes when
-    someone reports or a quorum arrives).
+    (``live ⊆ reported``) and someone is known: live, or ``lapsed`` (its lease was
+    live while this round was open and is stale now) — whatever the verdicts were.
+    So a round in which everyone reported and every snapshot was rejected still
+    closes, with no participants: it commits no new version, and waiting longer
+    could only wait for a learner that is not live. A learner that cannot publish
+    a round pauses its lease so that the round closes without it (spec §7.5); when
+    it was the only one, the round closes empty, or the learner, waiting for the
+    round's record to renew its lease, would wait forever. With nobody live that
+    round, the round stays open (nothing to merge, nobody to wait for; it closes
+    when someone reports or a quorum arrives).
     """
     if quorum < 1:
         raise ValueError(f"quorum must be >= 1, got {quorum}")
@@ -161,4 +170,4 @@ def ready_to_close(
         raise ValueError(f"accepted must be >= 0, got {accepted}")
     if accepted >= quorum:
         return True
-    return bool(live) and live <= reported
+    return bool(live or lapsed) and live <= reported

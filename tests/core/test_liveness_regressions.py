@@ -449,3 +449,21 @@ def test_a_closing_learner_flushes_a_fragment_whose_previous_round_is_still_open
             if p.learner == "n1"
         )
         assert merged == state.step, (fragment, merged, state.step)
+
+
+def test_a_lone_learner_that_gives_a_round_up_does_not_stall_its_own_closer() -> None:
+    """The stateful test's saved "stuck at 62 records": one node left, its learner gives
+    round 5 up (every capture fails) and pauses its lease until the round is committed;
+    its closer, then knowing no live learner, kept the round open until someone
+    reported: nobody ever would."""
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=2, lease_timeout_s=4.0)
+    lone = {"n0": frozenset({L, C})}
+
+    def round_5_never_captures(node: str, cmd: Command) -> cl.Fault:
+        return cl.Fault.FAIL if isinstance(cmd, Capture) and cmd.round == 5 else cl.Fault.NONE
+
+    c = run(config, 120.0, round_5_never_captures, roles=lone)
+    tape = cl.records(c)
+    assert len(tape) >= 20, f"the tape stopped at {len(tape)} records"
+    assert not tape[5].participants
+    assert "n0" in {p.learner for p in tape[-1].participants}

@@ -251,16 +251,24 @@ def test_normalized_weights_reject_bad_values(weights: list[float], bad: float) 
 NODES = st.frozensets(st.sampled_from("abcdefgh"))
 
 
-@given(st.integers(0, 10), NODES, NODES, st.integers(1, 10))
+@given(st.integers(0, 10), NODES, NODES, st.integers(1, 10), NODES)
 def test_ready_to_close_rule(
-    accepted: int, reported: frozenset[str], live: frozenset[str], quorum: int
+    accepted: int,
+    reported: frozenset[str],
+    live: frozenset[str],
+    quorum: int,
+    lapsed: frozenset[str],
 ) -> None:
-    ready = ready_to_close(accepted=accepted, reported=reported, live=live, quorum=quorum)
+    ready = ready_to_close(
+        accepted=accepted, reported=reported, live=live, quorum=quorum, lapsed=lapsed
+    )
     if accepted >= quorum:
         assert ready
-    elif not live:
+    elif not live and not lapsed:
         assert not ready  # nobody to wait for, nothing merged: stay open
     else:
+        # A learner that lapsed while the round waited is waited for no longer: if it
+        # was the only one, the round closes (empty), so that it sees a record again.
         assert ready == (live <= reported)
 
 
