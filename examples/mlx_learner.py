@@ -70,7 +70,7 @@ def main() -> None:
         options=SessionOptions(poll_s=0.2, renew_s=2.0),
         mailbox_options=MailboxOptions(endpoint=args.endpoint),
     ) as session:
-        if args.role == "closer":  # no training loop: close rounds until Ctrl-C
+        if args.role == "closer":  # no training loop: close rounds until finished or Ctrl-C
             with contextlib.suppress(KeyboardInterrupt):
                 session.serve()
         else:

@@ -82,7 +82,7 @@ def main() -> None:
         mailbox_options=MailboxOptions(endpoint=args.endpoint),
         resume={"optimizer": optimizer} if args.resume else None,
     ) as session:
-        if args.role == "closer":  # no training loop: close rounds until Ctrl-C
+        if args.role == "closer":  # no training loop: close rounds until finished or Ctrl-C
             with contextlib.suppress(KeyboardInterrupt):
                 session.serve()
         else:
