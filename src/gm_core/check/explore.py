@@ -29,6 +29,16 @@ round bound — the clock bound reached and nothing left in flight — and from 
 ``progress_every``-th other state (by fingerprint, so the sample is
 deterministic): while a quorum of learners and a closer live, a fair run without
 faults must commit a new record within ``progress_within_s``.
+
+Liveness (``Bounds.liveness``) asks that of every state, with no quorum condition
+(:mod:`gm_core.check.progress`). The fair run's first step from a state is one of
+the actions the search takes there (the oldest delivery, the first due timer, the
+first learner behind its pace, the clock), so its answer is that of the state it
+steps to; those links are kept per fingerprint and resolved once the search is
+done, and the first state breadth first whose fair run does not commit in time
+is the counterexample. Only where the fair run leaves the search (the round or
+clock bound reached, a crashed node to restart first) is it run out there and
+then (``FairRuns``, which remembers the answer of every state a run passes).
 """
 
 from __future__ import annotations
@@ -195,12 +205,22 @@ class _Search:
         self.budgets: dict[bytes, list[tuple[int, int]]] = {}
         self.store_verdicts: dict[bytes, list[invariants.Violation]] = {}
         self.tape_lengths: dict[bytes, int] = {}
+        self.fair_next: dict[bytes, tuple[bytes, bool, float]] = {}
+        """Liveness, per state fingerprint: the state the fair run steps to first, whether
+        that step committed, and when it happened."""
+        self.commit_at: dict[bytes, float | None] = {}
+        """Liveness, per state fingerprint: when the fair run from it commits (once known)."""
+        self.now_at: dict[bytes, float] = {}
         self.transitions = 0
         self.progress_checks = 0
         self.max_records = 0
         self.depth = 0
         self.prints = Fingerprinter()
-        self.fair = FairRuns(self.prints.state, bounds.max_time_s + bounds.progress_within_s)
+        self.fair = FairRuns(
+            self.prints.state,
+            bounds.max_time_s + bounds.progress_within_s,
+            settle=lambda c: settle(c, bounds),
+        )
 
     def run(self) -> Outcome:
         c0 = initial_state(self.b)
@@ -226,7 +246,7 @@ class _Search:
             frontier = layer
             self.sleep, self.next_sleep = self.next_sleep, {}
             self.depth += 1
-        return self._outcome("pass")
+        return self._not_live() or self._outcome("pass")
 
     def _expand(
         self, key: Key, c: cluster.Cluster, layer: list[tuple[Key, cluster.Cluster]]
@@ -251,8 +271,7 @@ class _Search:
         judged = self.b.progress and (stuck or self._sampled(key))
         if judged and not self._progresses(c):
             return self._fail("no progress", key, [])
-        if self.b.liveness and not self._live(c):
-            return self._fail("not live", key, [])
+        fair = self._fair_action(key[0], c, records) if self.b.liveness else None
         asleep = self.sleep.pop(key, {})
         done: list[tuple[Action, Footprint | None]] = []
         for action in actions:
@@ -266,6 +285,9 @@ class _Search:
             spent = (key[1] + (action.fault is not cluster.Fault.NONE), key[2])
             spent = (spent[0], spent[1] + (action.kind is Kind.CRASH))
             k2: Key = (self.prints.state(after), *spent)
+            if action == fair:
+                self._follows(key[0], records, k2[0], after)
+                fair = None
             sleep = {
                 b: f
                 for b, f in (*asleep.items(), *done)
@@ -283,6 +305,12 @@ class _Search:
             if bad := self._judge(after):
                 return self._fail("violation", k2, bad)
             layer.append((k2, after))
+        if fair is not None:  # asleep here: its successor is reached by another order
+            try:
+                after = step(c, fair, self.b)
+            except Exception as error:  # the core is total: a transition that raises is a bug
+                return self._fail("exception", key, [], then=fair, error=error)
+            self._follows(key[0], records, self.prints.state(after), after)
         return None
 
     def _step(self, c: cluster.Cluster, action: Action) -> tuple[cluster.Cluster, Footprint | None]:
@@ -314,17 +342,72 @@ class _Search:
             return True
         self.progress_checks += 1
         try:
-            committed, _ = progress.fair_commits(c, self.b.progress_within_s)
+            committed, _ = progress.fair_commits(
+                c, self.b.progress_within_s, lambda x: settle(x, self.b)
+            )
         except Exception:  # reported with its trace by counterexample()
             return False
         return committed
 
-    def _live(self, c: cluster.Cluster) -> bool:
+    def _fair_action(self, fingerprint: bytes, c: cluster.Cluster, records: int) -> Action | None:
+        """The fair run's first action from ``c`` when it is one the search takes here.
+
+        Otherwise (the round bound reached, the next timer beyond the clock bound, a
+        crashed node to restart first) the fair run is run out now.
+        """
+        self.now_at[fingerprint] = c.now_s
+        if records < self.b.rounds and progress.healed(c) is c:
+            action = progress.fair_action(c, self.b.max_time_s)
+            if action is not None:
+                return action
         try:
-            commit_s = self.fair.next_commit_s(c)
+            self.commit_at[fingerprint] = self.fair.next_commit_s(c, fingerprint)
         except Exception:  # reported with its trace by counterexample()
-            return False
-        return commit_s is not None and commit_s - c.now_s <= self.b.progress_within_s
+            self.commit_at[fingerprint] = None
+        return None
+
+    def _follows(
+        self, fingerprint: bytes, records: int, then: bytes, after: cluster.Cluster
+    ) -> None:
+        """The fair run from ``fingerprint``'s state steps to ``then``'s (``after``)."""
+        self.fair_next[fingerprint] = (then, self._records(after) > records, after.now_s)
+
+    def _not_live(self) -> Outcome | None:
+        """The first state, breadth first, whose fair run does not commit in time.
+
+        Each state's fair run was either run out (``commit_at``) or begins with a step
+        to another state the search reached (``fair_next``): its answer is that
+        state's, or the time of that step if it committed. A chain that comes back
+        to a state it passed goes round at one instant (the clock is part of the
+        fingerprint): it never commits.
+        """
+        if not self.b.liveness:
+            return None
+        for start in self.fair_next:
+            chain: list[bytes] = []
+            at: bytes = start
+            passed: set[bytes] = set()
+            while at not in self.commit_at:
+                if at in passed:
+                    answer = None
+                    break
+                passed.add(at)
+                chain.append(at)
+                then, committed, when = self.fair_next[at]
+                if committed:
+                    answer = when
+                    break
+                at = then
+            else:
+                answer = self.commit_at[at]
+            for passing in chain:
+                self.commit_at[passing] = answer
+        within = self.b.progress_within_s
+        for key in self.parents:
+            commit_s = self.commit_at[key[0]]
+            if commit_s is None or commit_s - self.now_at[key[0]] > within:
+                return self._fail("not live", key, [])
+        return None
 
     def _dominated(self, key: Key) -> bool:
         """Seen with at most this much budget spent: nothing new can happen from here."""
@@ -417,7 +500,7 @@ def counterexample(
 def _stall(bounds: Bounds, c: cluster.Cluster) -> list[str]:
     """What the fair run from the last state did: nothing committed, or it raised."""
     try:
-        _, end = progress.fair_commits(c, bounds.progress_within_s)
+        _, end = progress.fair_commits(c, bounds.progress_within_s, lambda x: settle(x, bounds))
     except Exception as error:  # the core is total: report, never propagate
         return [f"then a fair run without faults raised {type(error).__name__}: {error}"]
     lines = [

@@ -3,14 +3,17 @@
 Theory of operation
 -------------------
 Safety is checked in every state; liveness needs a schedule. From a state the
-checker reached, :func:`fair_commits` runs the fairest continuation there is —
-every command in flight lands in order, every due timer fires, every learner
-trains to the step its core waits for, and the clock jumps to the next timer —
-with no failures, crashes or restarts, for ``within_s`` virtual seconds, and
-reports whether the tape grew. The property is only claimed when it should hold:
-a quorum of live learner machines and at least one live closer machine
-(:func:`expects_progress`). A fair run that keeps issuing commands without the
-clock moving is a livelock and fails the property too.
+checker reached, the fairest continuation there is (:func:`fair_step`, one step
+at a time) lets the oldest command in flight land, else fires the first due
+timer, else lets the first learner that is behind its pace train to it, else
+moves the clock to the next timer and fires every timer due then — with no
+failures, crashes or restarts. Each step is a step of the search itself (the
+same actions, and the same ``settle`` of payload work after each), so the states
+a fair run passes are states the search reaches too. :func:`fair_commits` runs
+it for ``within_s`` virtual seconds and reports whether the tape grew. Bounded
+progress claims it only when it should hold: a quorum of live learner machines
+and at least one live closer machine (:func:`expects_progress`). A fair run that
+keeps taking steps without the clock moving is a livelock and fails too.
 
 The liveness check (:class:`FairRuns`) asks more, of *every* reachable state:
 the fair continuation from it commits the next round within ``within_s``, with
@@ -19,11 +22,16 @@ stay down while a closer machine and a learner machine are still up, else every
 crashed node restarts. That is the protocol's promise (§10.1: a round closes on
 a quorum *or* once every live learner has reported; a dead learner's lease goes
 stale), which bounded progress, claimed only with a quorum alive and judged only
-where exploration stops, cannot see broken. Fair runs from different states
-merge quickly (they deliver everything and meet at the next timer), so
-:class:`FairRuns` remembers, per fingerprint of each state a run passes at a
-timer instant, when its next commit came; a later run stops at the first state
-it has seen before.
+where exploration stops, cannot see broken.
+
+Fair runs are deterministic and pass through states the search reaches later,
+so :class:`FairRuns` remembers, per fingerprint of *every* state a run passes,
+when the next commit after it came; a run stops at the first state whose answer
+is known, and the search's own question about that state is then a lookup. Two
+states with one fingerprint may hold their commands in flight in different
+orders, so their fair runs may differ; the answer kept is that of one fair
+continuation, which is what the property asks for (a correct protocol commits
+under every one).
 """
 
 from __future__ import annotations
@@ -31,10 +39,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gm_core import cluster, learner
-from gm_core.check.actions import next_deadline
+from gm_core.check.actions import Action, Kind, apply, next_deadline
 
 MAX_INSTANT_ACTIONS = 5_000
-"""Deliveries at one instant beyond which the fair run is declared a livelock."""
+"""Steps at one instant beyond which the fair run is declared a livelock."""
+
+Settle = Callable[[cluster.Cluster], cluster.Cluster]
+"""What the search does after each action (payload work carried out at once, or not)."""
+
+
+def _unchanged(c: cluster.Cluster) -> cluster.Cluster:
+    return c
 
 
 def expects_progress(c: cluster.Cluster) -> bool:
@@ -47,36 +62,89 @@ def expects_progress(c: cluster.Cluster) -> bool:
     return closers > 0 and learners >= c.manifest.config.quorum
 
 
-def fair_commits(c: cluster.Cluster, within_s: float) -> tuple[bool, cluster.Cluster]:
+def fair_action(c: cluster.Cluster, until_s: float) -> Action | None:
+    """The fair run's next action; None when nothing is left to do before ``until_s``.
+
+    A learner trains only while it is behind its pace (a trainable learner's pace
+    always lies ahead of the step it reported), so training cannot repeat at one
+    instant without the learner asking for it.
+    """
+    if c.inflight:
+        first = c.inflight[0]
+        return Action(
+            kind=Kind.DELIVER,
+            node=first.node,
+            machine=first.machine,
+            incarnation=first.incarnation,
+            req=int(getattr(first.command, "req", -1)),
+        )
+    due = cluster.due_timers(c)
+    if due:
+        return Action(kind=Kind.FIRE, node=due[0][0], machine=due[0][1])
+    for name in sorted(c.nodes):
+        node = c.nodes[name]
+        pace = node.pace
+        if cluster.can_train(c, name) and pace is not None and node.step < pace.next_step:
+            return Action(kind=Kind.TRAIN, node=name)
+    upcoming = next_deadline(c)
+    if upcoming is None or upcoming > until_s:
+        return None
+    return Action(kind=Kind.TICK)
+
+
+def fair_step(
+    c: cluster.Cluster, until_s: float, settle: Settle = _unchanged
+) -> cluster.Cluster | None:
+    """The state after the fair run's next action, or None (:func:`fair_action`)."""
+    action = fair_action(c, until_s)
+    return None if action is None else settle(apply(c, action))
+
+
+class _Tape:
+    """The tape's length along a run, re-read only when the store changed."""
+
+    def __init__(self, c: cluster.Cluster) -> None:
+        self._store = c.store
+        self.start = self.length = len(cluster.records(c))
+
+    def grew(self, c: cluster.Cluster) -> bool:
+        if c.store is not self._store:
+            self._store = c.store
+            self.length = len(cluster.records(c))
+        return self.length > self.start
+
+
+def fair_commits(
+    c: cluster.Cluster, within_s: float, settle: Settle = _unchanged
+) -> tuple[bool, cluster.Cluster]:
     """Whether a fair run from ``c`` commits a new record within ``within_s``; its end state."""
-    start = len(cluster.records(c))
     deadline = c.now_s + within_s
+    tape = _Tape(c)
+    steps = 0
     while True:
-        c, quiet = _instant(c)
-        if not quiet:
+        after = fair_step(c, deadline, settle)
+        if after is None:
             return False, c
-        if len(cluster.records(c)) > start:
-            return True, c
-        upcoming = next_deadline(c)
-        if upcoming is None or upcoming > deadline:
+        steps = steps + 1 if after.now_s == c.now_s else 0
+        c = after
+        if tape.grew(c):
+            return True, finish_instant(c, settle)
+        if steps > MAX_INSTANT_ACTIONS:
             return False, c
-        c = cluster.tick(c, upcoming - c.now_s)
 
 
-def _settle(c: cluster.Cluster) -> tuple[cluster.Cluster, bool]:
-    """Deliver everything in flight and fire every due timer until nothing is left to do.
+def finish_instant(c: cluster.Cluster, settle: Settle = _unchanged) -> cluster.Cluster:
+    """``c`` after the fair run has done everything due at its instant.
 
-    False when that never ends at this instant (a livelock).
+    A run is judged at whole instants: what a commit sets off at once (the next
+    round's first reads, the learners' next steps) must not raise either.
     """
     for _ in range(MAX_INSTANT_ACTIONS):
-        if c.inflight:
-            c = cluster.deliver(c, 0)
-            continue
-        due = cluster.due_timers(c)
-        if not due:
-            return c, True
-        c = cluster.fire(c, *due[0])
-    return c, False
+        after = fair_step(c, c.now_s, settle)
+        if after is None:
+            return c
+        c = after
+    return c
 
 
 def healed(c: cluster.Cluster) -> cluster.Cluster:
@@ -94,67 +162,58 @@ class FairRuns:
     """When the fair continuation from a state first commits a new record.
 
     ``horizon_s`` is an absolute virtual time: a run that has not committed when
-    its next timer lies beyond it (or that livelocks, or has no timer left) is
-    recorded as never committing. Answers are remembered by the fingerprint of
-    each state a run passes at the start of an instant, so they are shared by
-    every run that meets it.
+    its next timer lies beyond it (or that livelocks, or comes back to a state it
+    passed) is recorded as never committing. Answers are remembered by the
+    fingerprint of every state a run passes, so they are shared by every run that
+    meets it and by the search when it reaches that state.
     """
 
-    def __init__(self, fingerprint: Callable[[cluster.Cluster], bytes], horizon_s: float) -> None:
+    def __init__(
+        self,
+        fingerprint: Callable[[cluster.Cluster], bytes],
+        horizon_s: float,
+        settle: Settle = _unchanged,
+    ) -> None:
         self._fingerprint = fingerprint
         self._horizon_s = horizon_s
+        self._settle = settle
         self._next_commit: dict[bytes, float | None] = {}
         self.runs = 0
+        """Questions asked of a state whose answer was not known yet."""
 
-    def next_commit_s(self, c: cluster.Cluster) -> float | None:
-        """The virtual time at which the fair run from ``c`` (healed) commits a new record."""
+    def next_commit_s(self, c: cluster.Cluster, key: bytes | None = None) -> float | None:
+        """The virtual time at which the fair run from ``c`` (healed) commits a new record.
+
+        ``key`` is ``c``'s fingerprint when the caller has it.
+        """
+        first = self._fingerprint(c) if key is None else key
+        if first in self._next_commit:
+            return self._next_commit[first]
         self.runs += 1
-        c = healed(c)
-        path: list[tuple[bytes, int]] = []  # (fingerprint, records) of each instant's start
-        commits: list[float | None] = []  # per path entry: its commit time, once known
+        path = [first]
+        then = self._walk(healed(c), path)
+        for passed in path:
+            self._next_commit[passed] = then
+        return then
+
+    def _walk(self, c: cluster.Cluster, path: list[bytes]) -> float | None:
+        """Run on from ``c`` until a commit or a known answer; ``path`` gets each state passed."""
+        tape = _Tape(c)
+        passed = set(path)
+        steps = 0
         while True:
+            after = fair_step(c, self._horizon_s, self._settle)
+            if after is None:
+                return None
+            steps = steps + 1 if after.now_s == c.now_s else 0
+            c = after
+            if tape.grew(c):
+                finish_instant(c, self._settle)
+                return c.now_s
             key = self._fingerprint(c)
-            records = len(cluster.records(c))
             if key in self._next_commit:
-                self._resolve(path, commits, records, self._next_commit[key])
-                return commits[0] if commits else self._next_commit[key]
-            path.append((key, records))
-            commits.append(None)
-            c, quiet = _instant(c)
-            after = len(cluster.records(c))
-            for i, (_, before) in enumerate(path):
-                if commits[i] is None and after > before:
-                    commits[i] = c.now_s
-            if after > records:  # every state on the path has seen its next commit
-                self._resolve(path, commits, after, None)
-                return commits[0]
-            upcoming = next_deadline(c)
-            if not quiet or upcoming is None or upcoming > self._horizon_s:
-                self._resolve(path, commits, after, None)
-                return commits[0]
-            c = cluster.tick(c, upcoming - c.now_s)
-
-    def _resolve(
-        self,
-        path: list[tuple[bytes, int]],
-        commits: list[float | None],
-        records: int,
-        then: float | None,
-    ) -> None:
-        """Settle every open entry of ``path``: those at ``records`` commit when ``then`` says."""
-        for i, (key, before) in enumerate(path):
-            if commits[i] is None and before == records:
-                commits[i] = then
-            self._next_commit[key] = commits[i]
-
-
-def _instant(c: cluster.Cluster) -> tuple[cluster.Cluster, bool]:
-    """One instant of the fair run: settle, let every learner train, settle again."""
-    c, quiet = _settle(c)
-    if not quiet:
-        return c, False
-    for name in sorted(c.nodes):
-        node = c.nodes[name]
-        if cluster.can_train(c, name) and node.pace is not None:
-            c = cluster.train(c, name, node.pace.next_step - node.step)
-    return _settle(c)
+                return self._next_commit[key]
+            if key in passed or steps > MAX_INSTANT_ACTIONS:  # round and round at one instant
+                return None
+            path.append(key)
+            passed.add(key)
