@@ -9,8 +9,9 @@ match: a change that speeds the checker up may not change what it explores.
     git worktree add --detach /tmp/gm-before <commit>
     .venv/bin/python bench/bench_check.py /tmp/gm-before/src src [set names...]
 
-The bound sets are those both checkouts can express (no crash-set or liveness
-options, which older checkers lack): the six original CI sets and two larger ones.
+The bound sets are those both checkouts can express: the six original CI sets, two
+larger ones, and (for checkouts from 3be8caf on, which have crash sets and the
+liveness check) three with liveness.
 """
 
 from __future__ import annotations
@@ -44,13 +45,40 @@ SETS: dict[str, dict[str, object]] = {
         "rounds": 1,
         "max_time_s": 0.5,
     },
+    "the closer crashes and restarts across two rounds": {
+        "roles": ["l", "c"],
+        "rounds": 2,
+        "max_time_s": 1.0,
+        "crashes": 1,
+        "crashable": ["n1"],
+        "liveness": True,
+    },
+    "a learner dies for good, quorum 2": {
+        "roles": ["lc", "l"],
+        "quorum": 2,
+        "rounds": 1,
+        "max_time_s": 0.5,
+        "crashes": 1,
+        "crashable": ["n1"],
+        "liveness": True,
+    },
+    "one closer, a learner gives a round up": {
+        "roles": ["lc", "l"],
+        "quorum": 2,
+        "rounds": 1,
+        "max_time_s": 0.5,
+        "faults": 1,
+        "capture_faults": True,
+        "store_faults": False,
+        "liveness": True,
+    },
 }
 
 CHILD = """
 import json, sys, time
 from gm_core.check.explore import Bounds, explore
 kw = json.loads(sys.argv[1])
-kw["roles"] = tuple(kw["roles"])
+kw = {k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()}
 cpu, wall = time.process_time(), time.perf_counter()
 o = explore(Bounds(**kw))
 print(json.dumps([o.verdict, o.states, time.process_time() - cpu, time.perf_counter() - wall]))

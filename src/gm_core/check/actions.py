@@ -222,7 +222,7 @@ def next_deadline(c: cluster.Cluster) -> float | None:
 def apply(c: cluster.Cluster, action: Action) -> cluster.Cluster:
     """Carry out ``action``; raises ValueError if the state does not allow it."""
     if action.kind is Kind.DELIVER:
-        return cluster.deliver(c, _index(c, action), action.fault)
+        return cluster.deliver(c, index_of(c, action), action.fault)
     if action.kind is Kind.FIRE:
         if (action.node, action.machine) not in cluster.due_timers(c):
             raise ValueError(f"no due timer {action.token()}")
@@ -250,7 +250,7 @@ def apply(c: cluster.Cluster, action: Action) -> cluster.Cluster:
     return c
 
 
-def _index(c: cluster.Cluster, action: Action) -> int:
+def index_of(c: cluster.Cluster, action: Action) -> int:
     for i, item in enumerate(c.inflight):
         if (item.node, item.machine, item.incarnation, _req(item.command)) == (
             action.node,
@@ -265,7 +265,7 @@ def _index(c: cluster.Cluster, action: Action) -> int:
 def describe(c: cluster.Cluster, action: Action) -> str:
     """A readable line for a trace, given the state the action is taken in."""
     if action.kind is Kind.DELIVER:
-        cmd = c.inflight[_index(c, action)].command
+        cmd = c.inflight[index_of(c, action)].command
         what = type(cmd).__name__
         key = getattr(cmd, "key", None) or getattr(cmd, "prefix", None)
         target = key if key is not None else f"round {getattr(cmd, 'round', '?')}"

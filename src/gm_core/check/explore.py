@@ -53,6 +53,7 @@ from gm_core.check.actions import Action, Kind, apply, describe, enabled, settle
 from gm_core.check.fingerprint import Fingerprinter
 from gm_core.check.independence import Footprint, Recorder, independent
 from gm_core.check.progress import FairRuns
+from gm_core.check.steps import Steps
 from gm_core.check.transitions import Transitions
 from gm_core.records import AlgorithmConfig, Alignment
 from gm_core.sim import checks
@@ -181,8 +182,11 @@ def explore(
 
     ``sleep_sets=False`` takes every transition (the same states, more work).
     """
-    with Transitions().installed(), Recorder().installed() as recorder:
-        return _Search(bounds, on_progress, recorder if sleep_sets else None).run()
+    with Transitions().installed() as transitions, Recorder().installed() as recorder:
+        steps = Steps(
+            lambda c, a: step(c, a, bounds), recorder if sleep_sets else None, transitions.exact
+        )
+        return _Search(bounds, on_progress, steps).run()
 
 
 class _Search:
@@ -192,11 +196,11 @@ class _Search:
         self,
         bounds: Bounds,
         on_progress: Callable[[ExploreProgress], None] | None,
-        recorder: Recorder | None,
+        steps: Steps,
     ):
         self.b = bounds
         self.on_progress = on_progress
-        self.recorder = recorder
+        self.steps = steps
         self.sleep: dict[Key, Sleep] = {}
         """Per state of the layer being expanded: the actions it need not take."""
         self.next_sleep: dict[Key, Sleep] = {}
@@ -204,6 +208,7 @@ class _Search:
         self.parents: dict[Key, tuple[Key | None, Action | None]] = {}
         self.budgets: dict[bytes, list[tuple[int, int]]] = {}
         self.store_verdicts: dict[bytes, list[invariants.Violation]] = {}
+        self.node_verdicts: dict[tuple[object, ...], list[invariants.Violation]] = {}
         self.tape_lengths: dict[bytes, int] = {}
         self.fair_next: dict[bytes, tuple[bytes, bool, float]] = {}
         """Liveness, per state fingerprint: the state the fair run steps to first, whether
@@ -219,7 +224,7 @@ class _Search:
         self.fair = FairRuns(
             self.prints.state,
             bounds.max_time_s + bounds.progress_within_s,
-            settle=lambda c: settle(c, bounds),
+            take=steps.state,
         )
 
     def run(self) -> Outcome:
@@ -307,7 +312,7 @@ class _Search:
             layer.append((k2, after))
         if fair is not None:  # asleep here: its successor is reached by another order
             try:
-                after = step(c, fair, self.b)
+                after = self.steps.state(c, fair)
             except Exception as error:  # the core is total: a transition that raises is a bug
                 return self._fail("exception", key, [], then=fair, error=error)
             self._follows(key[0], records, self.prints.state(after), after)
@@ -315,13 +320,10 @@ class _Search:
 
     def _step(self, c: cluster.Cluster, action: Action) -> tuple[cluster.Cluster, Footprint | None]:
         """The next state, and what the action touched (None: it may depend on anything)."""
-        if self.recorder is None:
-            return step(c, action, self.b), None
-        with self.recorder.recording():
-            after = step(c, action, self.b)
+        after, footprint = self.steps.take(c, action)
         if self._records(after) >= self.b.rounds:  # it ends exploration: no sibling commutes
             return after, None
-        return after, self.recorder.footprint(action)
+        return after, footprint
 
     def _records(self, c: cluster.Cluster) -> int:
         """How many records the tape holds, remembered per store (many states share one)."""
@@ -342,9 +344,7 @@ class _Search:
             return True
         self.progress_checks += 1
         try:
-            committed, _ = progress.fair_commits(
-                c, self.b.progress_within_s, lambda x: settle(x, self.b)
-            )
+            committed, _ = progress.fair_commits(c, self.b.progress_within_s, self.steps.state)
         except Exception:  # reported with its trace by counterexample()
             return False
         return committed
@@ -424,14 +424,23 @@ class _Search:
             self.budgets[key[0]].append((key[1], key[2]))
 
     def _judge(self, c: cluster.Cluster) -> list[invariants.Violation]:
-        """Every invariant; those over the store alone are remembered per store fingerprint."""
-        view = cluster.view(c)
+        """Every invariant; those over the store alone are remembered per store fingerprint,
+        the others per store fingerprint and exact node states (they read nothing else:
+        not the clock, the commands in flight, or the etags)."""
         store_key = self.prints.store(c.store)
         over_store = self.store_verdicts.get(store_key)
-        if over_store is None:
-            over_store = checks.judge(view, checks.store_part())
-            self.store_verdicts[store_key] = over_store
-        return checks.recorded(c) + over_store + checks.judge(view, checks.node_part())
+        part = self.steps.exact.part
+        node_key = (store_key, *(part(c.nodes[name]) for name in sorted(c.nodes)))
+        over_nodes = self.node_verdicts.get(node_key)
+        if over_store is None or over_nodes is None:
+            view = cluster.view(c)
+            if over_store is None:
+                over_store = self.store_verdicts[store_key] = checks.judge(
+                    view, checks.store_part()
+                )
+            if over_nodes is None:
+                over_nodes = self.node_verdicts[node_key] = checks.judge(view, checks.node_part())
+        return checks.recorded(c) + over_store + over_nodes
 
     def _outcome(self, verdict: str, example: Counterexample | None = None) -> Outcome:
         return Outcome(
@@ -500,7 +509,7 @@ def counterexample(
 def _stall(bounds: Bounds, c: cluster.Cluster) -> list[str]:
     """What the fair run from the last state did: nothing committed, or it raised."""
     try:
-        _, end = progress.fair_commits(c, bounds.progress_within_s, lambda x: settle(x, bounds))
+        _, end = progress.fair_commits(c, bounds.progress_within_s, lambda x, a: step(x, a, bounds))
     except Exception as error:  # the core is total: report, never propagate
         return [f"then a fair run without faults raised {type(error).__name__}: {error}"]
     lines = [

@@ -8,7 +8,7 @@ at a time) lets the oldest command in flight land, else fires the first due
 timer, else lets the first learner that is behind its pace train to it, else
 moves the clock to the next timer and fires every timer due then — with no
 failures, crashes or restarts. Each step is a step of the search itself (the
-same actions, and the same ``settle`` of payload work after each), so the states
+same actions, carried out as the search carries them out), so the states
 a fair run passes are states the search reaches too. :func:`fair_commits` runs
 it for ``within_s`` virtual seconds and reports whether the tape grew. Bounded
 progress claims it only when it should hold: a quorum of live learner machines
@@ -44,12 +44,8 @@ from gm_core.check.actions import Action, Kind, apply, next_deadline
 MAX_INSTANT_ACTIONS = 5_000
 """Steps at one instant beyond which the fair run is declared a livelock."""
 
-Settle = Callable[[cluster.Cluster], cluster.Cluster]
-"""What the search does after each action (payload work carried out at once, or not)."""
-
-
-def _unchanged(c: cluster.Cluster) -> cluster.Cluster:
-    return c
+Take = Callable[[cluster.Cluster, Action], cluster.Cluster]
+"""How the search carries out an action (its payload work settled at once, or not)."""
 
 
 def expects_progress(c: cluster.Cluster) -> bool:
@@ -92,12 +88,10 @@ def fair_action(c: cluster.Cluster, until_s: float) -> Action | None:
     return Action(kind=Kind.TICK)
 
 
-def fair_step(
-    c: cluster.Cluster, until_s: float, settle: Settle = _unchanged
-) -> cluster.Cluster | None:
+def fair_step(c: cluster.Cluster, until_s: float, take: Take = apply) -> cluster.Cluster | None:
     """The state after the fair run's next action, or None (:func:`fair_action`)."""
     action = fair_action(c, until_s)
-    return None if action is None else settle(apply(c, action))
+    return None if action is None else take(c, action)
 
 
 class _Tape:
@@ -115,32 +109,32 @@ class _Tape:
 
 
 def fair_commits(
-    c: cluster.Cluster, within_s: float, settle: Settle = _unchanged
+    c: cluster.Cluster, within_s: float, take: Take = apply
 ) -> tuple[bool, cluster.Cluster]:
     """Whether a fair run from ``c`` commits a new record within ``within_s``; its end state."""
     deadline = c.now_s + within_s
     tape = _Tape(c)
     steps = 0
     while True:
-        after = fair_step(c, deadline, settle)
+        after = fair_step(c, deadline, take)
         if after is None:
             return False, c
         steps = steps + 1 if after.now_s == c.now_s else 0
         c = after
         if tape.grew(c):
-            return True, finish_instant(c, settle)
+            return True, finish_instant(c, take)
         if steps > MAX_INSTANT_ACTIONS:
             return False, c
 
 
-def finish_instant(c: cluster.Cluster, settle: Settle = _unchanged) -> cluster.Cluster:
+def finish_instant(c: cluster.Cluster, take: Take = apply) -> cluster.Cluster:
     """``c`` after the fair run has done everything due at its instant.
 
     A run is judged at whole instants: what a commit sets off at once (the next
     round's first reads, the learners' next steps) must not raise either.
     """
     for _ in range(MAX_INSTANT_ACTIONS):
-        after = fair_step(c, c.now_s, settle)
+        after = fair_step(c, c.now_s, take)
         if after is None:
             return c
         c = after
@@ -172,11 +166,11 @@ class FairRuns:
         self,
         fingerprint: Callable[[cluster.Cluster], bytes],
         horizon_s: float,
-        settle: Settle = _unchanged,
+        take: Take = apply,
     ) -> None:
         self._fingerprint = fingerprint
         self._horizon_s = horizon_s
-        self._settle = settle
+        self._take = take
         self._next_commit: dict[bytes, float | None] = {}
         self.runs = 0
         """Questions asked of a state whose answer was not known yet."""
@@ -202,13 +196,13 @@ class FairRuns:
         passed = set(path)
         steps = 0
         while True:
-            after = fair_step(c, self._horizon_s, self._settle)
+            after = fair_step(c, self._horizon_s, self._take)
             if after is None:
                 return None
             steps = steps + 1 if after.now_s == c.now_s else 0
             c = after
             if tape.grew(c):
-                finish_instant(c, self._settle)
+                finish_instant(c, self._take)
                 return c.now_s
             key = self._fingerprint(c)
             if key in self._next_commit:

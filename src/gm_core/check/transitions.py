@@ -46,7 +46,8 @@ class Transitions:
     """Remembered results of ``advance``, with hit and miss counts."""
 
     def __init__(self, limit: int = 300_000) -> None:
-        self._exact = Digests(abstract=False)
+        self.exact = Digests(abstract=False)
+        """Exact digests (every field, etags included), shared with the search's step cache."""
         self._results: dict[tuple[bytes, Event], tuple[Any, tuple[Command, ...]]] = {}
         self._decoded: dict[tuple[type, bytes], Any] = {}
         self._limit = limit
@@ -57,7 +58,7 @@ class Transitions:
         """``real``, answering repeated (state, event) pairs from the cache."""
 
         def advance(state: S, event: Event) -> tuple[S, list[Command]]:
-            key = (self._exact.part(state), event)
+            key = (self.exact.part(state), event)
             found = self._results.get(key)
             if found is None:
                 self.misses += 1
