@@ -20,7 +20,9 @@ removed, the new commands appended in order, the store replaced, the new
 violations and notes appended. The key is *exact* (etags and the store's write
 counter included: the next write's etag depends on it), so a hit gives exactly
 what the call would. A computed step whose effect is not of that shape (another
-node changed, the clock moved) is not remembered. The sleep sets' footprint of
+node changed, the clock moved) is not remembered, nor are the steps of a
+one-node cluster: every state differs in that node (measured: 269 of 12,527 of
+``one node, one fault`` repeat, which does not pay for the keys). The sleep sets' footprint of
 the action is remembered with it: the same reads and writes happen again.
 """
 
@@ -70,7 +72,7 @@ class Steps:
     def take(self, c: cluster.Cluster, action: Action) -> tuple[cluster.Cluster, Footprint | None]:
         """The state after ``action`` and its footprint (None without a recorder, or a
         non-local action: it may depend on anything)."""
-        if action.kind not in LOCAL:
+        if action.kind not in LOCAL or len(c.nodes) == 1:  # one node's steps hardly repeat
             return self._recorded(c, action)
         part = self.exact.part
         index = index_of(c, action) if action.kind is Kind.DELIVER else None
