@@ -22,10 +22,11 @@ from hypothesis import given
 from gm_core import closer, cluster, codec, learner, verdicts
 from gm_core.check import actions
 from gm_core.check.bounds import CI_BOUNDS, LONG_BOUNDS
-from gm_core.check.explore import Bounds, explore, initial_state, narrate
+from gm_core.check.explore import Bounds, explore, initial_state, narrate, step
 from gm_core.check.fingerprint import Digests, Fingerprinter, fingerprint
 from gm_core.check.independence import Footprint, Recorder, independent
 from gm_core.check.plants import PLANTS, planted
+from gm_core.check.steps import Steps
 from gm_core.check.transitions import Transitions
 from gm_core.events import TimerFired
 from gm_core.liveness import LeaseView
@@ -355,3 +356,27 @@ tokens = st.one_of(
 @given(tokens)
 def test_action_tokens_round_trip(action: actions.Action) -> None:
     assert actions.parse(action.token()) == action
+
+
+def test_remembered_steps_give_exactly_the_real_next_state() -> None:
+    """Every step answered from the memo equals the real step, etags and order included."""
+    bounds = Bounds(roles=("lc", "l"), rounds=1, max_time_s=0.5)
+    with Transitions().installed() as transitions:
+        steps = Steps(lambda c, a: step(c, a, bounds), None, transitions.exact)
+        frontier = [initial_state(bounds)]
+        seen = {fingerprint(frontier[0])}
+        checked = 0
+        while frontier and checked < 200:
+            c = frontier.pop(0)
+            for action in actions.enabled(
+                c, faults_left=1, crashes_left=0, store_faults_only=True, max_time_s=0.5
+            ):
+                hits = steps.hits
+                after, _ = steps.take(c, action)
+                if steps.hits > hits:
+                    assert after == step(c, action, bounds)
+                    checked += 1
+                if (fp := fingerprint(after)) not in seen:
+                    seen.add(fp)
+                    frontier.append(after)
+    assert checked >= 200
