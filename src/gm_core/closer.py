@@ -99,6 +99,7 @@ from gm_core.records import (
     Timing,
 )
 from gm_core.requests import Purpose, failure, issue, settle
+from gm_core.slots import SLOTS, Invalid, open_snapshot, snapshot_key, snapshot_slot
 from gm_core.tape import (
     BadRecord,
     SlotCursor,
@@ -184,6 +185,13 @@ class Entry:
     stage: Stage
     snapshot: Snapshot | None = None
     reason: Reason | None = None
+    slot: int = 0
+    """The slot of the learner's snapshot key judged (spec/protocol.md §16.4)."""
+    invalid: bool = False
+    """The object at ``slot`` is not the learner's snapshot (:func:`gm_core.slots.open_snapshot`):
+    the learner is not judged by it, and the next slot is read once a listing shows it."""
+    by_name: bool = False
+    """Read without a listing showing it (a cut listing, §16.4.5): absent means "not yet"."""
 
 
 @attrs.frozen(kw_only=True)
@@ -591,27 +599,63 @@ def _list_outcome(
         return state
     if state.phase is not Phase.COLLECTING:
         return state
-    entries = dict(state.entries)
-    bad_keys = set(state.bad_keys)
+    listed: dict[str, set[int]] = {}
     for key in event.keys:
-        learner = _snapshot_learner(key, state.round)
-        if learner is None:
-            if key not in bad_keys:  # every list reads the whole folder: report a key once
+        found = _snapshot_slot(state, key)
+        if found is None:
+            if key not in state.bad_keys:  # every list reads the whole folder: report a key once
                 cmds.append(Notify(kind="bad_key", round=state.round, detail=key))
-                bad_keys.add(key)
-            continue
-        if learner in entries:
-            continue
-        entries[learner] = Entry(learner=learner, stage=Stage.FETCHING)
-        state, req = issue(state, Purpose(kind=Ask.SNAPSHOT, round=state.round, name=learner))
-        cmds.append(Get(req=req, key=key))
-        if learner not in state.leases:
-            state, req = issue(state, Purpose(kind=Ask.LEASE, round=state.round, name=learner))
-            cmds.append(Probe(req=req, key=keys.lease(learner)))
+                state = attrs.evolve(state, bad_keys=state.bad_keys | {key})
         else:
-            state = _touch(state, learner, event.now_s)
-    state = attrs.evolve(state, entries=entries, bad_keys=frozenset(bad_keys))
+            listed.setdefault(found[0], set()).add(found[1])
+    for learner, slots_listed in sorted(listed.items()):
+        slot = _next_slot(state.entries.get(learner))
+        if slot in slots_listed:
+            state = _fetch(state, learner, slot, event.now_s, cmds)
+    if event.cut:
+        state = _fetch_known(state, event.now_s, cmds)
     return _paced(state, event.now_s)
+
+
+def _fetch_known(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """Read the snapshots of the learners known live by name: a listing cut short (a flood of
+    keys sorted ahead of theirs) must not hide them (spec/protocol.md §16.4.5)."""
+    for learner in sorted(state.leases):
+        slot = _next_slot(state.entries.get(learner))
+        if slot is not None and learner not in state.dead:
+            state = _fetch(state, learner, slot, now_s, cmds, by_name=True)
+    return state
+
+
+def _next_slot(entry: Entry | None) -> int | None:
+    """The slot of a learner's snapshot key to read next (None: it has been read, or all)."""
+    if entry is None:
+        return 0
+    return entry.slot + 1 if entry.invalid and entry.slot + 1 < SLOTS else None
+
+
+def _fetch(
+    state: CloserState,
+    learner: str,
+    slot: int,
+    now_s: float,
+    cmds: list[Command],
+    *,
+    by_name: bool = False,
+) -> CloserState:
+    old = state.entries.get(learner)  # the invalid slot below: its verdict stands until then
+    reason = old.reason if old is not None else None
+    entry = Entry(learner=learner, stage=Stage.FETCHING, slot=slot, reason=reason, by_name=by_name)
+    state = _set_entry(state, entry)
+    state, req = issue(state, Purpose(kind=Ask.SNAPSHOT, round=state.round, name=learner))
+    cmds.append(Get(req=req, key=snapshot_key(state.envelope, state.round, learner, slot)))
+    if by_name:
+        return state  # no sign of life yet: the object may not exist
+    if learner in state.leases:
+        return _touch(state, learner, now_s)
+    state, req = issue(state, Purpose(kind=Ask.LEASE, round=state.round, name=learner))
+    cmds.append(Probe(req=req, key=keys.lease(learner)))
+    return state
 
 
 def _touch(state: CloserState, learner: str, now_s: float) -> CloserState:
@@ -658,14 +702,16 @@ def _idle_s(state: CloserState) -> float:
     return min(state.manifest.config.lease_timeout_s, IDLE_POLLS * state.options.poll_s)
 
 
-def _snapshot_learner(key: str, round_: int) -> str | None:
+def _snapshot_slot(state: CloserState, key: str) -> tuple[str, int] | None:
+    """The learner and slot of a key listed in the round's folder; None for a foreign key."""
     try:
         parsed = keys.parse(key)
     except keys.BadKey:
         return None
-    if not isinstance(parsed, keys.SnapshotKey) or parsed.round != round_:
+    if not isinstance(parsed, keys.SnapshotKey) or parsed.round != state.round:
         return None
-    return parsed.learner
+    slot = snapshot_slot(state.envelope, parsed)
+    return None if slot is None else (parsed.learner, slot)
 
 
 def _snapshot_outcome(
@@ -674,31 +720,29 @@ def _snapshot_outcome(
     if purpose.round != state.round or state.phase is not Phase.COLLECTING:
         return state
     learner = purpose.name
+    entry = state.entries.get(learner)
+    if entry is None or entry.stage is not Stage.FETCHING:
+        return state
     if not isinstance(event, GotObject):
         return _forget(state, learner)  # a store failure is not the learner's fault
     if event.data is None:
+        if entry.by_name:
+            return _forget(state, learner)  # not written yet
         return _reject(state, learner, Reason.MISSING, cmds)
-    body = state.envelope.open(keys.snapshot(state.round, learner), event.data)
-    if isinstance(body, Unauthenticated):
-        detail = f"{learner}: {body.why}: {body.detail}"
-        cmds.append(Notify(kind="snapshot_unauthenticated", round=state.round, detail=detail))
-        return _reject(state, learner, Reason.UNAUTHENTICATED, cmds)
-    try:
-        snapshot = codec.decode(Snapshot, body)
-    except codec.CodecError as error:
-        cmds.append(Notify(kind="snapshot_malformed", round=state.round, detail=str(error)))
-        return _reject(state, learner, Reason.CORRUPT, cmds)
-    reason = _judge(state, learner, snapshot)
+    snapshot = open_snapshot(state.envelope, state.round, learner, entry.slot, event.data)
+    if isinstance(snapshot, Invalid):  # not the learner's: on to its next slot
+        cmds.append(Notify(kind=snapshot.kind, round=state.round, detail=snapshot.detail))
+        return _reject(state, learner, snapshot.reason, cmds, invalid=True)
+    reason = _judge(state, snapshot)
     if reason is not None:
         return _reject(state, learner, reason, cmds)
     state, req = issue(state, Purpose(kind=Ask.VERIFY, round=state.round, name=learner))
     cmds.append(Verify(req=req, round=state.round, learner=learner, payload=snapshot.payload))
-    return _set_entry(state, Entry(learner=learner, stage=Stage.VERIFYING, snapshot=snapshot))
+    verifying = Entry(learner=learner, stage=Stage.VERIFYING, snapshot=snapshot, slot=entry.slot)
+    return _set_entry(state, verifying)
 
 
-def _judge(state: CloserState, learner: str, snapshot: Snapshot) -> Reason | None:
-    if snapshot.learner != learner:
-        return Reason.CORRUPT
+def _judge(state: CloserState, snapshot: Snapshot) -> Reason | None:
     cfg = state.manifest.config
     fragment = _fragment(state)
     return verdicts.judge_snapshot(
@@ -741,15 +785,31 @@ def _verify_outcome(
 def _forget(state: CloserState, learner: str) -> CloserState:
     """Drop a snapshot we failed to read: the next list finds it again and retries."""
     entries = dict(state.entries)
-    entries.pop(learner, None)
+    old = entries.pop(learner, None)
+    if old is not None and old.slot > 0:  # the slots below it stay judged invalid
+        entries[learner] = Entry(
+            learner=learner,
+            stage=Stage.REJECTED,
+            reason=old.reason,
+            slot=old.slot - 1,
+            invalid=True,
+        )
     return attrs.evolve(state, entries=entries)
 
 
-def _reject(state: CloserState, learner: str, reason: Reason, cmds: list[Command]) -> CloserState:
+def _reject(
+    state: CloserState, learner: str, reason: Reason, cmds: list[Command], *, invalid: bool = False
+) -> CloserState:
     cmds.append(Notify(kind="rejected", round=state.round, detail=f"{learner}: {reason}"))
     old = state.entries.get(learner)
-    snapshot = old.snapshot if old is not None else None
-    entry = Entry(learner=learner, stage=Stage.REJECTED, snapshot=snapshot, reason=reason)
+    entry = Entry(
+        learner=learner,
+        stage=Stage.REJECTED,
+        snapshot=old.snapshot if old is not None else None,
+        reason=reason,
+        slot=old.slot if old is not None else 0,
+        invalid=invalid,
+    )
     return _set_entry(state, entry)
 
 
@@ -793,7 +853,9 @@ def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> Close
     """Start the merge once quorum (or every live learner) is in and grace has run out."""
     cfg = state.manifest.config
     judged = frozenset(
-        e.learner for e in state.entries.values() if e.stage in (Stage.ACCEPTED, Stage.REJECTED)
+        e.learner
+        for e in state.entries.values()
+        if e.stage in (Stage.ACCEPTED, Stage.REJECTED) and not e.invalid
     )
     # A snapshot this round proves its learner alive: its lease is no longer looked at.
     live = _live(state, now_s) | judged
@@ -1320,7 +1382,8 @@ def _unreported(state: CloserState) -> list[str]:
     Those a probe found dead are left to the next lease listing (:func:`_discover`):
     a crashed node's lease stays in the bucket, and probing it forever costs.
     """
-    return sorted(n for n in state.leases if n not in state.entries and n not in state.dead)
+    judged = {n for n, e in state.entries.items() if not e.invalid}
+    return sorted(n for n in state.leases if n not in judged and n not in state.dead)
 
 
 def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:

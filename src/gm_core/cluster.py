@@ -35,7 +35,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from gm_core import auth, closer, codec, invariants, keys, learner, plan
+from gm_core import auth, closer, codec, invariants, keys, learner, plan, slots
 from gm_core.commands import (
     Align,
     Capture,
@@ -77,6 +77,7 @@ from gm_core.records import (
     PayloadRef,
     Reason,
     RoundRecord,
+    Snapshot,
     TensorSpec,
 )
 from gm_core.store_model import ModelStore
@@ -137,6 +138,8 @@ class Cluster:
     closer_options: closer.CloserOptions = attrs.field(factory=closer.CloserOptions)
     run_auth: auth.RunAuth | None = None
     """The run key's subkeys (an authenticated run), None for an open one."""
+    list_cap: int | None = None
+    """The most keys a listing returns, the rest cut (the shell's cap, gm_shell.limits)."""
 
 
 def payload_bytes(*parts: object) -> bytes:
@@ -166,12 +169,13 @@ def create(
     learner_options: learner.LearnerOptions | None = None,
     closer_options: closer.CloserOptions | None = None,
     run_key: bytes | None = None,
+    list_cap: int | None = None,
 ) -> Cluster:
     """A run whose manifest and initial payloads are in the store; nodes not yet started.
 
     With ``run_key`` the run is authenticated: every node seals and opens its objects
     with it, and the invariants judge the objects that open (everything else is an
-    outsider's).
+    outsider's). With ``list_cap`` a listing returns at most that many keys (and says so).
     """
     run_auth = None if run_key is None else auth.derive(run_key)
     fragment_plan = plan.make_plan(schema, config)
@@ -201,6 +205,7 @@ def create(
         learner_options=learner_options or learner.LearnerOptions(),
         closer_options=closer_options or closer.CloserOptions(),
         run_auth=run_auth,
+        list_cap=list_cap,
     )
 
 
@@ -489,7 +494,9 @@ def _execute(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Event]:
             now_s=now, req=cmd.req, created=True
         )
     if isinstance(cmd, List):
-        return c, Listed(now_s=now, req=cmd.req, keys=store.list(cmd.prefix, cmd.offset))
+        found = store.list(cmd.prefix, cmd.offset)
+        cut = c.list_cap is not None and len(found) > c.list_cap
+        return c, Listed(now_s=now, req=cmd.req, keys=found[: c.list_cap], cut=cut)
     if isinstance(cmd, Delete):
         return attrs.evolve(c, store=store.delete(cmd.keys)), Deleted(now_s=now, req=cmd.req)
     if isinstance(cmd, DeletePrefix):
@@ -587,3 +594,16 @@ def records(c: Cluster) -> list[RoundRecord]:
     """The tape as the store holds it now, in round order."""
     tape = invariants.read_tape(view(c))
     return [tape[r] for r in sorted(tape)]
+
+
+def snapshot(c: Cluster, round_: int, learner: str) -> Snapshot | None:
+    """``learner``'s snapshot of ``round_`` as the store holds it now: the lowest valid slot's
+    (protocol §16.4.2), None when no slot holds one."""
+    for slot in range(slots.SLOTS):
+        stored = c.store.get(slots.snapshot_key(_envelope(c), round_, learner, slot))
+        if stored is None:
+            return None
+        found = slots.open_snapshot(_envelope(c), round_, learner, slot, stored.data)
+        if isinstance(found, Snapshot):
+            return found
+    return None

@@ -77,6 +77,9 @@ class Listed:
     now_s: float
     req: int
     keys: tuple[str, ...]
+    cut: bool = False
+    """The folder held more keys than a node reads of one listing (a flood sorted ahead of
+    the rest, spec/protocol.md §16.4.5): keys past ``keys[-1]`` were not read."""
 
 
 @attrs.frozen(kw_only=True)

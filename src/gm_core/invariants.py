@@ -26,7 +26,7 @@ the round whose folder it was listed in (the key), never the round it claims.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
 import attrs
@@ -143,13 +143,13 @@ def _unacceptable(
     §11.1, record level), or None when a closer may accept it.
 
     ``committed`` is the committed version of the round's fragment before the round.
-    Only acceptance matters here, not which reason comes first.
+    Only acceptance matters here, not which reason comes first. (One that names another
+    round is no snapshot of the folder at all: :func:`_snapshot_of` never returns it.)
     """
     # A learner publishes r after aligning r - in_flight; the fragment's previous
     # commit is r - P: its base may lag ceil(in_flight / P) - 1 versions.
     stale_bound = max(0, (cfg.in_flight + cfg.fragments - 1) // cfg.fragments - 1)
     rules = (
-        (snap.round == round_, f"claims round {snap.round}"),
         (snap.fragment == round_ % cfg.fragments, f"has fragment {snap.fragment}"),
         (min(snap.steps, snap.tokens, snap.base_version) >= 0, "has a negative count"),
         (snap.base_version <= committed, f"has base {snap.base_version} > {committed}"),
@@ -240,8 +240,10 @@ def retention(view: ClusterView) -> tuple[str, ...]:
 
 
 def one_snapshot_per_learner_per_round(view: ClusterView) -> tuple[str, ...]:
-    """A snapshot lives at its learner's key for its round, written once."""
+    """A snapshot lives at one of its learner's slots for its round, and only one is written
+    (a learner that finds a snapshot of its own at a slot gives the round up, §16.4.2)."""
     out = []
+    seen: dict[tuple[int, str], str] = {}
     for key, data in _created(view, keys.SnapshotKey).items():
         parsed = keys.parse(key)
         assert isinstance(parsed, keys.SnapshotKey)
@@ -250,7 +252,23 @@ def one_snapshot_per_learner_per_round(view: ClusterView) -> tuple[str, ...]:
             continue  # a malformed snapshot is the closer's to reject, not a protocol breach
         if (snap.learner, snap.round) != (parsed.learner, parsed.round):
             out.append(f"{key} holds a snapshot of {snap.learner} for round {snap.round}")
+        elif (first := seen.setdefault((snap.round, snap.learner), key)) != key:
+            out.append(f"{snap.learner} wrote two snapshots of round {snap.round}: {first}, {key}")
     return tuple(out)
+
+
+def _snapshot_of(items: Iterable[tuple[str, bytes]], round_: int, learner: str) -> Snapshot | None:
+    """``learner``'s snapshot of ``round_``, at whichever of its slots holds one."""
+    for key, data in items:
+        parsed = _parse_or_none(key)
+        if isinstance(parsed, keys.SnapshotKey) and (parsed.round, parsed.learner) == (
+            round_,
+            learner,
+        ):
+            snap = _as(Snapshot, data)
+            if snap is not None and (snap.learner, snap.round) == (learner, round_):
+                return snap
+    return None
 
 
 def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
@@ -267,10 +285,8 @@ def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
         if set(names) & {x.learner for x in rec.rejections}:
             out.append(f"round {r}: a learner both accepted and rejected")
         for p in rec.participants:
-            # Judged against the folder it was listed in, whatever round it claims.
-            data = snapshots.get(keys.snapshot(r, p.learner))
-            snap = _as(Snapshot, data) if data is not None else None
-            if snap is None or snap.learner != p.learner:
+            snap = _snapshot_of(snapshots.items(), r, p.learner)
+            if snap is None:
                 out.append(f"round {r}: {p.learner} never wrote a valid snapshot")
                 continue
             committed = before[r % cfg.fragments].version
@@ -478,10 +494,10 @@ def merge_weights(store: ModelStore, merge: Merge, max_share: float | None) -> t
     names = [x.learner for x in merge.contributions]
     out = [] if names == sorted(set(names)) else [f"round {merge.round}: contributors {names}"]
     snaps = []
+    folder = [(k, store.objects[k].data) for k in store.list(keys.snapshot_prefix(merge.round))]
     for x in merge.contributions:
-        stored = store.get(keys.snapshot(merge.round, x.learner))
-        snap = _as(Snapshot, stored.data) if stored is not None else None
-        if snap is None or snap.steps < 1 or snap.learner != x.learner:
+        snap = _snapshot_of(folder, merge.round, x.learner)
+        if snap is None or snap.steps < 1:
             return (*out, f"round {merge.round}: merges {x.learner} without a snapshot")
         if (x.payload, x.final) != (snap.payload, snap.final):
             out.append(f"round {merge.round}: {x.learner}'s payload or final differs")

@@ -8,7 +8,8 @@ Keys are relative to the run prefix (the mailbox prepends it)::
     head.json                                  hint of the newest committed round
     rounds/{round:012d}.json                   the tape: round's record, slot 0
     rounds/{round:012d}.{name}.json            the same round's slots 1..15 (protocol §16.4)
-    snapshots/{round:012d}/{learner}.json      a learner's contribution to a round
+    snapshots/{round:012d}/{learner}.json      a learner's contribution to a round, slot 0
+    snapshots/{round:012d}/{learner}/{name}.json   the same contribution's slots 1..15
     payloads/{round:012d}/{digest}.st          tensor bytes, named by their content hash
     leases/{node}.json                         a node's liveness token
     claims/{round:012d}/{attempt:04d}.json     create-once takeover bids for a round
@@ -87,7 +88,8 @@ _DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 _SLOT_NAME_RE = re.compile(r"[0-9a-f]{16}")
 
 SLOT_NAME_CHARS = 16
-"""A record slot above 0 is named by this many lowercase hex characters (a keyed hash)."""
+"""A slot above 0 (of a record or snapshot key) is named by this many lowercase hex characters
+(a keyed hash)."""
 
 
 class BadKey(ValueError):  # noqa: N818 (the protocol names it BadKey)
@@ -146,10 +148,12 @@ class RoundKey:
 
 @attrs.frozen
 class SnapshotKey:
-    """``snapshots/{round}/{learner}.json``."""
+    """``snapshots/{round}/{learner}.json`` (slot 0, ``name`` None) or
+    ``snapshots/{round}/{learner}/{name}.json``."""
 
     round: int
     learner: str
+    name: str | None = None
 
 
 @attrs.frozen
@@ -295,9 +299,13 @@ def round_record(r: int, name: str | None = None) -> str:
     """
     if name is None:
         return f"{ROUNDS_PREFIX}{_round(r)}{_JSON}"
+    return f"{ROUNDS_PREFIX}{_round(r)}.{_slot_name(name)}{_JSON}"
+
+
+def _slot_name(name: str) -> str:
     if not isinstance(name, str) or _SLOT_NAME_RE.fullmatch(name) is None:
         raise ValueError(f"slot name {name!r} is not {SLOT_NAME_CHARS} lowercase hex digits")
-    return f"{ROUNDS_PREFIX}{_round(r)}.{name}{_JSON}"
+    return name
 
 
 def round_prefix(r: int) -> str:
@@ -310,9 +318,14 @@ def snapshot_prefix(r: int) -> str:
     return f"{SNAPSHOTS_PREFIX}{_round(r)}/"
 
 
-def snapshot(r: int, learner: str) -> str:
-    """Key of ``learner``'s snapshot for round ``r``."""
-    return f"{snapshot_prefix(r)}{_id(learner, 'learner')}{_JSON}"
+def snapshot(r: int, learner: str, name: str | None = None) -> str:
+    """Key of ``learner``'s snapshot for round ``r``: slot 0, or the slot named ``name``.
+
+    Slots above 0 sit in a folder of the learner's own, so "a learner writes only
+    under its own id" stays one prefix rule for bucket permissions (protocol §16.4.1).
+    """
+    stem = f"{snapshot_prefix(r)}{_id(learner, 'learner')}"
+    return f"{stem}{_JSON}" if name is None else f"{stem}/{_slot_name(name)}{_JSON}"
 
 
 def payload_prefix(r: int) -> str:
@@ -428,8 +441,8 @@ def build(parsed: ParsedKey) -> str:
             return head()
         case RoundKey(round=r, name=name):
             return round_record(r, name)
-        case SnapshotKey(round=r, learner=learner):
-            return snapshot(r, learner)
+        case SnapshotKey(round=r, learner=learner, name=name):
+            return snapshot(r, learner, name)
         case PayloadKey(round=r, digest=digest):
             return payload(r, digest)
         case LeaseKey(node=node):
@@ -507,9 +520,7 @@ def parse(key: str) -> ParsedKey:
         _, name = _segments(key, parts, 2)
         return _parse_round(key, _strip(key, name, _JSON))
     if folder == SNAPSHOTS_PREFIX[:-1]:
-        _, round_text, name = _segments(key, parts, 3)
-        r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
-        return SnapshotKey(r, _parse_id(key, _strip(key, name, _JSON), "learner"))
+        return _parse_snapshot(key, parts)
     if folder == PAYLOADS_PREFIX[:-1]:
         _, round_text, name = _segments(key, parts, 3)
         r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
@@ -540,15 +551,30 @@ def parse(key: str) -> ParsedKey:
     raise BadKey(key, f"unknown folder {folder!r}")
 
 
+def _parse_snapshot(key: str, parts: list[str]) -> SnapshotKey:
+    """``{round}/{learner}.json`` (slot 0) or ``{round}/{learner}/{name}.json``."""
+    if len(parts) not in (3, 4):
+        raise BadKey(key, f"expected 3 or 4 path segments, got {len(parts)}")
+    r = _parse_number(key, parts[1], _ROUND_WIDTH, "round")
+    if len(parts) == 3:
+        return SnapshotKey(r, _parse_id(key, _strip(key, parts[2], _JSON), "learner"))
+    name = _parse_slot(key, _strip(key, parts[3], _JSON))
+    return SnapshotKey(r, _parse_id(key, parts[2], "learner"), name)
+
+
+def _parse_slot(key: str, name: str) -> str:
+    if _SLOT_NAME_RE.fullmatch(name) is None:
+        raise BadKey(key, f"slot name {name!r} is not {SLOT_NAME_CHARS} lowercase hex digits")
+    return name
+
+
 def _parse_round(key: str, stem: str) -> RoundKey:
     """``{round}`` (slot 0) or ``{round}.{name}`` (a named slot)."""
     round_text, dot, name = stem.partition(".")
     r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
     if not dot:
         return RoundKey(r)
-    if _SLOT_NAME_RE.fullmatch(name) is None:
-        raise BadKey(key, f"slot name {name!r} is not {SLOT_NAME_CHARS} lowercase hex digits")
-    return RoundKey(r, name)
+    return RoundKey(r, _parse_slot(key, name))
 
 
 def _parse_barrier(key: str, parts: list[str]) -> BarrierArrivalKey | BarrierMarkerKey:

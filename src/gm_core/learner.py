@@ -47,7 +47,7 @@ from typing import assert_never
 
 import attrs
 
-from gm_core import auth, cadence, keys, liveness, schedule, timing
+from gm_core import auth, cadence, keys, liveness, schedule, slots, timing
 from gm_core.auth import Envelope, RunAuth
 from gm_core.commands import (
     Align,
@@ -159,7 +159,9 @@ class Outgoing:
     token_count: int
     final: bool
     published: bool = False
-    data: bytes | None = None
+    snapshot: Snapshot | None = None
+    slot: int = 0
+    """The slot of the snapshot key being written (spec/protocol.md §16.4)."""
     attempts: int = 1
     requests: Requests = attrs.field(factory=Requests)
     """The node's requests this snapshot reports (see :func:`_captured`)."""
@@ -546,18 +548,26 @@ def _captured(state: LearnerState, round_: int, event: Event, cmds: list[Command
         final=out.final,
         requests=requests,
     )
-    data = state.envelope.pack(keys.snapshot(round_, state.node), snapshot)
-    return _write_snapshot(state, attrs.evolve(out, data=data), cmds)
+    return _write_snapshot(state, attrs.evolve(out, snapshot=snapshot), cmds)
 
 
 def _write_snapshot(state: LearnerState, out: Outgoing, cmds: list[Command]) -> LearnerState:
-    assert out.data is not None
     outgoing = dict(state.outgoing)
     outgoing[out.round] = out
     state = attrs.evolve(state, outgoing=outgoing)
     state, req = issue(state, Purpose(kind=Ask.SNAPSHOT, round=out.round))
-    cmds.append(PutOnce(req=req, key=keys.snapshot(out.round, state.node), data=out.data))
+    cmds.append(PutOnce(req=req, key=_snapshot_key(state, out), data=_packed(state, out)))
     return state
+
+
+def _snapshot_key(state: LearnerState, out: Outgoing) -> str:
+    return slots.snapshot_key(state.envelope, out.round, state.node, out.slot)
+
+
+def _packed(state: LearnerState, out: Outgoing) -> bytes:
+    """The bytes of ``out``'s snapshot at its slot (sealed for that key: they differ per slot)."""
+    assert out.snapshot is not None
+    return state.envelope.pack(_snapshot_key(state, out), out.snapshot)
 
 
 def _snapshot_written(
@@ -572,7 +582,7 @@ def _snapshot_written(
         return _published(attrs.evolve(state, lease_at_s=lease_at_s), out, cmds)
     # Taken, or unknown after a lost response: our own earlier attempt may have landed.
     state, req = issue(state, Purpose(kind=Ask.SNAPSHOT_CHECK, round=round_))
-    cmds.append(Get(req=req, key=keys.snapshot(round_, state.node)))
+    cmds.append(Get(req=req, key=_snapshot_key(state, out)))
     return state
 
 
@@ -586,23 +596,39 @@ def _published(state: LearnerState, out: Outgoing, cmds: list[Command]) -> Learn
 def _snapshot_checked(
     state: LearnerState, round_: int, event: Event, cmds: list[Command]
 ) -> LearnerState:
-    """Learn whether the snapshot at our key is ours; write it again while attempts last."""
+    """Learn whether the snapshot at our slot is ours; write it again while attempts last."""
     out = state.outgoing.get(round_)
-    if out is None or out.data is None:
+    if out is None or out.snapshot is None:
         return state
-    if isinstance(event, GotObject) and event.data == out.data:
-        return _published(state, out, cmds)
-    # Another incarnation's snapshot holds the key: the closer judges that one, so
-    # this node is not awaited and there is nothing to retry.
-    taken = isinstance(event, GotObject) and event.data is not None
-    if taken:
-        detail = "another incarnation of this node wrote a different snapshot"
-    elif out.attempts >= MAX_PUBLISH_ATTEMPTS:
-        detail = failure(event) if not isinstance(event, GotObject) else "write never landed"
-    else:
+    if isinstance(event, GotObject) and event.data is not None:
+        return _slot_taken(state, out, event.data, event.now_s, cmds)
+    if out.attempts < MAX_PUBLISH_ATTEMPTS:
         return _write_snapshot(state, attrs.evolve(out, attempts=out.attempts + 1), cmds)
+    detail = failure(event) if not isinstance(event, GotObject) else "write never landed"
     cmds.append(Notify(kind="publish_failed", round=round_, detail=detail))
-    return _give_up(state, round_, event.now_s, retry=not taken)
+    return _give_up(state, round_, event.now_s, retry=True)
+
+
+def _slot_taken(
+    state: LearnerState, out: Outgoing, data: bytes, now_s: float, cmds: list[Command]
+) -> LearnerState:
+    """Our slot holds ``data``: ours, another incarnation's snapshot, or garbage to step over."""
+    if data == _packed(state, out):
+        return _published(state, out, cmds)
+    found = slots.open_snapshot(state.envelope, out.round, state.node, out.slot, data)
+    if isinstance(found, Snapshot):
+        # Another incarnation's snapshot is this node's snapshot of the round: the
+        # closer judges that one, so this node is not awaited and there is nothing to retry.
+        detail = "another incarnation of this node wrote a different snapshot"
+    elif out.slot + 1 < slots.SLOTS:
+        cmds.append(Notify(kind="snapshot_slot_skipped", round=out.round, detail=found.detail))
+        return _write_snapshot(state, attrs.evolve(out, slot=out.slot + 1, attempts=1), cmds)
+    else:
+        detail = (
+            f"all {slots.SLOTS} slots of the snapshot key hold invalid objects (slots_exhausted)"
+        )
+    cmds.append(Notify(kind="publish_failed", round=out.round, detail=detail))
+    return _give_up(state, out.round, now_s, retry=False)
 
 
 def _give_up(state: LearnerState, round_: int, now_s: float, *, retry: bool) -> LearnerState:

@@ -54,16 +54,13 @@ from gm_core.records import (
     Manifest,
     RoundRecord,
 )
+from gm_core.slots import SLOTS
 
 LAST_ROUND = keys.ROUND_LIMIT // 2 - 1
 """The last round a record or head hint may name: half the key space (16,000 years at a
 round a second), so every round a node derives from a plausible one (the next, a flush
 of every fragment) still has a key."""
 
-
-SLOTS = 16
-"""Slots per round record key: the most invalid objects a reader skips before a round's
-record, and so the most GETs garbage can cost a node per round (protocol §16.4.3)."""
 
 _ROUND_KIND = "round"
 

@@ -243,8 +243,20 @@ class SlotsExhausted(Event):
 
 
 @attrs.frozen(kw_only=True)
+class SnapshotSlotSkipped(Event):
+    """This learner found an object that is not its snapshot at its snapshot key's slot
+    (garbage, a forgery, another run's object) and writes the next slot instead
+    (spec/protocol.md §16.4); nothing is lost, the detail says what was there."""
+
+    kind: ClassVar[str] = "snapshot_slot_skipped"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
 class SnapshotMalformed(Event):
-    """A snapshot object did not decode; its learner is rejected ``corrupt``."""
+    """A snapshot object is not a snapshot of its key (it does not decode, or names another
+    learner or round): skipped, and the learner's next slot read; if none comes before the
+    round closes, the learner is rejected ``corrupt``."""
 
     kind: ClassVar[str] = "snapshot_malformed"
     level: ClassVar[int] = logging.WARNING
@@ -252,7 +264,8 @@ class SnapshotMalformed(Event):
 
 @attrs.frozen(kw_only=True)
 class SnapshotUnauthenticated(Event):
-    """A snapshot object without a valid tag of the run key; its learner is rejected
+    """A snapshot object without a valid tag of the run key: skipped, and the learner's next
+    slot read; if none comes before the round closes, the learner is rejected
     ``unauthenticated``. The detail says why (untagged, wrong key id, bad tag...)."""
 
     kind: ClassVar[str] = "snapshot_unauthenticated"
@@ -384,6 +397,7 @@ _PLAIN: dict[str, type[Event]] = {
         AlignFailed,
         RecordRejected,
         SlotsExhausted,
+        SnapshotSlotSkipped,
         SnapshotMalformed,
         SnapshotUnauthenticated,
         ClaimRejected,

@@ -141,8 +141,9 @@ class Reader:
 
     # -- listings -------------------------------------------------------------------------
 
-    async def list(self, prefix: str, offset: str | None = None) -> list[Listed]:
-        """The first :data:`MAX_LISTED_KEYS` keys under ``prefix`` after ``offset``."""
+    async def list(self, prefix: str, offset: str | None = None) -> tuple[list[Listed], bool]:
+        """The first :data:`MAX_LISTED_KEYS` keys under ``prefix`` after ``offset``, and
+        whether there were more."""
         found, cut = await self._mailbox.list_capped(
             prefix, offset=offset, max_keys=MAX_LISTED_KEYS
         )
@@ -161,7 +162,7 @@ class Reader:
                     limit=MAX_LISTED_KEYS,
                 )
             )
-        return found
+        return found, cut
 
     # -- payloads -------------------------------------------------------------------------
 

@@ -685,8 +685,8 @@ class Runtime:
             await mailbox.put(cmd.key, cmd.data)
             return PutDone(now_s=now(), req=cmd.req, created=True)
         if isinstance(cmd, List):
-            items = await self._reads.list(cmd.prefix, offset=cmd.offset)
-            return Listed(now_s=now(), req=cmd.req, keys=tuple(item.key for item in items))
+            items, cut = await self._reads.list(cmd.prefix, offset=cmd.offset)
+            return Listed(now_s=now(), req=cmd.req, keys=tuple(x.key for x in items), cut=cut)
         if isinstance(cmd, Delete):
             await mailbox.delete(cmd.keys)
             return Deleted(now_s=now(), req=cmd.req)

@@ -47,8 +47,8 @@ PINNED = {
     "a learner dies for good, quorum 2": 11_903,
     "one node two rounds in flight": 14_691,
     "one closer, a learner gives a round up": 4_477,
-    "a forger without the key writes a snapshot": 6_352,
-    "a forger without the key, two rounds": 1_117,
+    "a forger without the key writes a snapshot": 6_675,
+    "a forger without the key, two rounds": 373,
 }
 PINNED_LONG = {
     "two closers race through a poll": 433_682,

@@ -17,7 +17,7 @@ from fast_cluster import FAST_C, FAST_L, C, L, random_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gm_core import auth, closer, codec, keys, learner, tape
+from gm_core import auth, closer, codec, keys, learner, slots, tape
 from gm_core import cluster as cl
 from gm_core.check import forger
 from gm_core.records import FORMAT_VERSION, AlgorithmConfig, Claim, Head, Lease, Reason, Snapshot
@@ -160,7 +160,36 @@ def test_forged_snapshots_are_rejected_by_name() -> None:
     assert not any("evil" in {p.learner for p in r.participants} for r in records)
     notes = [n for _, n in c.notes if n.kind == "snapshot_unauthenticated"]
     assert {n.round for n in notes} >= set(rejected)
-    assert all("evil: untagged" in n.detail for n in notes)
+    assert all("evil slot 0: untagged" in n.detail for n in notes)
+
+
+@pytest.mark.parametrize("how", ["garbage", "bare", "bad_tag"])
+def test_a_squatted_snapshot_key_costs_its_learner_nothing(how: str) -> None:
+    """Objects at an honest learner's snapshot keys (slot 0) for its next rounds: it writes
+    at slot 1 instead (a name the forger cannot compute), and its snapshots are merged."""
+    rng = random.Random(2)
+    c = started()
+    while not cl.records(c):
+        c = step(c, rng)
+    first = cl.records(c)[-1].round + 1
+    rounds = range(first, first + 12)
+    for r in rounds:
+        key = keys.snapshot(r, "n2")
+        body = b"\x00garbage" if how == "garbage" else codec.encode(Head(round=r))
+        c = cl.inject(c, key, seal(how, key, body) if how != "garbage" else body)
+    while cl.records(c)[-1].round < rounds[-1] + CONFIG.fragments:
+        c = step(c, rng)
+    assert cl.check(c) == []
+    squatted = {r for r in rounds if keys.snapshot(r, "n2") in c.hostile}  # (not yet written)
+    records = [r for r in cl.records(c) if r.round in squatted]
+    merged = [r.round for r in records if "n2" in {p.learner for p in r.participants}]
+    assert merged  # format 1: none (n2 gave each squatted round up)
+    created = {key for key, _ in c.store.created}  # (old rounds' objects are swept since)
+    assert {slots.snapshot_key(ENVELOPE, r, "n2", 1) for r in merged} <= created
+    skipped = {n.round for _, n in c.notes if n.kind == "snapshot_slot_skipped"}
+    assert set(merged) <= skipped
+    failed = [n for _, n in c.notes if n.kind == "publish_failed" and n.round in squatted]
+    assert not failed
 
 
 def test_an_open_node_and_a_keyed_run_do_not_mix() -> None:

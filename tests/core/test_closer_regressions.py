@@ -7,6 +7,11 @@
 2. A leader deposed while it collected (a follower judged it dead and took the
    round over through a claim) must learn of the winner's record; otherwise it
    collects a finished round forever and never leads or follows again.
+3. A snapshot folder flooded with keys that sort ahead of the learners' ids: the
+   shell reads a capped number of keys per listing (gm_shell.limits), so the
+   learners' own snapshots were never listed and, with a quorum of all, no round
+   closed again. The leader now reads known learners' snapshots by name when a
+   listing is cut (spec/protocol.md §16.4.5).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import random
 from fast_cluster import FAST_C, FAST_L, C, L
 
 from gm_core import cluster as cl
+from gm_core import keys
 from gm_core.records import AlgorithmConfig
 
 
@@ -70,3 +76,23 @@ def test_a_deposed_leader_adopts_the_record_of_the_round_it_was_collecting() -> 
     state = c.nodes[leader].closer
     assert state is not None
     assert state.round > taken, f"{leader} still at round {state.round} ({state.phase})"
+
+
+def test_a_flooded_snapshot_folder_hides_no_known_learner() -> None:
+    roles = {"n0": frozenset({L, C}), "n1": frozenset({L}), "n2": frozenset({L})}
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=3, in_flight=1)
+    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C, list_cap=8)
+    for name in sorted(roles):
+        c = cl.start(c, name)
+    rng = random.Random(5)
+    while not cl.records(c):
+        c = drive(c, 1, rng)
+    flooded = range(cl.records(c)[-1].round + 1, cl.records(c)[-1].round + 9)
+    for r in flooded:  # "a…" sorts ahead of every learner's id
+        for i in range(12):
+            c = cl.inject(c, keys.snapshot(r, f"a{i:02d}"), b"{}")
+    c = drive(c, 300, rng)
+    records = {r.round: r for r in cl.records(c)}
+    assert flooded[-1] in records, f"stuck at round {max(records)}"
+    for r in flooded:
+        assert len(records[r].participants) == 3, records[r]

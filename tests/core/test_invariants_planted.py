@@ -120,7 +120,8 @@ def test_a_planted_bug_is_caught_by_the_invariant_that_restates_its_rule(
 
 def test_a_snapshot_is_judged_against_the_round_it_was_listed_under() -> None:
     """A participant's snapshot that claims another round (same fragment, current base)
-    fails acceptance: the folder it sits in is what counts."""
+    fails acceptance: the folder it sits in is what counts, and an object naming another
+    round is no snapshot of that folder's learner at all (spec/protocol.md §16.4.2)."""
     c = run_fair(make(QUORUM_3), 60)
     record = cl.records(c)[4]
     key = keys.snapshot(4, record.participants[0].learner)
@@ -129,5 +130,5 @@ def test_a_snapshot_is_judged_against_the_round_it_was_listed_under() -> None:
     created = tuple((k, forged if k == key else d) for k, d in c.store.created)
     c = attrs.evolve(c, store=attrs.evolve(c.store, created=created))
     assert invariants.acceptance_soundness(cl.view(c)) == (
-        f"round 4: {record.participants[0].learner} accepted, but its snapshot claims round 6",
+        f"round 4: {record.participants[0].learner} never wrote a valid snapshot",
     )

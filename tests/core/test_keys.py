@@ -56,7 +56,7 @@ parsed_keys: st.SearchStrategy[ParsedKey] = st.one_of(
     st.just(ManifestKey()),
     st.just(HeadKey()),
     st.builds(RoundKey, rounds, slot_names),
-    st.builds(SnapshotKey, rounds, ids),
+    st.builds(SnapshotKey, rounds, ids, slot_names),
     st.builds(PayloadKey, rounds, digests),
     st.builds(LeaseKey, ids),
     st.builds(ClaimKey, rounds, attempts),
@@ -175,6 +175,8 @@ def test_layout_is_the_documented_one() -> None:
     assert keys.head() == "head.json"
     assert keys.round_record(7) == "rounds/000000000007.json"
     assert keys.snapshot(7, "l-1") == "snapshots/000000000007/l-1.json"
+    named = keys.snapshot(7, "l-1", "0123456789abcdef")
+    assert named == "snapshots/000000000007/l-1/0123456789abcdef.json"
     assert keys.snapshot_prefix(7) == "snapshots/000000000007/"
     assert keys.payload(7, d) == f"payloads/000000000007/{d}.st"
     assert keys.payload_prefix(7) == "payloads/000000000007/"

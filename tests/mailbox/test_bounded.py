@@ -126,8 +126,9 @@ def test_a_flooded_folder_costs_a_reader_four_pages_and_one_event(tmp_path: Path
 
     async def body() -> None:
         for _ in range(3):
-            assert len(await reader.list(keys.claim_prefix(5))) == MAX_LISTED_KEYS
-        assert len(await reader.list(keys.claim_prefix(4))) == 0
+            found, cut = await reader.list(keys.claim_prefix(5))
+            assert (len(found), cut) == (MAX_LISTED_KEYS, True)
+        assert await reader.list(keys.claim_prefix(4)) == ([], False)
 
     try:
         asyncio.run(body())

@@ -77,7 +77,6 @@ OPEN_VERDICTS = {
     "evil-bomb": Reason.CORRUPT,  # a 22-byte zstd frame declaring 1 GiB
     "evil-inflate": Reason.CORRUPT,  # a zstd frame of 16 MiB of zeros, size undeclared
     "evil-tensor": Reason.CORRUPT,  # a 2 GiB tensor declared in a file of ~100 bytes
-    "n2": Reason.CORRUPT,  # garbage at an honest learner's own key, written before it
 }
 ACCEPTED_WHEN_OPEN = ("evil-tokens", "evil-slow")
 """Well-formed zero deltas from ids that never joined: an open run merges them (no promise
@@ -88,7 +87,8 @@ BAD_KEYS = ("nested/evil.json", "évil.json", "..evil.json", "%2e%2e.json", "a" 
 """Names under a round's snapshot folder that no learner could have written."""
 EVENTS = {
     "refused": "evil-huge",  # the 8 MiB snapshot, never downloaded
-    "publish_failed": "",  # n2 found garbage at its own key and gave the round up
+    # Garbage at an honest learner's own key, written before it: n2 writes its next slot.
+    "snapshot_slot_skipped": "n2 slot 0",
     "listing_cut": "claims/",  # 4,001 claims: a closer reads four pages of them
 }
 CLAIM_FLOOD = 4_001
@@ -363,7 +363,7 @@ async def attack_until_answered(
         got = await mailbox.get(keys.manifest())
         assert got is not None
         manifest = codec.decode(Manifest, unwrapped(got.data))
-        pending = {*expected, *ACCEPTED_WHEN_OPEN}
+        pending = {*expected, *ACCEPTED_WHEN_OPEN, "n2"}
         hostile = Hostile(mailbox=mailbox, manifest=manifest, keyed=keyed, pending=pending)
         deadline = time.monotonic() + ATTACK_S
         while time.monotonic() < deadline:
@@ -373,6 +373,8 @@ async def attack_until_answered(
             if not keyed:
                 hostile.pending -= merged & set(ACCEPTED_WHEN_OPEN)
             events = h.all_events()
+            if "snapshot_slot_skipped" not in missing_events(events):
+                hostile.pending.discard("n2")
             bad_keys = [e["detail"] for e in events if e["event"] == "bad_key"]
             unnamed = [k for k in BAD_KEYS if not any(d.endswith(k) for d in bad_keys)]
             hostile.unnamed = unnamed

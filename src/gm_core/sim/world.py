@@ -45,7 +45,7 @@ import numpy as np
 
 from gm_core import closer, cluster, codec, invariants, keys, learner
 from gm_core.commands import Align, Capture, Command, List, Merge, PutOnce, PutOver
-from gm_core.records import RoundRecord, Snapshot, TensorSpec
+from gm_core.records import RoundRecord, TensorSpec
 from gm_core.sim import checks, speed
 from gm_core.sim.metrics import Ledger, Sample, Span, Summary, Tally, settled, summarize
 from gm_core.sim.scenario import CheckPolicy, Fault, FaultKind, Scenario
@@ -449,10 +449,9 @@ class _World:
         """Credit the steps the record's deltas carry that no earlier commit carried."""
         p = self.s.config.fragments
         for x in record.participants:
-            stored = self.c.store.get(keys.snapshot(record.round, x.learner))
-            if stored is None:
+            snapshot = cluster.snapshot(self.c, record.round, x.learner)
+            if snapshot is None:
                 continue
-            snapshot = codec.decode(Snapshot, stored.data)
             span = self.ledger.spans.get(snapshot.payload.digest)
             if span is not None:
                 steps = self.ledger.credit(span)
