@@ -93,7 +93,7 @@ def test_restored_progress_never_counts_a_step_twice(seed: int, before: int, aft
     at_save = c.nodes["n0"].learner
     assume(at_save is not None and at_save.phase is learner.Phase.RUNNING)
     assume(at_save.aligned_round >= 0)
-    copies = frozenset(r for r, o in at_save.outgoing.items() if o.data is not None)
+    copies = frozenset(r for r, o in at_save.outgoing.items() if o.snapshot is not None)
     saved = resume.drifts(at_save, copies)
     c = run_for(c, rng, after)
     last = c.nodes["n0"].learner

@@ -193,6 +193,9 @@ def test_fsdp_checkpointed_and_accelerate_models_have_the_plain_models_schema(
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))  # else set
+    # A Trainer made earlier in this process (tests/integrations) leaves accelerate's
+    # process-wide state non-distributed; start from none, as a fresh script does.
+    accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
     try:
         prepared = accelerate.Accelerator(cpu=True).prepare(torch_model(0)[0])
         assert isinstance(prepared, torch.nn.parallel.DistributedDataParallel)
