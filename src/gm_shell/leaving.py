@@ -18,6 +18,12 @@ module covers the rest, for every session still open in the process:
   action (a handler the program set is its own business), and with no session
   open it dies exactly as the default action would.
 
+A process that supervises learner processes (the demo's launcher) holds no lease
+itself, but SIGTERM's default action would kill it before it stops them: they
+would train on, holding their leases, with nobody left to wait for them.
+:func:`sigterm_raises` makes SIGTERM unwind such a process through its
+``finally`` clauses too, where it terminates its children (which then leave).
+
 Leaving (``Session._leave``) is the quick half of closing: no final flush, no
 waiting for commits, only "stop the machines, then delete the lease".
 
@@ -31,10 +37,12 @@ is what covers them.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Protocol
 
@@ -99,6 +107,29 @@ def _catch_sigterm() -> None:
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Inside the block, SIGTERM raises ``SystemExit(143)`` in the main thread, open
+    sessions or not (a second one takes the default action); the handler before is
+    put back after. As with sessions, only over the default action or this module's
+    own handler, and only from the main thread (elsewhere: no change)."""
+    previous = signal.getsignal(signal.SIGTERM)
+    ours = previous in (signal.SIG_DFL, _on_sigterm)
+    if not ours or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise SystemExit(EXIT_ON_SIGTERM)
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

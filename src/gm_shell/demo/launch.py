@@ -9,7 +9,9 @@ through the run's ``file://`` mailbox) and one for the data-parallel baseline
 run" on the same cores. While they train it redraws their progress lines and
 scores the newest committed model now and then (:mod:`gm_shell.demo.committed`);
 a process that fails stops the demo (the others are terminated) with the tail
-of its log. When all have exited it reads the tape and scores the final
+of its log, and SIGTERM or SIGINT to the launcher terminates them all (the
+learners then leave the run: none trains on alone, holding its lease). When
+all have exited it reads the tape and scores the final
 committed model, writes ``summary.json`` and prints the table, and only then
 draws the plot (``gm demo`` checks for torch and matplotlib before it starts).
 """
@@ -28,6 +30,7 @@ from typing import TextIO
 
 import attrs
 
+from gm_shell import leaving
 from gm_shell.accounting import Stats
 from gm_shell.demo import layout, progress
 from gm_shell.demo import spec as spec_module
@@ -105,16 +108,24 @@ def _log_tail(run: layout.RunDir, worker: str) -> str:
     return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
+STOP_GRACE_S = 30.0
+"""How long stopped workers get to exit by themselves before they are killed: a learner
+leaves the run (deletes its lease) at once on SIGTERM, but then the interpreter tears
+torch down, seconds of work on a loaded machine."""
+
+
 def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
     """Terminate the workers still running (only the processes this launcher started)."""
     for proc in procs.values():
         if proc.poll() is None:
             proc.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
     for proc in procs.values():
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 def _header(spec: DemoSpec, run: layout.RunDir, elapsed_s: float) -> str:
@@ -132,28 +143,31 @@ def watch(
 ) -> float:
     """Redraw progress (calling ``tick`` each time) until every worker exits; the wall time.
 
-    A worker that fails raises DemoError; the others are then terminated.
+    A worker that fails raises DemoError; the others are then terminated, and so are
+    all of them when this process gets SIGTERM (``SystemExit(143)`` then: see
+    :func:`gm_shell.leaving.sigterm_raises`) or SIGINT, so none trains on alone.
     """
     display = LiveDisplay(out)
     start = time.monotonic()
-    try:
-        while True:
-            tick()
-            elapsed = time.monotonic() - start
-            frame = render(_header(spec, run, elapsed), views(run, list(procs)), spec.steps)
-            failed = [n for n, p in procs.items() if p.returncode not in (None, 0)]
-            if failed:
-                raise DemoError(
-                    f"{failed[0]} exited with status {procs[failed[0]].returncode}; "
-                    f"the end of {run.log(failed[0])}:\n{_log_tail(run, failed[0])}"
-                )
-            if all(p.poll() == 0 for p in procs.values()):
-                display.draw(frame, final=True)
-                return elapsed
-            display.draw(frame)
-            time.sleep(POLL_S)
-    finally:
-        _stop(procs)
+    with leaving.sigterm_raises():
+        try:
+            while True:
+                tick()
+                elapsed = time.monotonic() - start
+                frame = render(_header(spec, run, elapsed), views(run, list(procs)), spec.steps)
+                failed = [n for n, p in procs.items() if p.returncode not in (None, 0)]
+                if failed:
+                    raise DemoError(
+                        f"{failed[0]} exited with status {procs[failed[0]].returncode}; "
+                        f"the end of {run.log(failed[0])}:\n{_log_tail(run, failed[0])}"
+                    )
+                if all(p.poll() == 0 for p in procs.values()):
+                    display.draw(frame, final=True)
+                    return elapsed
+                display.draw(frame)
+                time.sleep(POLL_S)
+        finally:
+            _stop(procs)
 
 
 def learner_totals(run: layout.RunDir, learners: int) -> LearnerTotals:
