@@ -19,7 +19,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from gm_core import closer, cluster, codec, learner, verdicts
+from gm_core import closer, cluster, codec, invariants, learner, verdicts
 from gm_core.check import actions
 from gm_core.check.bounds import CI_BOUNDS, LONG_BOUNDS
 from gm_core.check.explore import Bounds, explore, initial_state, narrate, step
@@ -31,6 +31,7 @@ from gm_core.check.transitions import Transitions
 from gm_core.events import TimerFired
 from gm_core.liveness import LeaseView
 from gm_core.records import Manifest
+from gm_core.sim import checks
 from gm_core.store_model import ModelStore
 from gm_shell import check_cli
 
@@ -81,6 +82,27 @@ def test_sets_explored_in_worker_processes_match_one_by_one_and_print_in_order(
     printed = capsys.readouterr().out.splitlines()
     verdicts = [line for line in printed if line.startswith("set ")]
     assert [line.split(":")[0] for line in verdicts] == list(sets)
+
+
+def test_per_node_invariants_judged_node_by_node_find_what_the_whole_view_finds() -> None:
+    """The checker judges checks.PER_NODE one node at a time (remembered per node state)."""
+    c = initial_state(Bounds(roles=("lc", "l", "l")))
+    ahead = attrs.evolve(c.nodes["n1"].learner, aligned_round=3)  # beyond an empty tape
+    view = cluster.view(
+        attrs.evolve(c, nodes={**c.nodes, "n1": attrs.evolve(c.nodes["n1"], learner=ahead)})
+    )
+    whole = checks.judge(view, checks.per_node_part())
+    split = [
+        v
+        for name in sorted(c.nodes)
+        for v in checks.judge(checks.one_node(view, name), checks.per_node_part())
+    ]
+    assert whole
+    assert sorted(map(str, split)) == sorted(map(str, whole))
+    assert set(invariants.STATE_INVARIANTS) - checks.STORE_ONLY >= checks.PER_NODE
+    assert set(checks.store_part() + checks.per_node_part() + checks.whole_part()) == set(
+        invariants.STATE_INVARIANTS
+    )
 
 
 def test_every_ci_bound_set_is_pinned() -> None:

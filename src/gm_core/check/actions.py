@@ -21,6 +21,7 @@ how ``gm check --replay`` re-runs a counterexample.
 from __future__ import annotations
 
 import enum
+import functools
 
 import attrs
 
@@ -53,7 +54,7 @@ class Kind(enum.StrEnum):
     """The forger writes one object (``node`` names the kind: gm_core.check.forger)."""
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, cache_hash=True)
 class Action:
     kind: Kind
     node: str = ""
@@ -143,30 +144,32 @@ def deliveries(
     oldest command of each machine may land next: requests of one machine complete
     in the order it issued them, while machines still interleave arbitrarily.
     """
-    out = []
+    out: list[Action] = []
     heads: set[tuple[str, cluster.Machine, int]] = set()
     for item in c.inflight:
         channel = (item.node, item.machine, item.incarnation)
         if fifo and channel in heads:
             continue
         heads.add(channel)
-        base = Action(
-            kind=Kind.DELIVER,
-            node=item.node,
-            machine=item.machine,
-            incarnation=item.incarnation,
-            req=_req(item.command),
-        )
-        out.append(base)
         faultable = (store_faults and _is_store(item.command)) or (
             capture_faults and isinstance(item.command, Capture)
         )
-        if faults_left <= 0 or (store_only and not faultable):
-            continue
-        out.append(attrs.evolve(base, fault=cluster.Fault.FAIL))
-        if is_write(item.command):
-            out.append(attrs.evolve(base, fault=cluster.Fault.LOSE_RESPONSE))
+        fates = 1  # as it is; then failed, then (a write) landed with its response lost
+        if faults_left > 0 and (faultable or not store_only):
+            fates = 3 if is_write(item.command) else 2
+        out.extend(_deliveries(*channel, _req(item.command))[:fates])
     return out
+
+
+@functools.lru_cache(maxsize=65_536)
+def _deliveries(
+    node: str, machine: cluster.Machine, incarnation: int, req: int
+) -> tuple[Action, Action, Action]:
+    """The three fates of one command in flight (as it is, failed, response lost), made
+    once: a search lists the same commands in thousands of states."""
+    base = Action(kind=Kind.DELIVER, node=node, machine=machine, incarnation=incarnation, req=req)
+    fail = attrs.evolve(base, fault=cluster.Fault.FAIL)
+    return base, fail, attrs.evolve(base, fault=cluster.Fault.LOSE_RESPONSE)
 
 
 def _is_store(cmd: Command) -> bool:
@@ -193,12 +196,9 @@ def enabled(
     kinds of object the forger may write (each once per path).
     """
     out = deliveries(c, faults_left, store_faults_only, fifo, capture_faults, store_faults)
-    out.extend(
-        Action(kind=Kind.FIRE, node=name, machine=machine)
-        for name, machine in cluster.due_timers(c)
-    )
+    out.extend(_local(Kind.FIRE, name, machine) for name, machine in cluster.due_timers(c))
     names = sorted(c.nodes)
-    out.extend(Action(kind=Kind.TRAIN, node=n) for n in names if cluster.can_train(c, n))
+    out.extend(_local(Kind.TRAIN, n) for n in names if cluster.can_train(c, n))
     if crashes_left > 0:
         out.extend(
             Action(kind=Kind.CRASH, node=n)
@@ -211,6 +211,12 @@ def enabled(
     if upcoming is not None and upcoming <= max_time_s:
         out.append(Action(kind=Kind.TICK))
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _local(kind: Kind, node: str, machine: cluster.Machine = cluster.Machine.LEARNER) -> Action:
+    """A timer or training action, made once per node (see :func:`_deliveries`)."""
+    return Action(kind=kind, node=node, machine=machine)
 
 
 def next_deadline(c: cluster.Cluster) -> float | None:

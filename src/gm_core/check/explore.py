@@ -22,7 +22,9 @@ the fault budget it has spent; a state reached again with at least as much
 budget left is not explored twice (more budget can only allow more behaviour,
 so the pruning is sound). Every state is judged by every named invariant: those
 over the store alone are looked up by the store's fingerprint, since many states
-share one store.
+share one store, and those that hold node by node (``checks.PER_NODE``) by the
+store's fingerprint and one node's state, since a state differs from its parent
+in one node.
 
 Bounded progress is judged from every state where exploration stopped before the
 round bound — the clock bound reached and nothing left in flight — and from every
@@ -39,6 +41,9 @@ done, and the first state breadth first whose fair run does not commit in time
 is the counterexample. Only where the fair run leaves the search (the round or
 clock bound reached, a crashed node to restart first) is it run out there and
 then (``FairRuns``, which remembers the answer of every state a run passes).
+Bounded progress is then not judged apart: where it claims anything (a live
+closer and a quorum of live learners) nothing is healed, so it asks the same
+fair run the same question of fewer states.
 """
 
 from __future__ import annotations
@@ -209,6 +214,9 @@ class _Search:
         self.budgets: dict[bytes, list[tuple[int, int]]] = {}
         self.store_verdicts: dict[bytes, list[invariants.Violation]] = {}
         self.node_verdicts: dict[tuple[object, ...], list[invariants.Violation]] = {}
+        self.whole_verdicts: dict[tuple[object, ...], list[invariants.Violation]] = {}
+        self.per_node = checks.per_node_part()
+        self.whole = checks.whole_part()
         self.tape_lengths: dict[bytes, int] = {}
         self.fair_next: dict[bytes, tuple[bytes, bool, float]] = {}
         """Liveness, per state fingerprint: the state the fair run steps to first, whether
@@ -273,7 +281,8 @@ class _Search:
                 forge=self.b.forge,
             )
         stuck = not actions and records < self.b.rounds
-        judged = self.b.progress and (stuck or self._sampled(key))
+        # With liveness, every state's fair run is judged anyway, with no quorum condition.
+        judged = self.b.progress and not self.b.liveness and (stuck or self._sampled(key))
         if judged and not self._progresses(c):
             return self._fail("no progress", key, [])
         fair = self._fair_action(key[0], c, records) if self.b.liveness else None
@@ -424,23 +433,39 @@ class _Search:
             self.budgets[key[0]].append((key[1], key[2]))
 
     def _judge(self, c: cluster.Cluster) -> list[invariants.Violation]:
-        """Every invariant; those over the store alone are remembered per store fingerprint,
-        the others per store fingerprint and exact node states (they read nothing else:
-        not the clock, the commands in flight, or the etags)."""
+        """Every invariant, each answer remembered by what it reads: those over the store
+        alone per store fingerprint, those judged node by node per store fingerprint and
+        exact node state, any others per store fingerprint and every exact node state
+        (none of them reads the clock, the commands in flight, or the etags)."""
         store_key = self.prints.store(c.store)
-        over_store = self.store_verdicts.get(store_key)
+        base: invariants.ClusterView | None = None
+        found = self.store_verdicts.get(store_key)
+        if found is None:
+            base = cluster.view(c)
+            found = self.store_verdicts[store_key] = checks.judge(base, checks.store_part())
+        found = checks.recorded(c) + found
         part = self.steps.exact.part
-        node_key = (store_key, *(part(c.nodes[name]) for name in sorted(c.nodes)))
-        over_nodes = self.node_verdicts.get(node_key)
-        if over_store is None or over_nodes is None:
-            view = cluster.view(c)
-            if over_store is None:
-                over_store = self.store_verdicts[store_key] = checks.judge(
-                    view, checks.store_part()
+        names = sorted(c.nodes)
+        for name in names:
+            node_key = (store_key, part(c.nodes[name]))
+            over_node = self.node_verdicts.get(node_key)
+            if over_node is None:
+                base = base or cluster.view(c)
+                over_node = self.node_verdicts[node_key] = checks.judge(
+                    checks.one_node(base, name), self.per_node
                 )
-            if over_nodes is None:
-                over_nodes = self.node_verdicts[node_key] = checks.judge(view, checks.node_part())
-        return checks.recorded(c) + over_store + over_nodes
+            found += over_node
+        if self.whole:
+            whole_key = (store_key, *(part(c.nodes[name]) for name in names))
+            over_all = self.whole_verdicts.get(whole_key)
+            if over_all is None:
+                over_all = self.whole_verdicts[whole_key] = checks.judge(
+                    base or cluster.view(c), self.whole
+                )
+            found += over_all
+        if len(names) > 1:  # a message about the store alone came once per node
+            found = list(dict.fromkeys(found))
+        return found
 
     def _outcome(self, verdict: str, example: Counterexample | None = None) -> Outcome:
         return Outcome(

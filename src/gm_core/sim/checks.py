@@ -11,14 +11,22 @@ changed (the simulator) or looks their answer up by the store's fingerprint (the
 checker). Every other invariant, and every violation the cluster recorded at a
 moment (payload before pointer, learner monotonicity), is judged every time.
 
+Of the others, :data:`PER_NODE` names those that are a conjunction over the nodes
+of a check of one node against the store (a learner behind the tape, a record a
+node holds that the run did not write): the checker judges them one node at a time
+(:func:`one_node`) and remembers each node's answer per (store, node state), which
+recurs far more often than the states of all nodes at once.
+
 The split is by name, and a test pins it to :data:`invariants.STATE_INVARIANTS`:
-an invariant added later is not in :data:`STORE_ONLY`, so it runs every time until
-someone decides otherwise.
+an invariant added later is in neither set, so it runs every time, over every
+node at once, until someone decides otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+import attrs
 
 from gm_core import cluster, invariants
 
@@ -36,6 +44,10 @@ STORE_ONLY = frozenset(
     }
 )
 """State invariants that read only ``view.store`` and ``view.manifest``."""
+
+PER_NODE = frozenset({"learners_behind_commits", "forgeries_ignored"})
+"""State invariants that hold of a view exactly when they hold of each node's
+:func:`one_node` view (each message is about one node, or about the store alone)."""
 
 
 def judge(view: invariants.ClusterView, names: Iterable[str]) -> list[invariants.Violation]:
@@ -55,6 +67,24 @@ def store_part() -> tuple[str, ...]:
 
 def node_part() -> tuple[str, ...]:
     return tuple(n for n in invariants.STATE_INVARIANTS if n not in STORE_ONLY)
+
+
+def per_node_part() -> tuple[str, ...]:
+    return tuple(n for n in invariants.STATE_INVARIANTS if n in PER_NODE)
+
+
+def whole_part() -> tuple[str, ...]:
+    """The invariants judged over every node at once: neither store-only nor per node."""
+    return tuple(n for n in invariants.STATE_INVARIANTS if n not in STORE_ONLY | PER_NODE)
+
+
+def one_node(view: invariants.ClusterView, name: str) -> invariants.ClusterView:
+    """``view`` with only ``name``'s machines (members, store and manifest kept)."""
+    if set(view.learners) <= {name} and set(view.closers) <= {name}:
+        return view  # it has no other node's machines (one node, or the others down)
+    learners = {name: view.learners[name]} if name in view.learners else {}
+    closers = {name: view.closers[name]} if name in view.closers else {}
+    return attrs.evolve(view, learners=learners, closers=closers)
 
 
 def recorded(c: cluster.Cluster) -> list[invariants.Violation]:
