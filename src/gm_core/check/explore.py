@@ -435,8 +435,9 @@ class _Search:
     def _judge(self, c: cluster.Cluster) -> list[invariants.Violation]:
         """Every invariant, each answer remembered by what it reads: those over the store
         alone per store fingerprint, those judged node by node per store fingerprint and
-        exact node state, any others per store fingerprint and every exact node state
-        (none of them reads the clock, the commands in flight, or the etags)."""
+        node digest, any others per store fingerprint and every node digest (none of them
+        reads the clock, the commands in flight, the etags or a mapping's order, which
+        the fingerprint leaves out: a state is judged once per fingerprint anyway)."""
         store_key = self.prints.store(c.store)
         base: invariants.ClusterView | None = None
         found = self.store_verdicts.get(store_key)
@@ -444,7 +445,7 @@ class _Search:
             base = cluster.view(c)
             found = self.store_verdicts[store_key] = checks.judge(base, checks.store_part())
         found = checks.recorded(c) + found
-        part = self.steps.exact.part
+        part = self.prints.digests.part  # the state's own parts: the fingerprint has them
         names = sorted(c.nodes)
         for name in names:
             node_key = (store_key, part(c.nodes[name]))
