@@ -174,6 +174,10 @@ class CloserOptions:
     learns_here: bool = False
     """A learner runs on this node too: its leader is then never idle, since its own
     learner's first snapshot is on its way even before any lease says so."""
+    either: bool = False
+    """An ``either`` node's closer: once it leads while another learner is live and no
+    dedicated closer is, it is elected (:func:`gm_core.election.serves`): it says so
+    (``elected``), stops counting its own learner, and writes a lease of its own."""
     max_sweep_rounds: int = 4
 
 
@@ -230,7 +234,14 @@ class CloserState:
     collect_at_s: float = 0.0
     """When the leader next lists the round folders for objects left below the sweep mark."""
     others: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
-    """Leases of nodes that do not learn, watched at each listing only to collect them."""
+    """Leases of nodes that do not learn, watched at each listing to collect them."""
+    dedicated: frozenset[str] = frozenset()
+    """Nodes among ``others`` whose lease says they are dedicated closers."""
+    serving: bool = False
+    """An ``either`` node elected closer: its learner stops, its closer writes the lease."""
+    renewed: Mapping[str, float] = attrs.field(factory=dict)
+    """Dedicated closers whose lease a listing found changed, and when: the ones preferred
+    as the next leader (:func:`gm_core.election.next_closer`)."""
     busy: frozenset[Ask] = frozenset()
     poll_at_s: float = 0.0
     leases_at_s: float = 0.0
@@ -310,7 +321,7 @@ def _start(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
 
 
 def _stop(state: CloserState, cmds: list[Command]) -> CloserState:
-    if state.options.write_lease and state.phase is not Phase.IDLE:
+    if _writes_lease(state) and state.phase is not Phase.IDLE:
         state, req = issue(state, Purpose(kind=Ask.RELEASE))
         cmds.append(Delete(req=req, keys=(keys.lease(state.node),)))
     cmds.append(Notify(kind="closer_stopped", round=state.round))
@@ -683,7 +694,7 @@ def _paced(state: CloserState, now_s: float) -> CloserState:
     longest_s = state.manifest.config.lease_timeout_s
     look_s = cadence.next_look_s(snapshots, now_s, state.options.poll_s, longest_s=longest_s)
     poll_at_s = max(state.poll_at_s, look_s)
-    if not _live(state, now_s) and not state.options.learns_here:
+    if not _live(state, now_s) and not (state.options.learns_here and not state.serving):
         # Idle: no learner to wait for. One arriving writes its lease first, and the
         # lease listing, at this same slow pace while idle, wakes us for it
         # (:func:`_discover`, :func:`_newcomer_outcome`). A node that learns itself is
@@ -991,7 +1002,13 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
         update=merged.update if merged is not None and participants else None,
         closer=state.node,
         claim=state.claim,
-        next_closer=state.node,
+        next_closer=election.next_closer(
+            me=state.node,
+            dedicated=state.options.write_lease,
+            renewed=state.renewed,
+            now_s=now_s,
+            timeout_s=cfg.lease_timeout_s,
+        ),
         frontier=tuple(frontier),
         swept_below=state.swept_below,
         requests=_requests(state, merged),
@@ -1216,6 +1233,7 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
         state = attrs.evolve(state, poll_at_s=now_s + state.options.poll_s)
     state = _discover(state, now_s, cmds)
     state = _collect_late(state, now_s, cmds)
+    state = _maybe_serve(state, now_s, cmds)
     unreported = _unreported(state)
     if now_s >= state.leases_at_s and unreported:
         for learner in unreported:
@@ -1223,6 +1241,31 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
             cmds.append(Probe(req=req, key=keys.lease(learner)))
         state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
     return _maybe_close(state, now_s, cmds)
+
+
+def _maybe_serve(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """An ``either`` node leading a round: whether the run elects it its closer now.
+
+    Elected, it stops judging its own learner (which the shell stops after its unit, its
+    lease handed over, not released) and writes the lease itself from now on.
+    """
+    if not (state.options.either and state.options.learns_here) or state.serving:
+        return state  # only a node that trains can stop training to serve
+    timeout_s = state.manifest.config.lease_timeout_s
+    dedicated_live = any(
+        liveness.is_live(state.others.get(n), now_s, timeout_s) for n in state.dedicated
+    )
+    others_live = len(_live(state, now_s) - {state.node})
+    if not election.serves(me=state.node, others_live=others_live, dedicated_live=dedicated_live):
+        return state
+    cmds.append(Notify(kind="elected", round=state.round, detail=f"learners={others_live}"))
+    return attrs.evolve(
+        state,
+        serving=True,
+        leases={n: v for n, v in state.leases.items() if n != state.node},
+        dead=state.dead - {state.node},
+        lease_at_s=now_s,
+    )
 
 
 def _discover(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
@@ -1344,8 +1387,13 @@ def _newcomer_outcome(
         if idle and _live(state, now_s):
             state = attrs.evolve(state, poll_at_s=min(state.poll_at_s, now_s))  # wake up
     else:
-        view = liveness.observe(state.others.get(name), event.etag, now_s)
-        state = attrs.evolve(state, others={**state.others, name: view})
+        old = state.others.get(name)
+        view = liveness.observe(old, event.etag, now_s)
+        dedicated = election.is_dedicated(lease.roles)
+        known = state.dedicated | {name} if dedicated else state.dedicated - {name}
+        state = attrs.evolve(state, others={**state.others, name: view}, dedicated=known)
+        if dedicated and old is not None and old.etag != view.etag:
+            state = attrs.evolve(state, renewed={**state.renewed, name: now_s})
     return _collect_lease(state, name, view, now_s, cmds)
 
 
@@ -1362,6 +1410,8 @@ def _collect_lease(
         state,
         leases={n: v for n, v in state.leases.items() if n != node},
         others={n: v for n, v in state.others.items() if n != node},
+        renewed={n: t for n, t in state.renewed.items() if n != node},
+        dedicated=state.dedicated - {node},
         dead=state.dead - {node},
     )
 
@@ -1370,6 +1420,8 @@ def _judged(
     state: CloserState, learner: str, view: liveness.LeaseView, now_s: float
 ) -> CloserState:
     """Record a look at a learner's lease, and whether it showed the learner dead."""
+    if state.serving and learner == state.node:
+        return state  # its learner has stopped; the lease is the serving closer's now
     timeout_s = state.manifest.config.lease_timeout_s
     alive = liveness.is_live(view, now_s, timeout_s)
     dead = state.dead - {learner} if alive else state.dead | {learner}
@@ -1386,11 +1438,16 @@ def _unreported(state: CloserState) -> list[str]:
     return sorted(n for n in state.leases if n not in judged and n not in state.dead)
 
 
+def _writes_lease(state: CloserState) -> bool:
+    return state.options.write_lease or state.serving
+
+
 def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
-    if not state.options.write_lease or now_s < state.lease_at_s:
+    if not _writes_lease(state) or now_s < state.lease_at_s:
         return state
     renew_s = _renew_s(state)
-    lease = Lease(node=state.node, roles=("closer",), seq=state.lease_seq, renew_s=renew_s)
+    roles = election.ELECTED if state.serving else election.DEDICATED
+    lease = Lease(node=state.node, roles=roles, seq=state.lease_seq, renew_s=renew_s)
     state, req = issue(state, Purpose(kind=Ask.OWN_LEASE))
     key = keys.lease(state.node)
     cmds.append(PutOver(req=req, key=key, data=state.envelope.pack(key, lease)))
@@ -1422,7 +1479,7 @@ def _wake(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     for it would fire at once, find nothing to do and ask again, a busy loop until
     the outcome arrives, which pumps the machine anyway.
     """
-    times = [state.lease_at_s if state.options.write_lease else NEVER]
+    times = [state.lease_at_s if _writes_lease(state) else NEVER]
     polled_by = _POLLED_BY.get(state.phase)
     if polled_by is not None and polled_by not in state.busy:
         times.append(state.poll_at_s)

@@ -388,6 +388,16 @@ def close(c: Cluster, name: str) -> Cluster:
     return c
 
 
+def hand_over(c: Cluster, name: str) -> Cluster:
+    """An elected ``either`` node stops training: its learner reports its step and closes,
+    leaving the lease to the node's closer, as ``Session.run`` does."""
+    node = c.nodes[name]
+    if not node.alive or node.learner is None:
+        return c
+    c = _feed(c, name, Machine.LEARNER, Stepped(now_s=c.now_s, step=node.step, tokens=node.tokens))
+    return _feed(c, name, Machine.LEARNER, CloseRequested(now_s=c.now_s, keep_lease=True))
+
+
 def tick(c: Cluster, seconds: float) -> Cluster:
     return attrs.evolve(c, now_s=c.now_s + seconds)
 

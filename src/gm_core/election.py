@@ -17,6 +17,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gm_core import keys
+
+DEDICATED = ("closer",)
+"""The roles a dedicated closer's lease states."""
+ELECTED = ("closer", "elected")
+"""The roles the lease of an ``either`` node serving as closer states."""
+
+
+def is_dedicated(roles: tuple[str, ...]) -> bool:
+    """Whether a lease stating ``roles`` is a dedicated closer's (preferred as leader)."""
+    return "closer" in roles and "learner" not in roles and "elected" not in roles
+
+
+PREFER_WINDOW_TIMEOUTS = 2
+"""A dedicated closer stays preferred this many lease timeouts after its lease was last seen
+to change. The committer looks at the leases once per lease timeout and a live closer renews
+at least twice per timeout, so a live one is seen changing at every look; the slack covers a
+look that comes late. A crashed one is named for at most this long, and then never again."""
+
 
 def _valid_attempts(claims: Mapping[int, str]) -> list[int]:
     # Attempts start at 1 (0 means "named by the record"); anything lower in the
@@ -63,3 +82,36 @@ def should_take_over(
     if me == closer:
         return False
     return not closer_lease_live or now_s - waiting_since_s >= timeout_s
+
+
+def next_closer(
+    *, me: str, dedicated: bool, renewed: Mapping[str, float], now_s: float, timeout_s: float
+) -> str:
+    """Whom the record ``me`` commits names to lead the next round.
+
+    ``me`` itself when it is a dedicated closer (leadership stays put between two of
+    them) or when no other dedicated closer's lease was seen to change within
+    ``PREFER_WINDOW_TIMEOUTS`` lease timeouts (``renewed``: node -> when, on this
+    node's clock); otherwise the first such closer in byte order, so every committer
+    that sees the same closers live names the same one.
+    """
+    if timeout_s < 0:
+        raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")
+    if dedicated:
+        return me
+    window_s = PREFER_WINDOW_TIMEOUTS * timeout_s
+    live = sorted(n for n, at_s in renewed.items() if n != me and now_s - at_s <= window_s)
+    return live[0] if live else me
+
+
+def serves(*, me: str, others_live: int, dedicated_live: bool) -> bool:
+    """Whether the ``either`` node ``me``, leading a round, stops training to serve as closer.
+
+    Only while ``others_live`` (learners other than ``me`` live on its clock) is at least
+    one, since serving alone would leave nobody training, and while no dedicated closer
+    is live (``dedicated_live``: one of its leases live on ``me``'s clock, a lease first
+    seen counting as live for a timeout), since that one will lead.
+    """
+    if not keys.valid_id(me):
+        raise ValueError(f"invalid node id {me!r}")
+    return others_live >= 1 and not dedicated_live

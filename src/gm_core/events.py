@@ -37,6 +37,8 @@ class Stepped:
 @attrs.frozen(kw_only=True)
 class CloseRequested:
     now_s: float
+    keep_lease: bool = False
+    """A learner leaves its lease to its node's closer (an elected ``either`` node)."""
 
 
 @attrs.frozen(kw_only=True)

@@ -220,6 +220,9 @@ class LearnerState:
     lease_seq: int = 0
     lease_at_s: float = 0.0
     close_by_s: float = NEVER
+    keep_lease: bool = False
+    """Closing hands the lease to this node's closer (an elected ``either`` node) instead
+    of deleting it: a gap would make the closer look gone to its followers."""
     pace: Pace | None = None
     wake_s: float = NEVER
     pending: Mapping[int, Purpose[Ask]] = attrs.field(factory=dict)
@@ -268,7 +271,7 @@ def advance(state: LearnerState, event: Event) -> Result:
     elif isinstance(event, Stepped):
         state = _stepped(state, event)
     elif isinstance(event, CloseRequested):
-        state = _close(state, event.now_s, cmds)
+        state = _close(attrs.evolve(state, keep_lease=event.keep_lease), event.now_s, cmds)
     elif isinstance(event, TimerFired):
         state = attrs.evolve(state, wake_s=NEVER)
     else:
@@ -967,6 +970,9 @@ def _maybe_release(state: LearnerState, now_s: float, cmds: list[Command]) -> Le
         p.kind is Ask.RELEASE for p in state.pending.values()
     ):
         return state
+    if state.keep_lease:
+        cmds.append(Notify(kind="closed", round=state.aligned_round))
+        return attrs.evolve(state, phase=Phase.CLOSED, lease_at_s=NEVER)
     state, req = issue(state, Purpose(kind=Ask.RELEASE))
     cmds.append(Delete(req=req, keys=(keys.lease(state.node),)))
     return attrs.evolve(state, lease_at_s=NEVER)

@@ -45,6 +45,12 @@ unit's folder, answered :attr:`Outcome.HELD` or :attr:`Outcome.LOST`.
 **Prefetch.** A node asking for a unit while it holds none unstarted claims up to
 ``1 + prefetch`` units at once; each is checked as above when it starts.
 
+**Giving back.** A node that stops training with units claimed but not started (an
+``either`` node elected closer) sends :class:`GiveBack`: for each such unit it writes
+the next claim attempt naming ``""``, so the unit is held by nobody and any node takes
+it at once, with no lease timeout to wait out. A write that finds the attempt taken
+means a peer re-issued the unit already: nothing to give.
+
 Every key and body read is judged: keys of other shapes, units outside the agreed
 set, claim and done bodies that do not open under the run's envelope or do not
 decode are rejected by name (:class:`Verdict`) and never raise. A garbage
@@ -137,7 +143,14 @@ class Watch:
     now_s: float
 
 
-QueueEvent = Event | Want | Finish | Watch
+@attrs.frozen(kw_only=True)
+class GiveBack:
+    """The trainer stops: hand back every unit claimed here and not started."""
+
+    now_s: float
+
+
+QueueEvent = Event | Want | Finish | Watch | GiveBack
 
 
 @attrs.frozen(kw_only=True)
@@ -163,6 +176,8 @@ class Outcome(enum.StrEnum):
     marker written."""
     HELD = "held"
     """The watched unit is still this node's."""
+    GIVEN = "given"
+    """Every unit claimed here and not started is given back (held by nobody)."""
     MISMATCHED = "mismatched"
     """The queue holds another set of units than this node's (``mismatch`` says how)."""
 
@@ -193,6 +208,8 @@ class Phase(enum.StrEnum):
     """Listing one unit's folder before starting or finishing it."""
     MARKING = "marking"
     """Writing a done marker."""
+    GIVING = "giving"
+    """Writing the claims that give unstarted units back."""
     STOPPED = "stopped"
 
 
@@ -241,7 +258,7 @@ class Listing:
 class QueueState:
     spec: QueueSpec
     phase: Phase = Phase.AGREEING
-    task: Want | Finish | Watch | None = None
+    task: Want | Finish | Watch | GiveBack | None = None
     """The trainer's request being served."""
     outcome: Outcome | None = None
     current: Assignment | None = None
@@ -279,7 +296,7 @@ def advance(state: QueueState, event: QueueEvent) -> Transition:
         if state.command is not None:
             return state, []
         return _issue(state, PutOnce(req=0, key=_units_key(state), data=units_body(state)))
-    if isinstance(event, Want | Finish | Watch):
+    if isinstance(event, Want | Finish | Watch | GiveBack):
         return _request(state, event)
     if isinstance(event, TimerFired):
         if state.in_flight or state.command is None or state.phase is Phase.IDLE:
@@ -294,10 +311,14 @@ def advance(state: QueueState, event: QueueEvent) -> Transition:
     return _answered(state, event)
 
 
-def _request(state: QueueState, event: Want | Finish | Watch) -> Transition:
+def _request(state: QueueState, event: Want | Finish | Watch | GiveBack) -> Transition:
     if state.task is not None or state.phase is not Phase.IDLE:
         raise ValueError(f"the queue is busy ({state.phase}): one request at a time")
     state = attrs.evolve(state, task=event, outcome=None)
+    if isinstance(event, GiveBack):
+        if state.current is not None:
+            raise ValueError(f"unit {state.current.unit!r} is not finished yet")
+        return _give_next(attrs.evolve(state, phase=Phase.GIVING))
     if isinstance(event, Watch):
         if state.current is None:
             raise ValueError("no unit is being trained here: nothing to watch")
@@ -331,6 +352,8 @@ def _answered(state: QueueState, event: Event) -> Transition:
         return _checked(state, event)
     if phase is Phase.MARKING and isinstance(event, PutDone):
         return _marked(state, event)
+    if phase is Phase.GIVING and isinstance(event, PutDone):
+        return _given(state)
     return state, []
 
 
@@ -699,6 +722,28 @@ def _marked(state: QueueState, event: PutDone) -> Transition:
         return state, cmds
     req = state.next_req
     return attrs.evolve(state, next_req=req + 1), [*cmds, Delete(req=req, keys=collect)]
+
+
+def _give_next(state: QueueState) -> Transition:
+    """Give back the first unit held here and not started; reply once none is left."""
+    waiting = [h for h in state.held if not h.started]
+    if not waiting:
+        return _reply(state, Outcome.GIVEN)
+    held, spec = waiting[0], state.spec
+    key = keys.queue_claim(spec.queue, held.unit, held.attempt + 1)
+    if held.attempt + 1 >= keys.ATTEMPT_LIMIT:
+        return _give_next(attrs.evolve(state, held=tuple(h for h in state.held if h != held)))
+    body = spec.envelope.seal(key, encode_claim(held.unit, held.attempt + 1, ""))
+    return _issue(state, PutOnce(req=0, key=key, data=body))
+
+
+def _given(state: QueueState) -> Transition:
+    # Written, or the attempt was taken (a peer re-issued the unit): not ours either way.
+    assert isinstance(state.command, PutOnce)
+    claim = keys.parse(state.command.key)
+    assert isinstance(claim, keys.QueueClaimKey)
+    held = tuple(h for h in state.held if h.unit != claim.unit)
+    return _give_next(attrs.evolve(state, held=held, command=None))
 
 
 def _drop(state: QueueState, unit: str, why: str) -> tuple[QueueState, Notify]:

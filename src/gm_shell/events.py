@@ -312,6 +312,14 @@ class Closed(Event):
 
 
 @attrs.frozen(kw_only=True)
+class Elected(Event):
+    """The run elected this ``either`` node its closer: it leads a round while another
+    learner is live and no dedicated closer is. It stops training after its unit."""
+
+    kind: ClassVar[str] = "elected"
+
+
+@attrs.frozen(kw_only=True)
 class CloserStopped(Event):
     """This node's closer stopped (the session is closing)."""
 
@@ -405,6 +413,7 @@ _PLAIN: dict[str, type[Event]] = {
         LeaseFailed,
         MergeFailed,
         Closed,
+        Elected,
         CloserStopped,
     )
 }

@@ -243,10 +243,12 @@ class Runtime:
         present = [(Machine.LEARNER, self.learner), (Machine.CLOSER, self.closer)]
         return [machine for machine, state in present if state is not None]
 
-    def request_close(self, machine: Machine) -> None:
+    def request_close(self, machine: Machine, *, keep_lease: bool = False) -> None:
+        """Close ``machine``; ``keep_lease``: a learner leaves the lease to its closer."""
+
         def close() -> None:
             self._closing.add(machine)  # a machine waiting to restart stays stopped
-            self._feed(machine, CloseRequested(now_s=now()))
+            self._feed(machine, CloseRequested(now_s=now(), keep_lease=keep_lease))
 
         self._loop.call(close)
 

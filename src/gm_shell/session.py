@@ -30,11 +30,17 @@ them, between optimizer steps. The session's event loop and worker threads
 never touch them; they get copies (see :mod:`gm_shell.pacer`). So ``step()``
 and ``close()`` must be called from the thread that trains.
 
-Roles: ``both`` (the default: learner and closer-capable), ``learner`` and
-``closer`` (no training loop; it never creates the run: it waits for a learner to,
-and a model given to it only checks the run's schema; :meth:`Session.serve` returns
-once the run is finished). A learner and a closer of one node share its lease key, so only the
-learner writes it.
+Roles: ``both`` (the default: learner and closer-capable), ``learner``, ``closer``
+(no training loop; it never creates the run: it waits for a learner to, and a model
+given to it only checks the run's schema; :meth:`Session.serve` returns once the run is
+finished; while its lease is live on the committer's clock, each record names it the next
+round's closer, :func:`gm_core.election.next_closer`) and ``either`` (trains a
+:class:`SharedQueue` like ``both`` until the run elects it its closer: it leads a round
+while another learner is live and no dedicated closer is, :func:`gm_core.election.serves`;
+it then trains its unit to the end, gives back the units it claimed and has not started,
+closes its learner without a done marker, and closes rounds until the run is finished).
+A learner and a closer of one node share its lease key, so only the learner writes it
+(an elected ``either`` node's closer takes it over: the learner closes without deleting it).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import math
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 import warnings
@@ -104,11 +111,13 @@ def _wire_format(value: WireFormat | str | None) -> WireFormat | None:
 
 class Role(enum.StrEnum):
     """What a node does: ``both`` (train, and close rounds when elected), ``learner``
-    (train only) or ``closer`` (close rounds only; no training loop)."""
+    (train only), ``closer`` (close rounds only, preferred as leader while live; no
+    training loop) or ``either`` (train a shared queue until elected closer, then close)."""
 
     BOTH = "both"
     LEARNER = "learner"
     CLOSER = "closer"
+    EITHER = "either"
 
 
 @attrs.frozen(kw_only=True)
@@ -303,7 +312,8 @@ class Session:
             open :class:`~gm_shell.mailbox.Mailbox`.
         node: this node's id, unique in the run (``[A-Za-z0-9._-]``, 1-64
             characters); default ``host-pid``. A restarted node may reuse its id.
-        role: a :class:`Role` or its name: ``both``, ``learner`` or ``closer``.
+        role: a :class:`Role` or its name: ``both``, ``learner``, ``closer`` or ``either``
+            (which trains a :class:`SharedQueue` through :meth:`run` only).
         options: this node's :class:`SessionOptions` (polling, timeouts).
         mailbox_options: how to reach the bucket
             (:class:`~gm_shell.stores.MailboxOptions`: endpoint, credentials, timeouts).
@@ -371,8 +381,8 @@ class Session:
         self.role = Role(role)
         if model is None and self.role is not Role.CLOSER:
             raise ValueError(f"role {self.role} trains a model: pass one")
-        if ranks is not None and self.role is Role.CLOSER:
-            raise ValueError("a closer trains no slice: it takes no ranks")
+        if ranks is not None and self.role in (Role.CLOSER, Role.EITHER):
+            raise ValueError(f"a {self.role} node trains no fixed slice: it takes no ranks")
         self._ranks = ranks
         self._ranked: RankHolder | None = None
         if resume is not None and (
@@ -410,6 +420,14 @@ class Session:
         self._at_close: Callable[[], None] | None = None
         self.finished = False
         """Whether :meth:`run` found the run finished (it wrote or read ``finished.json``)."""
+        self._elected = threading.Event()
+        """An ``either`` node's closer was elected (set on the event thread)."""
+        self.elected = False
+        """Whether this ``either`` node was elected closer (and so stopped training)."""
+        self.given_back = 0
+        """Units this ``either`` node had claimed and not started when elected: given back."""
+        if self.role is Role.EITHER:
+            self._hub.subscribe(self._on_event)
 
     # -- entering ------------------------------------------------------------------------------
 
@@ -628,7 +646,8 @@ class Session:
             # A learner of the same node writes the lease and reports the node's requests.
             write_lease=self.role is Role.CLOSER,
             account_own=self.role is Role.CLOSER,
-            learns_here=self.role is Role.BOTH,
+            learns_here=self.role in (Role.BOTH, Role.EITHER),
+            either=self.role is Role.EITHER,
             max_sweep_rounds=opts.max_sweep_rounds,
         )
         return Runtime(
@@ -858,6 +877,11 @@ class Session:
                 another only if its holder dies), and this node returns once every unit is
                 done.
 
+        An ``either`` node (``data`` must be a queue) trains until the run elects it its
+        closer; then it gives back its unstarted units, closes its learner without a done
+        marker (its lease goes on as the closer's), closes rounds until the run is finished
+        (:meth:`serve`; :attr:`elected` and :attr:`finished` say so) and closes the session.
+
         At the end of a plain iterable the node writes ``done/{node}.json`` (with ``ranks``,
         its rank's done marker, or raises :class:`~gm_shell.ranks.RankLost` if a peer holds
         the rank now); with a queue, each unit's done marker is written as the unit ends.
@@ -872,10 +896,14 @@ class Session:
         if self._pacer is None or self.manifest is None:
             raise RuntimeError("run() needs a started session with a learner role")
         try:
+            if self.role is Role.EITHER and not isinstance(data, SharedQueue):
+                raise ValueError("an 'either' node trains a SharedQueue, whose units it gives back")
             if isinstance(data, SharedQueue):
                 if self._ranked is not None:
                     raise ValueError("ranks are fixed slices: train the rank's data, not a queue")
-                self._run_queue(step, data)
+                if self._run_queue(step, data):
+                    self._serve_elected()
+                    return
                 shape: Shape = Queued(frozenset(data.units))
             elif self._ranked is not None and self._ranks is not None:
                 steps, tokens = self._train(step, data)
@@ -906,7 +934,9 @@ class Session:
             counted += count
         return steps, counted
 
-    def _run_queue(self, step: Callable[[Any], int | None], data: SharedQueue[Any]) -> None:
+    def _run_queue(self, step: Callable[[Any], int | None], data: SharedQueue[Any]) -> bool:
+        """Train the queue's units to the end (False), or until this ``either`` node is
+        elected closer (True: its unit in progress trained, its unstarted units given back)."""
         assert self._mailbox is not None
         assert self._loop is not None
         assert self.manifest is not None
@@ -918,11 +948,40 @@ class Session:
         )
         consumer = Consumer(self._mailbox, self._loop, spec)
         try:
-            while (unit := consumer.want()) is not None:
+            while not self._elected.is_set():
+                unit = consumer.want()
+                if unit is None:
+                    return False
                 steps, counted = self._train(step, data.load(data.values[unit.unit]))
                 consumer.finish(unit.unit, steps, counted)
+            self.given_back = consumer.give_back()
+            events.LOG.info(
+                "%s: elected closer: gave back %d unstarted units", self.node, self.given_back
+            )
+            return True
         finally:
             consumer.close()
+
+    def _on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Elected):
+            self._elected.set()
+
+    def _serve_elected(self) -> None:
+        """This ``either`` node serves as closer: its learner closes, handing the lease to
+        the closer (no gap its followers could take for a death), then it closes rounds."""
+        runtime, pacer = self._runtime, self._pacer
+        assert runtime is not None
+        assert pacer is not None
+        self.elected = True
+        pacer.serve(lambda: True, self.options.stall_timeout_s, self._why, report=True)
+        runtime.request_close(Machine.LEARNER, keep_lease=True)
+        timeout_s = self.options.close_timeout_s + 30.0
+        pacer.serve(runtime.learner_closed.is_set, timeout_s, self._why)
+        self.checkpoint = self._leave_at_newest(runtime)
+        self._pacer = None  # no more training: close() only stops the closer
+        events.LOG.info("%s: trains no more; closes rounds until the run is finished", self.node)
+        self.serve()
+        self.close()
 
     def _look_finished(self, shape: Shape, queue: str) -> None:
         """Decide whether the run is finished, and say so in the bucket (:mod:`gm_core.finish`)."""

@@ -5,6 +5,7 @@ counts are pinned as a change detector, and planted bugs are found with a shorte
 from __future__ import annotations
 
 import pytest
+from pins import check_pinned
 
 from gm_core import barrier
 from gm_core.check.barrier import BarrierBounds, explore
@@ -27,19 +28,13 @@ SLOW_BOUNDS = {
 
 @pytest.mark.parametrize("name", list(BOUNDS))
 def test_barrier_check_passes_and_state_counts_are_pinned(name: str) -> None:
-    bounds, states = BOUNDS[name]
-    outcome = explore(bounds)
-    assert outcome.violation == ()
-    assert outcome.states == states
+    check_pinned(explore, BOUNDS, name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SLOW_BOUNDS))
 def test_barrier_check_passes_with_crashes(name: str) -> None:
-    bounds, states = SLOW_BOUNDS[name]
-    outcome = explore(bounds)
-    assert outcome.violation == ()
-    assert outcome.states == states
+    check_pinned(explore, SLOW_BOUNDS, name)
 
 
 def test_releasing_one_arrival_early_is_found(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
+from pins import check_pinned
 
 from gm_core import queue
 from gm_core.check.queue import QueueBounds, explore
@@ -32,19 +33,13 @@ SLOW_BOUNDS = {
 
 @pytest.mark.parametrize("name", list(BOUNDS))
 def test_queue_check_passes_and_state_counts_are_pinned(name: str) -> None:
-    bounds, states = BOUNDS[name]
-    outcome = explore(bounds)
-    assert outcome.violation == ()
-    assert outcome.states == states
+    check_pinned(explore, BOUNDS, name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SLOW_BOUNDS))
 def test_queue_check_passes_with_two_nodes(name: str) -> None:
-    bounds, states = SLOW_BOUNDS[name]
-    outcome = explore(bounds)
-    assert outcome.violation == ()
-    assert outcome.states == states
+    check_pinned(explore, SLOW_BOUNDS, name)
 
 
 def never_superseded(attempt: int, claims: Iterable[int]) -> bool:

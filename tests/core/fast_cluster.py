@@ -1,4 +1,5 @@
-"""What the cluster tests of tests/core share: short timers, and one random move of a run."""
+"""What the cluster tests of tests/core share: short timers, one random move of a run, and a
+fair schedule."""
 
 from __future__ import annotations
 
@@ -27,3 +28,24 @@ def random_step(c: cl.Cluster, rng: random.Random, names: Sequence[str]) -> cl.C
         name = rng.choice(sorted(names))
         return cl.train(c, name, 1) if cl.can_train(c, name) else c
     return cl.tick(c, rng.choice([0.25, 1.0, 5.0]))
+
+
+def drive(
+    c: cl.Cluster, ticks: int, rng: random.Random, hung: frozenset[str] = frozenset()
+) -> cl.Cluster:
+    """A fair schedule that delivers commands in a random order; ``hung`` nodes get nothing."""
+    for _ in range(ticks):
+        while True:
+            ready = [i for i, f in enumerate(c.inflight) if f.node not in hung]
+            if not ready:
+                break
+            c = cl.deliver(c, rng.choice(ready))
+        for name, machine in cl.due_timers(c):
+            if name not in hung:
+                c = cl.fire(c, name, machine)
+        for name in rng.sample(sorted(c.nodes), len(c.nodes)):
+            if name not in hung:
+                c = cl.train(c, name, 1)
+        c = cl.tick(c, 0.25)
+        assert not cl.check(c), cl.check(c)
+    return c

@@ -18,32 +18,11 @@ from __future__ import annotations
 
 import random
 
-from fast_cluster import FAST_C, FAST_L, C, L
+from fast_cluster import FAST_C, FAST_L, C, L, drive
 
 from gm_core import cluster as cl
 from gm_core import keys
 from gm_core.records import AlgorithmConfig
-
-
-def drive(
-    c: cl.Cluster, ticks: int, rng: random.Random, hung: frozenset[str] = frozenset()
-) -> cl.Cluster:
-    """A fair schedule that delivers commands in a random order; ``hung`` nodes get nothing."""
-    for _ in range(ticks):
-        while True:
-            ready = [i for i, f in enumerate(c.inflight) if f.node not in hung]
-            if not ready:
-                break
-            c = cl.deliver(c, rng.choice(ready))
-        for name, machine in cl.due_timers(c):
-            if name not in hung:
-                c = cl.fire(c, name, machine)
-        for name in rng.sample(sorted(c.nodes), len(c.nodes)):
-            if name not in hung:
-                c = cl.train(c, name, 1)
-        c = cl.tick(c, 0.25)
-        assert not cl.check(c), cl.check(c)
-    return c
 
 
 def test_snapshots_landing_in_any_key_order_are_all_collected() -> None:

@@ -1,4 +1,4 @@
-"""Property tests for gm_core.election: rightful closers, claim numbers and takeovers."""
+"""Property tests for gm_core.election: rightful closers, claim numbers, takeovers, preference."""
 
 from __future__ import annotations
 
@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gm_core.election import next_attempt, rightful_closer, should_take_over
+from gm_core.election import (
+    PREFER_WINDOW_TIMEOUTS,
+    next_attempt,
+    next_closer,
+    rightful_closer,
+    should_take_over,
+)
 
 NODE = st.sampled_from(["a", "b", "c", "d"])
 CLAIMS = st.dictionaries(st.integers(-3, 50), NODE, max_size=10)
@@ -136,3 +142,45 @@ def test_negative_timeout_raises(timeout: float) -> None:
             waiting_since_s=0.0,
             timeout_s=timeout,
         )
+
+
+RENEWED = st.dictionaries(NODE, TIME, max_size=4)
+
+
+@given(NODE, st.booleans(), RENEWED, TIME, TIMEOUT)
+def test_the_next_closer_is_me_or_a_dedicated_closer_seen_renewing_lately(
+    me: str, dedicated: bool, renewed: dict[str, float], now: float, timeout: float
+) -> None:
+    named = next_closer(me=me, dedicated=dedicated, renewed=renewed, now_s=now, timeout_s=timeout)
+    live = sorted(
+        n for n, at in renewed.items() if n != me and now - at <= PREFER_WINDOW_TIMEOUTS * timeout
+    )
+    if dedicated or not live:
+        assert named == me
+    else:
+        assert named == live[0]  # the same closer for every committer that sees the same ones
+
+
+@given(NODE, NODE, TIME, TIMEOUT, st.integers(0, 10**6))
+def test_a_closer_not_seen_renewing_is_named_for_a_bounded_time_only(
+    me: str, closer: str, seen: float, timeout: float, later: int
+) -> None:
+    # A crashed dedicated closer's lease stops changing: from PREFER_WINDOW_TIMEOUTS timeouts
+    # after its last change on, no committer names it again, however often it commits.
+    now = seen + PREFER_WINDOW_TIMEOUTS * timeout + 1 + later
+    named = next_closer(
+        me=me, dedicated=False, renewed={closer: seen}, now_s=now, timeout_s=timeout
+    )
+    assert named == me
+
+
+def test_next_closer_examples() -> None:
+    def named(me: str, dedicated: bool, renewed: dict[str, float], now: float) -> str:
+        return next_closer(me=me, dedicated=dedicated, renewed=renewed, now_s=now, timeout_s=10.0)
+
+    assert named("a", False, {}, 0.0) == "a"  # nobody to prefer: leadership stays put
+    assert named("a", False, {"z": 95.0, "c": 99.0}, 100.0) == "c"  # the first in byte order
+    assert named("a", False, {"c": 79.0}, 100.0) == "a"  # seen changing too long ago
+    assert named("c", True, {"b": 99.0}, 100.0) == "c"  # a dedicated closer keeps the lead
+    with pytest.raises(ValueError, match="timeout_s"):
+        next_closer(me="a", dedicated=False, renewed={}, now_s=0.0, timeout_s=-1.0)

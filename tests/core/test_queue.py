@@ -27,7 +27,7 @@ from gm_core.events import (
     Started,
     TimerFired,
 )
-from gm_core.queue import Finish, Outcome, QueueSpec, QueueState, Want
+from gm_core.queue import Finish, GiveBack, Outcome, QueueSpec, QueueState, Want
 from gm_core.store_model import ModelStore
 
 Q = "data"
@@ -165,6 +165,8 @@ class World:
             return
         self.claimed_at[parsed.unit, parsed.attempt] = self.store.writes
         claims = self.claims()
+        if claims.get((parsed.unit, parsed.attempt)) == "":
+            return  # given back by its holder: no re-issue
         below = [a for (u, a) in claims if u == parsed.unit and a < parsed.attempt]
         if below:
             holder = claims[parsed.unit, max(below)]
@@ -198,12 +200,24 @@ class World:
     def forge(self, key: str, data: bytes) -> None:
         self.store, _ = self.store.put_once(key, data)
 
-    def run_fair(self, limit: int = 50_000) -> None:
-        """Deliver in order and let trainers act; timers only when nothing else can happen."""
+    def run_fair(
+        self,
+        limit: int = 50_000,
+        *,
+        resting: frozenset[str] = frozenset(),
+        until: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Deliver in order and let trainers act; timers only when nothing else can happen.
+
+        ``resting`` nodes stay up (renewed) but their trainers never act; stop early once
+        ``until()`` holds.
+        """
         for _ in range(limit):
+            if until():
+                return
             if self.inflight:
                 self.execute(0)
-            elif ready := [n for n in self.ready() if n not in self.exhausted]:
+            elif ready := [n for n in self.ready() if n not in self.exhausted | resting]:
                 self.act(ready[0])
             elif not self.tick():
                 return
@@ -438,6 +452,82 @@ def test_a_superseded_holder_writes_no_done_marker() -> None:
     world.until(world.idle("a"))
     assert world.states["a"].outcome is Outcome.LOST
     assert world.dones() == {}
+
+
+def test_units_given_back_are_taken_at_once_by_a_peer() -> None:
+    world = World(units=("u0", "u1", "u2", "u3"), envelope=KEYED, prefetch=2)
+    started(world, "a")
+    world.act("a")  # claims three units (one plus two prefetched) and starts one
+    world.until(world.training("a"))
+    first = world.states["a"].current
+    assert first is not None
+    world.act("a")
+    world.until(world.idle("a"))
+    unstarted = {h.unit: h.attempt for h in world.states["a"].held if not h.started}
+    assert len(unstarted) == 2
+    world.feed("a", GiveBack(now_s=world.now_s))  # a is elected closer: it stops training
+    world.until(world.idle("a"))
+    assert world.states["a"].outcome is Outcome.GIVEN
+    assert world.states["a"].held == ()
+    assert all(world.claims()[u, a + 1] == "" for u, a in unstarted.items())
+    started(world, "b")  # a stays live (renewed) and never trains again
+    world.run_fair(resting=frozenset({"a"}))
+    assert world.now_s < TIMEOUT_S  # no lease timeout waited out
+    assert "b" in world.exhausted
+    check_ledger(world, exactly_once=True)
+    by_b = {u for u, _, m, _ in world.done_writes() if m.node == "b"}
+    assert by_b == {"u0", "u1", "u2", "u3"} - {first.unit}
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    units=units_strategy,
+    prefetch=st.integers(0, 2),
+    envelope=st.sampled_from([OPEN, KEYED]),
+    steps=steps_strategy,
+    faults=st.booleans(),
+)
+def test_a_node_that_gives_back_leaves_every_unit_to_its_live_peers(
+    units: tuple[str, ...],
+    prefetch: int,
+    envelope: auth.Envelope,
+    steps: list[tuple[str, int]],
+    faults: bool,
+) -> None:
+    """Whenever the giver stops (between units), its peers complete every unit exactly once,
+    none by re-issuing a claim of the giver's, which stays live throughout."""
+    names = ["n0", "n1", "n2"]
+    world = World(units=units, envelope=envelope, prefetch=prefetch)
+    for name in names:
+        world.start(name)
+    drive(world, names, [s for s in steps if s[0] in ("exec", "act", "tick")], faults)
+    giver = frozenset({"n0"})
+
+    def settled() -> bool:
+        return world.states["n0"].phase in (queue.Phase.IDLE, queue.Phase.STOPPED)
+
+    world.run_fair(resting=giver, until=settled)  # its request in flight ends
+    if world.states["n0"].current is not None:
+        world.act("n0")  # it trains its unit to the end before it stops
+        world.run_fair(resting=giver, until=settled)
+    if world.states["n0"].phase is not queue.Phase.STOPPED:  # not exhausted yet
+        world.feed("n0", GiveBack(now_s=world.now_s))
+        world.run_fair(resting=giver, until=world.idle("n0"))
+        assert world.states["n0"].outcome is Outcome.GIVEN
+        assert [h for h in world.states["n0"].held if not h.started] == []
+    world.run_fair(resting=giver)
+    assert {"n1", "n2"} <= world.exhausted
+    check_ledger(world, exactly_once=True)
+    assert world.early == []
+
+
+def test_giving_back_while_training_a_unit_is_refused() -> None:
+    world = World(units=("u0",), envelope=OPEN)
+    started(world, "a")
+    world.act("a")
+    world.until(world.training("a"))
+    with pytest.raises(ValueError, match="not finished"):
+        world.feed("a", GiveBack(now_s=world.now_s))
 
 
 def test_different_units_are_refused_by_name() -> None:

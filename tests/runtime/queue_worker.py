@@ -5,6 +5,9 @@
 line per batch it trains (``trace``: ``unit batch``, flushed, so the test can kill the
 process mid-unit). The node trains a small torch model with ``Session.run``, exits 0
 once every unit of the queue is done, and prints whether it found the run finished.
+Optional: the ``mailbox`` options (an open run: no key) and its ``role`` (``both`` by
+default; ``either`` also prints whether it was elected closer and how many units it gave
+back; ``closer`` trains nothing and serves until the run is finished).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from typing import Any
 import numpy as np
 from runtime_worker import IN, TEACHER, torch_model
 
-from gm_shell import DiLoCo, Session, SessionOptions, SharedQueue
+from gm_shell import DiLoCo, Role, Session, SessionOptions, SharedQueue
+from gm_shell.stores import MailboxOptions
 
 ALGORITHM = DiLoCo(sync_every=4, fragments=1, quorum=1, lease_timeout_s=2.0)
 OPTIONS = SessionOptions(poll_s=0.05, renew_s=0.4, close_timeout_s=20.0, join_timeout_s=60.0)
@@ -25,6 +29,21 @@ OPTIONS = SessionOptions(poll_s=0.05, renew_s=0.4, close_timeout_s=20.0, join_ti
 
 def main(spec: dict[str, Any]) -> None:
     model, train = torch_model(0)
+    session = Session(
+        model,
+        algorithm=ALGORITHM,
+        mailbox=spec["url"],
+        node=spec["node"],
+        role=spec.get("role", "both"),
+        options=OPTIONS,
+        mailbox_options=MailboxOptions(**spec.get("mailbox", {})),
+        run_key=None,
+    )
+    if session.role is Role.CLOSER:
+        with session:
+            session.serve()
+        print(json.dumps({"finished": session.finished}))
+        return
     rng = np.random.default_rng(abs(hash(spec["node"])) % 2**32)
     trace = open(spec["trace"], "a", buffering=1)  # noqa: SIM115 (line-buffered log)
 
@@ -40,11 +59,10 @@ def main(spec: dict[str, Any]) -> None:
         return 4
 
     data = SharedQueue([f"u{i:02d}" for i in range(spec["units"])], batches, prefetch=1)
-    with Session(
-        model, algorithm=ALGORITHM, mailbox=spec["url"], node=spec["node"], options=OPTIONS
-    ) as session:
+    with session:
         session.run(step, data)
-    print(json.dumps({"finished": session.finished}))
+    outcome = {"finished": session.finished, "elected": session.elected}
+    print(json.dumps({**outcome, "given_back": session.given_back}))
 
 
 if __name__ == "__main__":

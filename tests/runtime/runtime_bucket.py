@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
 import attrs
 
@@ -171,6 +171,19 @@ def read_bucket(url: str, options: MailboxOptions) -> dict[str, Stored]:
         }
 
     return asyncio.run(read())
+
+
+def open_tape(objects: Mapping[str, Stored]) -> list[RoundRecord]:
+    """The round records (slot 0) among an open run's ``objects``, in round order."""
+    envelope = auth.for_run("", None)
+    found = []
+    for key in sorted(objects):
+        parsed = keys.parse(key) if key.startswith(keys.ROUNDS_PREFIX) else None
+        if isinstance(parsed, keys.RoundKey) and parsed.name is None:
+            body = envelope.open(key, objects[key].data)
+            assert isinstance(body, bytes), key
+            found.append(codec.decode(RoundRecord, body))
+    return found
 
 
 def judge(

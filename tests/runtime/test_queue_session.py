@@ -6,16 +6,13 @@ node whose claim it names."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import Deadline, result, spawn, traced
 
 from gm_core import auth, completion, keys
 
@@ -23,22 +20,12 @@ from gm_core import auth, completion, keys
 # and a survivor once exited 1 in a loaded full-suite run (cause not yet found): -m slow.
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).parent
-WORKER = HERE / "queue_worker.py"
 UNITS, BATCHES = 6, 6
 
 
 def start(url: str, node: str, trace: Path, step_s: float) -> subprocess.Popen[str]:
     spec = {"url": url, "node": node, "units": UNITS, "batches": BATCHES, "step_s": step_s}
-    spec["trace"] = str(trace)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return spawn("queue_worker.py", {**spec, "trace": str(trace)})
 
 
 def ledger(bucket: Path) -> dict[str, dict[int, Any]]:
@@ -64,30 +51,22 @@ def test_a_node_killed_mid_unit_loses_nothing_and_each_unit_is_done_once(
     traces = {n: tmp_path / f"{n}.trace" for n in ("n0", "n1", "n2")}
     # The victim takes 20 s per step: it is still in its first unit when it is killed.
     victim = start(url, "n0", traces["n0"], step_s=20.0)
-    deadline = time.monotonic() + 120
+    deadline = Deadline(120)
 
     def lines(node: str) -> list[str]:
-        return traces[node].read_text().splitlines() if traces[node].exists() else []
+        return traced(traces[node])
 
-    def wait(what: str, ready: Callable[[], bool]) -> None:
-        while not ready():
-            assert time.monotonic() < deadline, what
-            assert victim.poll() is None, victim.communicate()
-            time.sleep(0.02)
-
-    wait("the victim never trained", lambda: bool(lines("n0")))
+    deadline.wait("the victim never trained", lambda: bool(lines("n0")), alive=[victim])
     survivors = {n: start(url, n, traces[n], step_s=0.02) for n in ("n1", "n2")}
     # Kill the victim once the survivors train: it holds its unit and a prefetched one, which
     # the survivors may take only once it is dead.
-    wait("the survivors never trained", lambda: bool(lines("n1") or lines("n2")))
+    deadline.wait(
+        "the survivors never trained", lambda: bool(lines("n1") or lines("n2")), alive=[victim]
+    )
     victim.kill()
     victim.communicate()
     killed_in = lines("n0")[-1].split()[0]
-    found = []
-    for name, proc in survivors.items():
-        out, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, (name, err[-3000:])
-        found.append(json.loads(out.splitlines()[-1])["finished"])
+    found = [result(name, proc, timeout_s=180)["finished"] for name, proc in survivors.items()]
     # The last survivor to leave found the run finished (the dead victim's lease aged out
     # on its clock) and said so once; gm status shows it.
     assert any(found), found

@@ -7,25 +7,19 @@ and on SeaweedFS."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+from procs import Deadline, result, spawn, traced
 
 from gm_core import auth, completion, keys, ranks
 from gm_shell import MailboxOptions
 from gm_shell.mailbox import Mailbox
 
-HERE = Path(__file__).parent
-WORKER = HERE / "rank_worker.py"
 STEPS = 40
 
 
@@ -35,14 +29,7 @@ def start(
     url, options = run
     spec = {"url": url, "node": node, "ranks": 1, "steps": steps, "step_s": step_s}
     spec |= {"trace": str(trace), "mailbox": attrs.asdict(options)}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return spawn("rank_worker.py", spec)
 
 
 async def read_bucket(url: str, options: MailboxOptions) -> tuple[dict[int, Any], bytes | None]:
@@ -71,36 +58,23 @@ def test_a_paused_rank_holder_comes_back_and_gets_rank_lost(
     traces = {n: tmp_path / f"{n}.trace" for n in ("a", "b")}
     # a's slice would take minutes: it is still training when it is paused.
     holder = start(run_url, "a", traces["a"], steps=100_000, step_s=0.05)
-    deadline = time.monotonic() + 150
+    deadline = Deadline(150)
 
     def lines(node: str) -> list[str]:
-        return traces[node].read_text().splitlines() if traces[node].exists() else []
-
-    def wait(what: str, ready: Callable[[], bool]) -> None:
-        while not ready():
-            assert time.monotonic() < deadline, what
-            assert holder.poll() is None, holder.communicate()
-            time.sleep(0.02)
+        return traced(traces[node])
 
     try:
-        wait("a never trained", lambda: bool(lines("a")))
+        deadline.wait("a never trained", lambda: bool(lines("a")), alive=[holder])
         peer = start(run_url, "b", traces["b"], steps=STEPS, step_s=0.02)
         # b waits in start() while a holds the only rank live; paused, a's lease stops
         # changing, and after the lease timeout on b's clock b claims the rank over it.
         holder.send_signal(signal.SIGSTOP)
         try:
-            while not lines("b"):
-                assert time.monotonic() < deadline, "b never took the rank over"
-                assert peer.poll() is None, peer.communicate()
-                time.sleep(0.05)
+            deadline.wait("b never took the rank over", lambda: bool(lines("b")), alive=[peer])
         finally:
             holder.send_signal(signal.SIGCONT)
-        out, err = holder.communicate(timeout=120)
-        assert holder.returncode == 0, err[-3000:]
-        assert json.loads(out.splitlines()[-1]) == {"lost": 0, "attempt": 0, "node": "a"}
-        out, err = peer.communicate(timeout=120)
-        assert peer.returncode == 0, err[-3000:]
-        assert json.loads(out.splitlines()[-1]) == {"rank": 0, "finished": True}
+        assert result("a", holder, timeout_s=120) == {"lost": 0, "attempt": 0, "node": "a"}
+        assert result("b", peer, timeout_s=120) == {"rank": 0, "finished": True}
     finally:
         for proc in (holder, locals().get("peer")):
             if isinstance(proc, subprocess.Popen) and proc.poll() is None:

@@ -7,37 +7,27 @@ started on the finished run is refused by name (``RunFinishedError``)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import result, spawn
+from runtime_bucket import open_tape, read_bucket
 from runtime_worker import torch_model
 
 from gm_core import completion, keys
 from gm_shell import DiLoCo, RunFinishedError, Session, SessionOptions
 from gm_shell.mailbox import Mailbox
 from gm_shell.run import read_manifest
+from gm_shell.stores import MailboxOptions
 
-HERE = Path(__file__).parent
-WORKER = HERE / "finish_worker.py"
 STEPS = {"a": 24, "b": 40}
 
 
 def start(url: str, node: str, role: str, **extra: Any) -> subprocess.Popen[str]:
-    spec = {"url": url, "node": node, "role": role, **extra}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    return subprocess.Popen(
-        [sys.executable, str(WORKER), json.dumps(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return spawn("finish_worker.py", {"url": url, "node": node, "role": role, **extra})
 
 
 @pytest.mark.slow
@@ -52,9 +42,7 @@ def test_a_run_finishes_by_itself_and_every_process_exits_0(tmp_path: Path) -> N
     found = {}
     try:
         for name, proc in procs.items():
-            out, err = proc.communicate(timeout=240)
-            assert proc.returncode == 0, (name, err[-3000:])
-            found[name] = json.loads(out.splitlines()[-1])["finished"]
+            found[name] = result(name, proc, timeout_s=240)["finished"]
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -67,6 +55,11 @@ def test_a_run_finishes_by_itself_and_every_process_exits_0(tmp_path: Path) -> N
     assert isinstance(summary, completion.Summary), summary
     assert summary.by in ("a", "b")
     assert summary.round >= 0
+    # The last learner's final (flush) snapshots were committed before it left, the closer
+    # closing those rounds with it alone live: its last steps are in the tape.
+    tape = open_tape(read_bucket(url, MailboxOptions()))
+    finals = [r.round for r in tape for p in r.participants if p.learner == summary.by and p.final]
+    assert finals, [(r.round, r.participants) for r in tape[-4:]]
     manifest = asyncio.run(read_manifest(Mailbox.open(url), None))
     assert manifest is not None
     assert manifest.created_by in ("a", "b")

@@ -1,0 +1,70 @@
+"""An ``either`` node is elected closer when it leads a round while another learner is live
+(:func:`gm_core.election.serves`); it then stops training, its learner handing the lease to
+its closer, and closes the rounds of the others without waiting for its own learner."""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+from fast_cluster import FAST_C, FAST_L, C, L, drive
+
+from gm_core import closer, election
+from gm_core import cluster as cl
+from gm_core.records import AlgorithmConfig
+
+EITHER = attrs.evolve(FAST_C, either=True)
+CONFIG = AlgorithmConfig(
+    sync_every=8, fragments=2, quorum=3, in_flight=2, lease_timeout_s=4.0, takeover_floor_s=6.0
+)
+
+
+def _serving(c: cl.Cluster) -> list[str]:
+    return sorted(n for n, node in c.nodes.items() if node.closer and node.closer.serving)
+
+
+def test_the_elected_either_node_closes_the_others_rounds_without_a_takeover() -> None:
+    roles = {"a": frozenset({L, C}), "b": frozenset({L, C}), "c": frozenset({L})}
+    c = cl.create(CONFIG, roles, learner_options=FAST_L, closer_options=EITHER)
+    for name in sorted(roles):
+        c = cl.start(c, name)
+    rng = random.Random(2)
+    for _ in range(200):
+        if _serving(c):
+            break
+        c = drive(c, 1, rng)
+    assert _serving(c) == ["a"]  # a created the run, so it leads, and b and c are live
+    c = cl.hand_over(c, "a")
+    elected_at = max((r.round for r in cl.records(c)), default=-1)
+    c = drive(c, 240, rng)
+    later = [r for r in cl.records(c) if r.round > elected_at]
+    # quorum 3 but two learners left: rounds close because a no longer waits for itself.
+    assert len(later) >= 6, len(later)
+    assert all(r.closer == "a" and r.claim == 0 for r in later)  # its lease never lapsed
+    assert all({p.learner for p in r.participants} <= {"a", "b", "c"} for r in later)
+    assert all("a" not in {p.learner for p in r.participants} for r in later[4:])
+    node_a = c.nodes["a"].closer
+    assert node_a is not None
+    assert node_a.phase is not closer.Phase.STOPPED
+    lease = c.store.get("leases/a.json")
+    assert lease is not None
+
+
+def test_an_either_node_alone_is_not_elected_and_a_live_dedicated_closer_blocks_it() -> None:
+    alone = {"a": frozenset({L, C})}
+    c = cl.create(CONFIG, alone, learner_options=FAST_L, closer_options=EITHER)
+    c = drive(cl.start(c, "a"), 120, random.Random(4))
+    assert len(cl.records(c)) >= 3
+    assert _serving(c) == []  # elected it would leave nobody training
+    roles = {"a": frozenset({L, C}), "b": frozenset({L}), "d": frozenset({C})}
+    c = cl.create(CONFIG, roles, learner_options=FAST_L, closer_options=EITHER)
+    c = cl.start(cl.start(c, "d"), "a")  # d's lease is there before a first lists the leases
+    c = drive(cl.start(c, "b"), 160, random.Random(6))
+    assert cl.records(c)[-1].closer == "d"
+    assert _serving(c) == []
+
+
+def test_serves_needs_another_live_learner_and_no_live_dedicated_closer() -> None:
+    assert election.serves(me="a", others_live=1, dedicated_live=False)
+    assert not election.serves(me="a", others_live=0, dedicated_live=False)
+    assert not election.serves(me="a", others_live=3, dedicated_live=True)

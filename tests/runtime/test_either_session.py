@@ -1,0 +1,113 @@
+"""The ``either`` role in processes of their own, on a local folder and on SeaweedFS: a
+dedicated closer leads while it is live; killed (SIGKILL), an ``either`` node takes its round
+over, is elected closer, gives back the units it claimed and has not started, and closes the
+rounds of the other ``either`` node, which trains the rest of the queue; the run finishes by
+itself and both exit 0."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from procs import Deadline, result, spawn, traced
+from runtime_bucket import open_tape, read_bucket
+
+from gm_core import auth, completion, keys
+from gm_core.records import RoundRecord
+from gm_core.store_model import Stored
+from gm_shell.stores import MailboxOptions
+
+# Three interpreters importing torch and a lease timeout to wait out: -m slow.
+pytestmark = pytest.mark.slow
+
+UNITS, BATCHES = 40, 4
+
+
+def read(url: str, options: MailboxOptions) -> tuple[list[RoundRecord], Mapping[str, Stored]]:
+    objects = read_bucket(url, options)
+    return open_tape(objects), objects
+
+
+def ledger(objects: Mapping[str, Stored]) -> dict[str, dict[int, Any]]:
+    """Each unit's done markers, judged."""
+    done: dict[str, dict[int, Any]] = {}
+    for key, stored in objects.items():
+        parsed = keys.parse(key) if key.startswith(keys.QUEUE_PREFIX) else None
+        if isinstance(parsed, keys.QueueDoneKey):
+            body = auth.for_run("", None).open(key, stored.data)
+            assert isinstance(body, bytes)
+            done.setdefault(parsed.unit, {})[parsed.attempt] = completion.decode_done(
+                body, parsed.attempt
+            )
+    return done
+
+
+def test_an_either_node_elected_after_the_closer_is_killed_closes_the_rounds(
+    tmp_path: Path, run_url: tuple[str, MailboxOptions]
+) -> None:
+    url, options = run_url
+    traces = {n: tmp_path / f"{n}.trace" for n in ("e1", "e2")}
+    spec = {"url": url, "mailbox": attrs.asdict(options), "units": UNITS, "batches": BATCHES}
+    closer = spawn("queue_worker.py", {**spec, "node": "d", "role": "closer", "step_s": 0})
+    deadline = Deadline(240)
+    procs = {"d": closer}
+    try:
+        # e1 creates the run and trains alone, slowly, until d leads and e2 trains: units
+        # are left for the elected node to give back.
+        e1 = {"node": "e1", "role": "either", "trace": str(traces["e1"]), "step_s": 0.25}
+        procs["e1"] = spawn("queue_worker.py", {**spec, **e1})
+        # e1 leads at first; once it has seen d's lease renewing, its record names d.
+        deadline.wait(
+            "d never led",
+            lambda: any(r.closer == "d" for r in read(url, options)[0]),
+            alive=procs.values(),
+            every_s=0.5,
+        )
+        e2 = {"node": "e2", "role": "either", "trace": str(traces["e2"]), "step_s": 0.1}
+        procs["e2"] = spawn("queue_worker.py", {**spec, **e2})
+        deadline.wait("e2 never trained", lambda: bool(traced(traces["e2"])), alive=procs.values())
+        closer.send_signal(signal.SIGKILL)
+        closer.communicate()
+        killed_after = max(r.round for r in read(url, options)[0])
+        outcomes = {n: result(n, procs[n], timeout_s=240) for n in ("e1", "e2")}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    elected = [n for n, o in outcomes.items() if o["elected"]]
+    assert len(elected) == 1, outcomes
+    (chosen,) = elected
+    assert all(o["finished"] for o in outcomes.values()), outcomes
+    records, objects = read(url, options)
+    later = [r for r in records if r.round > killed_after]
+    # The elected node took d's round over by a claim, and closed every round after it.
+    taken = next(r for r in later if r.closer != "d")
+    assert taken.closer == chosen
+    assert taken.claim >= 1
+    assert all(r.closer == chosen for r in later if r.round > taken.round)
+    assert len(later) >= 3
+    # The other node found the run finished: every unit trained, its tokens counted once.
+    summary = completion.decode_summary(objects[keys.finished()].data)
+    assert isinstance(summary, completion.Summary), summary
+    assert summary.by != chosen
+    assert (summary.slices, summary.steps, summary.tokens) == (
+        UNITS,
+        UNITS * BATCHES,
+        UNITS * BATCHES * 4,
+    )
+    done = ledger(objects)
+    assert sorted(done) == [f"u{i:02d}" for i in range(UNITS)]
+    assert all(len(attempts) == 1 for attempts in done.values()), done
+    # A unit given back went on at claim 2 (0: the elected node's, 1: given back, naming
+    # nobody) and was finished by the other node; no other unit changed hands (nobody died).
+    given = outcomes[chosen]["given_back"]
+    assert given >= 1, outcomes
+    handed = {u: m for u, attempts in done.items() for a, m in attempts.items() if a >= 1}
+    assert len(handed) == given, handed
+    assert all(a == 2 for attempts in done.values() for a in attempts if a >= 1), done
+    assert all(m.node == summary.by for m in handed.values()), handed
