@@ -1,0 +1,164 @@
+"""A shared queue against static ranks when half the learners are twice as slow (issue 13).
+
+Run: ``.venv/bin/python bench/bench_queue.py [--units 96] [--batches 4] [--step-s 0.05]
+[--repeats 1] [--json FILE] [--log FILE]``
+
+Four learner processes (``both`` nodes, ``Session.run``) consume one dataset of ``--units``
+units of ``--batches`` batches through a ``file://`` bucket; two take ``--step-s`` per step,
+two twice that. Each mode, in turn in one run: ``queue`` (one ``SharedQueue``, prefetch 1:
+faster nodes take more units) and ``ranks`` (``Session(ranks=4)``: each rank trains the
+units ``i`` with ``i mod 4 == rank``). Every node waits at a ``Barrier`` before its first
+step, so their starts line up. Printed per mode: the time from the first step to the last
+step of any node (every process is on this machine: one monotonic clock), the ideal
+speed-weighted time (the dataset's steps over the four nodes' summed step rates, no sync
+cost), their ratio, the steps each node trained (fast, slow, fast, slow), and the nodes' eval
+loss at the end (a linear student of a fixed teacher, the model each node holds after
+``close()``: the newest commit when it closed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+NODES = 4
+IN, OUT = 16, 4
+
+
+def _teacher() -> np.ndarray:
+    return np.random.default_rng(7).normal(size=(IN, OUT)).astype(np.float32)
+
+
+def worker(spec: dict[str, Any]) -> None:
+    """One node: train its share, print its step times and final loss as one JSON line."""
+    import logging
+
+    import torch
+
+    logging.basicConfig(level=logging.INFO, format=f"{spec['node']} %(asctime)s %(message)s")
+
+    from gm_shell import DiLoCo, Session, SessionOptions, SharedQueue
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(IN, OUT)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    teacher = torch.from_numpy(_teacher())
+    algorithm = DiLoCo(sync_every=8, fragments=2, quorum=1, in_flight=2, lease_timeout_s=4.0)
+    options = SessionOptions(poll_s=0.05, close_timeout_s=60.0, join_timeout_s=120.0)
+    times: list[float] = []
+    steps: list[None] = []
+
+    def batches(unit: str) -> Any:
+        rng = np.random.default_rng(int(unit[1:]))
+        for _ in range(spec["batches"]):
+            yield torch.from_numpy(rng.normal(size=(8, IN)).astype(np.float32))
+
+    def step(x: Any) -> int:
+        if not times:
+            times.append(time.monotonic())
+        loss = torch.nn.functional.mse_loss(model(x), x @ teacher)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(spec["step_s"])
+        times[1:] = [time.monotonic()]
+        steps.append(None)
+        return 8
+
+    units = [f"u{i:03d}" for i in range(spec["units"])]
+    ranks = NODES if spec["mode"] == "ranks" else None
+    session = Session(
+        model,
+        algorithm=algorithm,
+        mailbox=spec["url"],
+        node=spec["node"],
+        options=options,
+        ranks=ranks,
+        run_key=None,
+    )
+    with session:
+        with session.barrier("start", parties=NODES) as barrier:
+            barrier.wait()
+        if ranks is None:
+            session.run(step, SharedQueue(units, batches, prefetch=1))
+        else:
+            mine = [u for i, u in enumerate(units) if i % NODES == session.rank]
+            session.run(step, (x for u in mine for x in batches(u)))
+    x = torch.from_numpy(np.random.default_rng(99).normal(size=(256, IN)).astype(np.float32))
+    with torch.no_grad():
+        loss = float(torch.nn.functional.mse_loss(model(x), x @ teacher))
+    print(json.dumps({"first": times[0], "last": times[-1], "loss": loss, "steps": len(steps)}))
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    logs = args.log or Path(os.devnull)
+    with tempfile.TemporaryDirectory() as folder, logs.open("a") as log:
+        url = f"file://{folder}/bucket"
+        procs = []
+        for n in range(NODES):
+            step_s = args.step_s * (2 if n % 2 else 1)
+            spec = {"url": url, "node": f"n{n}", "mode": mode, "step_s": step_s}
+            spec |= {"units": args.units, "batches": args.batches}
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                    env={**os.environ},
+                )
+            )
+        outs = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=1800)
+            if proc.returncode != 0:
+                raise SystemExit(f"{mode}: a node exited {proc.returncode}")
+            outs.append(json.loads(out.splitlines()[-1]))
+    steps = args.units * args.batches
+    rate = sum(1 / (args.step_s * (2 if n % 2 else 1)) for n in range(NODES))
+    ideal_s = steps / rate
+    took_s = max(o["last"] for o in outs) - min(o["first"] for o in outs)
+    losses = sorted(o["loss"] for o in outs)
+    return {
+        "mode": mode,
+        "took_s": round(took_s, 2),
+        "ideal_s": round(ideal_s, 2),
+        "over_ideal": round(took_s / ideal_s, 3),
+        "loss": [round(v, 5) for v in losses],
+        "steps_fast_slow": [outs[n]["steps"] for n in range(NODES)],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, default=96)
+    parser.add_argument("--batches", type=int, default=4)
+    parser.add_argument("--step-s", type=float, default=0.05)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--log", type=Path, help="append the nodes' logs here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
+        return
+    figures: dict[str, list[dict[str, Any]]] = {"queue": [], "ranks": []}
+    for _ in range(args.repeats):
+        for mode, rows in figures.items():
+            rows.append(run_mode(mode, args))
+            print(json.dumps(rows[-1]), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

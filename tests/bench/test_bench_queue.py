@@ -1,0 +1,23 @@
+"""bench/bench_queue.py still measures both modes: a tiny run whose figures must come out
+whole (a time per mode, the ideal, four final losses), not what they are."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+@pytest.mark.slow
+def test_bench_queue_measures_the_queue_and_the_ranks(
+    run_bench: Callable[..., dict[str, Any]],
+) -> None:
+    tiny = ("--units", "8", "--batches", "2", "--step-s", "0.01")
+    figures = run_bench("bench/bench_queue.py", *tiny)
+    for mode in ("queue", "ranks"):
+        (row,) = figures[mode]
+        assert row["mode"] == mode
+        assert row["took_s"] > 0
+        assert row["ideal_s"] > 0
+        assert len(row["loss"]) == 4
