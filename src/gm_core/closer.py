@@ -49,6 +49,7 @@ from gm_core import (
     cadence,
     codec,
     election,
+    fallback,
     keys,
     liveness,
     retention,
@@ -82,8 +83,10 @@ from gm_core.events import (
     PutDone,
     Started,
     TimerFired,
+    Unusable,
     Verified,
 )
+from gm_core.fallback import Prior
 from gm_core.records import (
     Claim,
     FragmentState,
@@ -145,6 +148,7 @@ class Ask(enum.StrEnum):
     SNAPSHOT = "snapshot"
     VERIFY = "verify"
     MERGE = "merge"
+    PRIOR = "prior"
     COMMIT = "commit"
     CHECK = "check"
     HEAD = "head"
@@ -228,6 +232,12 @@ class CloserState:
     entries: Mapping[str, Entry] = attrs.field(factory=dict)
     bad_keys: frozenset[str] = frozenset()
     draft: RoundRecord | None = None
+    fallback: FragmentState | None = None
+    """The commit to merge this round into instead of the frontier's unusable one (§16.10)."""
+    prior: Prior | None = None
+    """The record being read for the commit before the frontier's unusable one."""
+    lost: str | None = None
+    """The ``commit_lost`` message last given, so that a halted closer says it once."""
     leases: Mapping[str, liveness.LeaseView] = attrs.field(factory=dict)
     dead: frozenset[str] = frozenset()
     """Learners whose lease a probe found stale: looked at only when the leases are listed."""
@@ -369,6 +379,8 @@ def _outcome(
             return _verify_outcome(state, purpose, event, cmds)
         case Ask.MERGE:
             return _merge_outcome(state, purpose, event, cmds)
+        case Ask.PRIOR:
+            return _prior_outcome(state, purpose, event, cmds)
         case Ask.COMMIT:
             return _commit_outcome(state, purpose, event, cmds)
         case Ask.CHECK:
@@ -457,6 +469,8 @@ def _enter(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
         close_at_s=NEVER,
         grace_s=0.0,
         draft=None,
+        fallback=None,
+        prior=None,
         poll_at_s=now_s,
         leases_at_s=now_s,
     )
@@ -909,7 +923,7 @@ def _merge(
             req=req,
             round=state.round,
             fragment=_fragment(state),
-            base=_frontier(state)[_fragment(state)],
+            base=_base(state),
             contributions=contributions,
             final_only=all(c.final for c in contributions),
         )
@@ -928,11 +942,95 @@ def _merge_outcome(
             if entry is not None and entry.stage is Stage.ACCEPTED:
                 state = _reject(state, learner, Reason.OUTLIER, cmds)
         return _commit(state, event.now_s, event, cmds)
-    # Try the merge again after a poll interval; a follower takes over if it never succeeds.
+    if isinstance(event, Unusable):
+        return _unusable(state, event, cmds)
+    return _merge_failed(state, event, cmds)
+
+
+def _merge_failed(state: CloserState, event: Event, cmds: list[Command]) -> CloserState:
+    """Try the merge again after a poll interval; a follower takes over if it never succeeds."""
     cmds.append(Notify(kind="merge_failed", round=state.round, detail=failure(event)))
     return attrs.evolve(
         state, phase=Phase.COLLECTING, close_at_s=event.now_s + state.options.poll_s
     )
+
+
+def _base(state: CloserState) -> FragmentState:
+    """The commit this round's merge starts from: the frontier's, or what replaces it."""
+    if state.fallback is not None:
+        return state.fallback
+    return _frontier(state)[_fragment(state)]
+
+
+def _unusable(state: CloserState, event: Unusable, cmds: list[Command]) -> CloserState:
+    """A payload the merge needs is unusable: leave its delta out, or fall back (§16.10)."""
+    now_s, base, fragment = event.now_s, _base(state), _fragment(state)
+    for entry in _accepted(state):
+        if entry.snapshot is not None and entry.snapshot.payload.key == event.key:
+            state = _reject(state, entry.learner, event.reason, cmds)
+            return _merge(state, now_s, _accepted(state), cmds)
+    if event.key not in _keys(base):
+        return _merge_failed(state, event, cmds)  # a payload nobody named: try again
+    if state.lost is None:
+        detail = f"fragment {fragment} version {base.version}: {failure(event)}"
+        cmds.append(Notify(kind="commit_unusable", round=state.round, detail=detail))
+    if base.momentum is not None and event.key == base.momentum.key:
+        state = attrs.evolve(state, fallback=fallback.without_momentum(base))
+        return _merge(state, now_s, _accepted(state), cmds)
+    committed = _frontier(state)[fragment]
+    if base.theta != committed.theta:
+        why = f"the commit before it is unusable too ({event.key})"
+        return _lost(state, now_s, committed.theta.key, why, cmds)
+    found = fallback.prior(state.manifest, fragment, committed.version, committed.theta.key)
+    return _found_prior(state, now_s, found, cmds)
+
+
+def _keys(state: FragmentState) -> tuple[str, ...]:
+    refs = (state.theta, state.momentum)
+    return tuple(ref.key for ref in refs if ref is not None)
+
+
+def _found_prior(
+    state: CloserState,
+    now_s: float,
+    found: Prior | FragmentState | str,
+    cmds: list[Command],
+) -> CloserState:
+    """Merge into the earlier commit, read the next slot of its record, or halt."""
+    if isinstance(found, FragmentState):
+        state = attrs.evolve(state, fallback=found, prior=None)
+        return _merge(state, now_s, _accepted(state), cmds)
+    if isinstance(found, str):
+        return _lost(state, now_s, _frontier(state)[_fragment(state)].theta.key, found, cmds)
+    state, req = issue(state, Purpose(kind=Ask.PRIOR, round=state.round))
+    cmds.append(Get(req=req, key=record_key(state.envelope, found.round, found.slot)))
+    return attrs.evolve(state, prior=found)
+
+
+def _prior_outcome(
+    state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
+) -> CloserState:
+    at = state.prior
+    if purpose.round != state.round or state.phase is not Phase.MERGING or at is None:
+        return state
+    if not isinstance(event, GotObject):
+        return _merge_failed(attrs.evolve(state, prior=None), event, cmds)
+    found = fallback.read_prior(state.envelope, state.manifest.config, at, event.data)
+    return _found_prior(state, event.now_s, found, cmds)
+
+
+def _lost(state: CloserState, now_s: float, key: str, why: str, cmds: list[Command]) -> CloserState:
+    """No commit of the fragment is left to merge into: halt on it, saying so once.
+
+    The round stays open: the closer looks at its record key as a blocked closer does
+    and, while the key stays free, tries the round again after a lease timeout (an
+    operator may have restored the object meanwhile).
+    """
+    message = fallback.lost(_fragment(state), key, why)
+    if message != state.lost:
+        cmds.append(Notify(kind="commit_lost", round=state.round, detail=message))
+    poll_at_s = max(state.poll_at_s, now_s + state.manifest.config.lease_timeout_s)
+    return attrs.evolve(state, phase=Phase.BLOCKED, lost=message, prior=None, poll_at_s=poll_at_s)
 
 
 _NO_TIMING = Timing()
@@ -961,13 +1059,13 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
     cfg = state.manifest.config
     fragment = _fragment(state)
     frontier = list(_frontier(state))
-    base = frontier[fragment]
+    base = _base(state)
     accepted = _accepted(state)
     participants = tuple(_participant(e) for e in accepted if e.snapshot is not None)
     if merged is not None and participants:
         momentum = merged.outer if merged.outer is not None else base.momentum
         frontier[fragment] = FragmentState(
-            version=base.version + 1, theta=merged.theta, momentum=momentum
+            version=frontier[fragment].version + 1, theta=merged.theta, momentum=momentum
         )
     rejections = tuple(
         Rejection(learner=e.learner, reason=e.reason)
@@ -1106,7 +1204,7 @@ def _committed(
         # A committed record proves this node alive to everyone who follows the tape.
         state = attrs.evolve(state, lease_at_s=max(state.lease_at_s, now_s + _renew_s(state)))
     state = _sweep(state, record, cmds)
-    return _enter(attrs.evolve(state, last=record), now_s, cmds)
+    return _enter(attrs.evolve(state, last=record, lost=None), now_s, cmds)
 
 
 def _sweep(state: CloserState, record: RoundRecord, cmds: list[Command]) -> CloserState:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -69,6 +69,7 @@ from gm_core.events import (
     Started,
     Stepped,
     TimerFired,
+    Unusable,
     Verified,
 )
 from gm_core.records import (
@@ -135,6 +136,8 @@ class Cluster:
     notes: tuple[tuple[str, Notify], ...] = ()
     violations: tuple[invariants.Violation, ...] = ()
     hostile: frozenset[str] = frozenset()
+    tampered: frozenset[str] = frozenset()
+    """Keys of the protocol's own objects that outsiders deleted or overwrote (:func:`tamper`)."""
     learner_options: learner.LearnerOptions = attrs.field(factory=learner.LearnerOptions)
     closer_options: closer.CloserOptions = attrs.field(factory=closer.CloserOptions)
     run_auth: auth.RunAuth | None = None
@@ -242,10 +245,11 @@ def _opened(c: Cluster, store: ModelStore) -> ModelStore:
 def view(c: Cluster) -> invariants.ClusterView:
     """What the invariants judge: the nodes, and the store less what outsiders wrote."""
     store = c.store
-    if c.hostile:
+    if c.hostile or c.tampered:  # a tampered key's writes (a restore too) are not the protocol's
+        outside = c.hostile | c.tampered
         store = attrs.evolve(
             store.delete(tuple(c.hostile)),
-            created=tuple((k, d) for k, d in store.created if k not in c.hostile),
+            created=tuple((k, d) for k, d in store.created if k not in outside),
         )
     store = _opened(c, store)
     return invariants.ClusterView(
@@ -255,6 +259,7 @@ def view(c: Cluster) -> invariants.ClusterView:
         learners={n.name: n.learner for n in c.nodes.values() if n.alive and n.learner},
         closers={n.name: n.closer for n in c.nodes.values() if n.alive and n.closer},
         members=frozenset(c.nodes),
+        tampered=c.tampered,
     )
 
 
@@ -536,8 +541,9 @@ def _execute_payload(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Eve
         )
         return _merge(c, cmd)
     if isinstance(cmd, Align):
-        if c.store.get(cmd.theta.key) is None:
-            return c, RequestFailed(now_s=now, req=cmd.req, error=f"{cmd.theta.key} is missing")
+        unusable = _unusable(c, cmd.req, (cmd.theta,))
+        if unusable is not None:
+            return c, unusable
         return c, Aligned(now_s=now, req=cmd.req, step=node.step, tokens=node.tokens)
     raise TypeError(f"not a command the cluster carries out: {cmd!r}")
 
@@ -553,13 +559,21 @@ def _verdict(c: Cluster, ref: PayloadRef) -> Reason | None:
     return None
 
 
+def _unusable(c: Cluster, req: int, refs: Iterable[PayloadRef | None]) -> Unusable | None:
+    """The first of ``refs`` whose payload is unusable, as the shell reports it."""
+    for ref in refs:
+        reason = None if ref is None else _verdict(c, ref)
+        if ref is not None and reason is not None:
+            return Unusable(now_s=c.now_s, req=req, key=ref.key, reason=reason, detail=ref.key)
+    return None
+
+
 def _merge(c: Cluster, cmd: Merge) -> tuple[Cluster, Event]:
     now = c.now_s
-    for contribution in cmd.contributions:
-        if _verdict(c, contribution.payload) is not None:
-            return c, RequestFailed(
-                now_s=now, req=cmd.req, error=f"{contribution.learner}'s payload is unusable"
-            )
+    needed = (cmd.base.theta, cmd.base.momentum, *(x.payload for x in cmd.contributions))
+    unusable = _unusable(c, cmd.req, needed)
+    if unusable is not None:
+        return c, unusable
     names = ",".join(x.learner for x in cmd.contributions)
     theta_data = payload_bytes("theta", cmd.round, cmd.base.version + 1, names)
     outer_data = payload_bytes("momentum", cmd.round, names)
@@ -590,6 +604,13 @@ def inject(c: Cluster, key: str, data: bytes) -> Cluster:
     if not created:
         return c
     return attrs.evolve(c, store=store, hostile=c.hostile | {key})
+
+
+def tamper(c: Cluster, key: str, data: bytes | None = None) -> Cluster:
+    """Someone outside the protocol deletes the object at ``key`` and, given ``data``, writes
+    those bytes there instead (a bad restore, a lifecycle rule, an attacker)."""
+    c = attrs.evolve(c, store=c.store.delete((key,)), tampered=c.tampered | {key})
+    return c if data is None else inject(c, key, data)
 
 
 def clean(c: Cluster, prefix: str = "") -> Cluster:

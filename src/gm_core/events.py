@@ -143,5 +143,21 @@ class RequestFailed:
     error: str
 
 
+@attrs.frozen(kw_only=True)
+class Unusable:
+    """A payload that ``Merge`` or ``Align`` needed is missing or fails its checks.
+
+    Unlike a :class:`RequestFailed` (the store did not answer), this is a verdict on
+    the object at ``key``: reading it again gives the same answer, so the machine
+    decides what to use instead (spec/protocol.md §16.10).
+    """
+
+    now_s: float
+    req: int
+    key: str
+    reason: Reason
+    detail: str
+
+
 Outcome = GotObject | Probed | PutDone | Listed | Deleted | Captured | Verified | Merged | Aligned
-Event = Started | TimerFired | Stepped | CloseRequested | Outcome | RequestFailed
+Event = Started | TimerFired | Stepped | CloseRequested | Outcome | RequestFailed | Unusable

@@ -56,6 +56,8 @@ class ClusterView:
     closers: Mapping[str, closer.CloserState] = attrs.field(factory=dict)
     members: frozenset[str] = frozenset()
     """Every node of the run, alive or not (empty: not known, not judged)."""
+    tampered: frozenset[str] = frozenset()
+    """Keys outsiders deleted or overwrote: their absence is not the protocol's doing."""
 
 
 @attrs.frozen(kw_only=True)
@@ -231,11 +233,14 @@ def schedule_coverage(view: ClusterView) -> tuple[str, ...]:
 
 
 def retention(view: ClusterView) -> tuple[str, ...]:
-    """Every payload the newest frontier points at is still in the store."""
+    """Every payload the newest frontier points at is still in the store, unless an
+    outsider removed it (garbage collection never deletes what the frontier names)."""
     tape = read_tape(view)
     frontier = tape[max(tape)].frontier if tape else view.manifest.init
     refs = [ref for fs in frontier for ref in (fs.theta, fs.momentum) if ref is not None]
-    gone = [ref.key for ref in refs if view.store.get(ref.key) is None]
+    gone = [
+        ref.key for ref in refs if view.store.get(ref.key) is None and ref.key not in view.tampered
+    ]
     return tuple(f"frontier payload {key} is gone" for key in gone)
 
 

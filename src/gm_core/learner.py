@@ -47,7 +47,7 @@ from typing import assert_never
 
 import attrs
 
-from gm_core import auth, cadence, keys, liveness, schedule, slots, timing
+from gm_core import auth, cadence, fallback, keys, liveness, retention, schedule, slots, timing
 from gm_core.auth import Envelope, RunAuth
 from gm_core.commands import (
     Align,
@@ -73,9 +73,11 @@ from gm_core.events import (
     Started,
     Stepped,
     TimerFired,
+    Unusable,
 )
 from gm_core.records import (
     Alignment,
+    FragmentState,
     Lease,
     Manifest,
     Reason,
@@ -113,6 +115,7 @@ class Ask(enum.StrEnum):
     SNAPSHOT_CHECK = "snapshot_check"
     ALIGN = "align"
     LOAD = "load"
+    PRIOR = "prior"
     LEASE = "lease"
     RELEASE = "release"
 
@@ -197,6 +200,9 @@ class LearnerState:
     seen_round: int = -1
     record_slots: SlotCursor = attrs.field(factory=SlotCursor)
     """The slot of the next round's record key to read (spec/protocol.md §16.4)."""
+    exhausted_round: int = -1
+    """A round whose record key was found with every slot invalid: reported once, then
+    read again every lease timeout without repeating the report."""
     fetched: Mapping[int, RoundRecord] = attrs.field(factory=dict)
     outgoing: Mapping[int, Outgoing] = attrs.field(factory=dict)
     retries: Mapping[int, Retry] = attrs.field(factory=dict)
@@ -209,6 +215,13 @@ class LearnerState:
     silent_through: int = -1
     """Renew no lease until a record of this round is seen (see :func:`_retry_due`)."""
     loading: frozenset[int] = frozenset()
+    priors: Mapping[int, fallback.Prior] = attrs.field(factory=dict)
+    """Fragments whose unusable commit is being replaced while loading: the record read."""
+    fallen: Mapping[int, str] = attrs.field(factory=dict)
+    """Fragments loaded from the commit before the frontier's (one step back only), each
+    with the unusable payload it replaced."""
+    lost: str | None = None
+    """The ``commit_lost`` message last given, so that a failing join says it once."""
     aligning: int | None = None
     probing: bool = False
     probe_at_s: float = 0.0
@@ -363,6 +376,8 @@ def _outcome(
             return _snapshot_checked(state, purpose.round, event, cmds)
         case Ask.ALIGN | Ask.LOAD:
             return _aligned(state, purpose, event, cmds)
+        case Ask.PRIOR:
+            return _prior_outcome(state, purpose, event, cmds)
         case Ask.LEASE:
             if isinstance(event, RequestFailed):
                 cmds.append(Notify(kind="lease_failed", round=state.seen_round, detail=event.error))
@@ -424,18 +439,28 @@ def _bad_record(
     """An invalid object at a slot of the next record's key: read the slot above it now.
 
     A newer format's record stops the probe (skipping it would fork the tape from the
-    newer nodes'); a key whose every slot is invalid is reported and read again from
-    slot 0 after a poll (only an operator can clear it).
+    newer nodes'); a key whose every slot is invalid is reported once and read again
+    from slot 0 every lease timeout (only an operator can clear it).
     """
-    detail = f"slot {bad.slot}: {bad.reason}"
-    cmds.append(Notify(kind="record_rejected", round=bad.round, detail=detail))
+    if bad.round != state.exhausted_round:  # a key already reported exhausted: quietly
+        detail = f"slot {bad.slot}: {bad.reason}"
+        cmds.append(Notify(kind="record_rejected", round=bad.round, detail=detail))
     poll_later = attrs.evolve(state, probing=False, probe_at_s=now_s + state.options.poll_s)
     if bad.newer:
         return poll_later
     cursor = skip(state.record_slots, bad)
     if exhausted(cursor, bad.round):
-        cmds.append(Notify(kind="slots_exhausted", round=bad.round, detail=bad.reason))
-        return attrs.evolve(poll_later, record_slots=SlotCursor())
+        if bad.round != state.exhausted_round:
+            cmds.append(Notify(kind="slots_exhausted", round=bad.round, detail=bad.reason))
+        # Only an operator can clear the key: read its slots again once a lease timeout.
+        again_s = now_s + state.manifest.config.lease_timeout_s
+        return attrs.evolve(
+            state,
+            probing=False,
+            probe_at_s=again_s,
+            record_slots=SlotCursor(),
+            exhausted_round=bad.round,
+        )
     return attrs.evolve(state, probing=False, probe_at_s=now_s, record_slots=cursor)
 
 
@@ -458,19 +483,7 @@ def _begin_loading(state: LearnerState, cmds: list[Command]) -> LearnerState:
     cfg = state.manifest.config
     loading = set()
     for fragment, fs in enumerate(frontier):
-        state, req = issue(state, Purpose(kind=Ask.LOAD, round=fragment))
-        cmds.append(
-            Align(
-                req=req,
-                round=state.seen_round,
-                fragment=fragment,
-                version=fs.version,
-                theta=fs.theta,
-                mode=Alignment.OVERWRITE,
-                mixing=1.0,
-                from_snapshot=False,
-            )
-        )
+        state = _load(state, fragment, fs, state.seen_round, cmds)
         loading.add(fragment)
     position = schedule.step_of(state.seen_round, cfg.sync_every, cfg.fragments) if newest else 0
     return attrs.evolve(
@@ -486,6 +499,26 @@ def _begin_loading(state: LearnerState, cmds: list[Command]) -> LearnerState:
             Anchor(version=fs.version, step=state.step, tokens=state.tokens) for fs in frontier
         ),
     )
+
+
+def _load(
+    state: LearnerState, fragment: int, fs: FragmentState, round_: int, cmds: list[Command]
+) -> LearnerState:
+    """Overwrite ``fragment`` with the commit ``fs`` (named by record ``round_``)."""
+    state, req = issue(state, Purpose(kind=Ask.LOAD, round=fragment))
+    cmds.append(
+        Align(
+            req=req,
+            round=round_,
+            fragment=fragment,
+            version=fs.version,
+            theta=fs.theta,
+            mode=Alignment.OVERWRITE,
+            mixing=1.0,
+            from_snapshot=False,
+        )
+    )
+    return state
 
 
 def _publish(
@@ -687,6 +720,8 @@ def _retry_due(
 def _aligned(
     state: LearnerState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> LearnerState:
+    if isinstance(event, Unusable):
+        return _unusable(state, purpose, event, cmds)
     if not isinstance(event, Aligned):
         # The payload could not be fetched (swept while we lagged, or a store failure):
         # join again from the newest record, which re-reads its frontier.
@@ -697,8 +732,98 @@ def _aligned(
         phase = Phase.RUNNING if not loading else state.phase
         if not loading:
             cmds.append(Notify(kind="joined", round=state.aligned_round))
+            state = attrs.evolve(state, lost=None)
         return attrs.evolve(state, loading=loading, phase=phase)
     return _apply_alignment(state, purpose.round, event, cmds)
+
+
+def _unusable(
+    state: LearnerState, purpose: Purpose[Ask], event: Unusable, cmds: list[Command]
+) -> LearnerState:
+    """A commit's payload is unusable (spec/protocol.md §16.10): use the commit before it."""
+    if purpose.kind is Ask.LOAD:
+        return _load_earlier(state, purpose.round, event, cmds)
+    record = state.fetched.get(purpose.round)
+    if record is None:
+        return state
+    window = retention.KEEP_CYCLES * state.manifest.config.fragments
+    if event.reason is Reason.MISSING and record.round + window <= state.seen_round:
+        # Swept while we lagged: the run has newer commits; join again from the newest.
+        cmds.append(Notify(kind="align_failed", round=record.round, detail=failure(event)))
+        return _rejoin(state)
+    # The model keeps the commit before this one, which is what a closer merges the
+    # next round of the fragment into (§16.10). The anchor takes the commit's version,
+    # so the next snapshot is not stale, and keeps its step: the delta still counts
+    # every step since the commit the model holds.
+    detail = f"fragment {record.fragment} version {record.version}: {failure(event)}"
+    cmds.append(Notify(kind="commit_unusable", round=record.round, detail=detail))
+    anchors = list(state.anchors)
+    anchors[record.fragment] = attrs.evolve(anchors[record.fragment], version=record.version)
+    state = attrs.evolve(state, anchors=tuple(anchors))
+    return _aligned_through(state, record.round, cmds, applied=False)
+
+
+def _load_earlier(
+    state: LearnerState, fragment: int, event: Unusable, cmds: list[Command]
+) -> LearnerState:
+    """Joining, ``fragment``'s commit is unusable: load the one before it, or give up."""
+    if fragment in state.fallen:
+        why = f"the commit before it is unusable too ({event.key})"
+        message = fallback.lost(fragment, state.fallen[fragment], why)
+        return _lost(state, message, event.now_s, cmds)
+    version = state.anchors[fragment].version
+    if state.lost is None:
+        detail = f"fragment {fragment} version {version}: {failure(event)}"
+        cmds.append(Notify(kind="commit_unusable", round=state.aligned_round, detail=detail))
+    found = fallback.prior(state.manifest, fragment, version, event.key)
+    return _found_prior(state, fragment, event.key, found, event.now_s, cmds)
+
+
+def _found_prior(
+    state: LearnerState,
+    fragment: int,
+    key: str,
+    found: fallback.Prior | FragmentState | str,
+    now_s: float,
+    cmds: list[Command],
+) -> LearnerState:
+    """Load the earlier commit, read the next slot of its record, or give up."""
+    priors = {f: p for f, p in state.priors.items() if f != fragment}
+    if isinstance(found, str):
+        return _lost(state, fallback.lost(fragment, key, found), now_s, cmds)
+    if isinstance(found, FragmentState):
+        # The anchor keeps the unusable commit's version, as for a commit skipped while
+        # running (:func:`_unusable`): a closer merges into this same earlier commit.
+        state = attrs.evolve(state, priors=priors, fallen={**state.fallen, fragment: key})
+        return _load(state, fragment, found, state.aligned_round, cmds)
+    state, req = issue(state, Purpose(kind=Ask.PRIOR, round=fragment))
+    cmds.append(Get(req=req, key=record_key(state.envelope, found.round, found.slot)))
+    return attrs.evolve(state, priors={**priors, fragment: found})
+
+
+def _prior_outcome(
+    state: LearnerState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
+) -> LearnerState:
+    at = state.priors.get(purpose.round)
+    if at is None or state.phase is not Phase.LOADING:
+        return state
+    if not isinstance(event, GotObject):
+        cmds.append(Notify(kind="align_failed", round=at.round, detail=failure(event)))
+        return _rejoin(state)
+    found = fallback.read_prior(state.envelope, state.manifest.config, at, event.data)
+    return _found_prior(state, at.fragment, at.key, found, event.now_s, cmds)
+
+
+def _lost(state: LearnerState, message: str, now_s: float, cmds: list[Command]) -> LearnerState:
+    """No usable commit of a fragment to join from: say so once, try again in a while.
+
+    The learner joins again from the newest record after a lease timeout: a later
+    commit of the fragment, or an operator's restore, lets it in.
+    """
+    if message != state.lost:
+        cmds.append(Notify(kind="commit_lost", round=state.aligned_round, detail=message))
+    again_s = now_s + state.manifest.config.lease_timeout_s
+    return attrs.evolve(_rejoin(state), lost=message, probe_at_s=again_s)
 
 
 def _rejoin(state: LearnerState) -> LearnerState:
@@ -707,6 +832,8 @@ def _rejoin(state: LearnerState) -> LearnerState:
         state,
         phase=Phase.BOOTING,
         loading=frozenset(),
+        priors={},
+        fallen={},
         aligning=None,
         fetched={},
         seen_round=state.seen_round - 1,
@@ -748,12 +875,16 @@ def _apply_alignment(
     return _aligned_through(attrs.evolve(state, anchors=tuple(anchors)), round_, cmds)
 
 
-def _aligned_through(state: LearnerState, round_: int, cmds: list[Command]) -> LearnerState:
-    """Every record up to ``round_`` is now reflected in the model."""
+def _aligned_through(
+    state: LearnerState, round_: int, cmds: list[Command], *, applied: bool = True
+) -> LearnerState:
+    """Every record up to ``round_`` is now reflected in the model (``applied``), or
+    passed over with the model kept as it was (an unusable commit)."""
     fetched = dict(state.fetched)
     record = fetched.pop(round_)
     outgoing = {r: o for r, o in state.outgoing.items() if r > round_}
-    cmds.append(Notify(kind="aligned", round=round_, detail=f"version={record.version}"))
+    if applied:
+        cmds.append(Notify(kind="aligned", round=round_, detail=f"version={record.version}"))
     behind = _behind(state, record)
     out = state.outgoing.get(round_)
     if behind and out is not None and out.published:

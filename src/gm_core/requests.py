@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 
-from gm_core.events import Event, RequestFailed
+from gm_core.events import Event, RequestFailed, Unusable
 
 K = TypeVar("K", bound=enum.StrEnum)
 
@@ -67,4 +67,8 @@ def settle(state: S, req: int) -> tuple[S, Purpose[Any] | None]:
 
 def failure(event: Event) -> str:
     """A short description of why an outcome is not the success that was hoped for."""
-    return event.error if isinstance(event, RequestFailed) else type(event).__name__
+    if isinstance(event, RequestFailed):
+        return event.error
+    if isinstance(event, Unusable):
+        return f"{event.reason}: {event.detail}"
+    return type(event).__name__

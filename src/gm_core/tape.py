@@ -150,6 +150,9 @@ def implausible(record: RoundRecord, config: AlgorithmConfig) -> str | None:
         commits = (r - f) // fragments + 1 if r >= f else 0
         if fs.version > commits:
             return f"fragment {f} is at version {fs.version} after {commits} rounds of it"
+    refs = [ref for fs in record.frontier for ref in (fs.theta, fs.momentum) if ref is not None]
+    if any(keys.round_of_payload_key(ref.key) > r for ref in refs):
+        return f"the frontier names a payload written after round {r}"
     if record.swept_below > r:
         return f"swept_below {record.swept_below} is past round {r}"
     estimates = (record.quorum_s, record.grace_s, *attrs.astuple(record.timing))

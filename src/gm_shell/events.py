@@ -305,6 +305,25 @@ class MergeFailed(Event):
 
 
 @attrs.frozen(kw_only=True)
+class CommitUnusable(Event):
+    """A committed payload is missing or fails its digest (spec/protocol.md §16.10): this
+    node uses the fragment's commit before it instead (a closer merges into it, a learner
+    keeps it, a joiner loads it). The detail names the object and why."""
+
+    kind: ClassVar[str] = "commit_unusable"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
+class CommitLost(Event):
+    """No usable commit of a fragment is left (the one before the unusable one is unusable
+    or gone too): nothing more commits on it until the object is restored. Said once."""
+
+    kind: ClassVar[str] = "commit_lost"
+    level: ClassVar[int] = logging.ERROR
+
+
+@attrs.frozen(kw_only=True)
 class Closed(Event):
     """The learner finished closing and released its lease."""
 
@@ -412,6 +431,8 @@ _PLAIN: dict[str, type[Event]] = {
         BadKey,
         LeaseFailed,
         MergeFailed,
+        CommitUnusable,
+        CommitLost,
         Closed,
         Elected,
         CloserStopped,

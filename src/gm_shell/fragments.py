@@ -79,12 +79,13 @@ class Role(enum.StrEnum):
 
 
 class UnusablePayloadError(ValueError):
-    """A payload that cannot be used, and the protocol's name for why."""
+    """A payload that cannot be used, the protocol's name for why, and its key once known."""
 
-    def __init__(self, reason: Reason, message: str) -> None:
+    def __init__(self, reason: Reason, message: str, key: str = "") -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.detail = message
+        self.key = key
 
 
 @attrs.frozen

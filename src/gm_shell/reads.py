@@ -167,7 +167,13 @@ class Reader:
     # -- payloads -------------------------------------------------------------------------
 
     async def payload(self, fragment: int, role: Role, ref: PayloadRef) -> F32:
-        """The payload's fragment, decoded and judged; raises UnusablePayloadError."""
+        """The payload's fragment, decoded and judged; raises UnusablePayloadError with its key."""
+        try:
+            return await self._judged(fragment, role, ref)
+        except UnusablePayloadError as error:
+            raise UnusablePayloadError(error.reason, error.detail, key=ref.key) from None
+
+    async def _judged(self, fragment: int, role: Role, ref: PayloadRef) -> F32:
         at = (ref, fragment, role)
         limit = self._codec.limit(fragment, role)
         if ref.size > limit:

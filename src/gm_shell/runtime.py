@@ -32,8 +32,9 @@ feeds the waiting notes first, in order, and commits under the pacer's lock
 only if no note came meanwhile (else it is computed again), so each note meets
 the state the training thread saw (see :mod:`gm_shell.pacer`).
 
-Any exception in carrying out a command becomes ``RequestFailed``; the core
-decides what to do about it. The two machines of a node are isolated from each
+Any exception in carrying out a command becomes ``RequestFailed`` (a payload
+judged unusable becomes ``Unusable``, naming its key); the core decides what to
+do about it. The two machines of a node are isolated from each
 other: an exception from a machine's ``advance`` (or in interpreting its
 commands) is reported as a :class:`~gm_shell.events.MachineRestarted` event, and
 that machine alone starts again from the tape — a fresh machine, fed ``Started``
@@ -94,6 +95,7 @@ from gm_core.events import (
     Started,
     Stepped,
     TimerFired,
+    Unusable,
     Verified,
 )
 from gm_core.numerics import Contributions
@@ -637,6 +639,10 @@ class Runtime:
         async def outcome() -> None:
             try:
                 event = await work
+            except UnusablePayloadError as error:
+                event = Unusable(
+                    now_s=now(), req=req, key=error.key, reason=error.reason, detail=error.detail
+                )
             except Exception as error:
                 event = RequestFailed(now_s=now(), req=req, error=_describe(error))
             if event is not None and self._epochs[machine] == epoch:

@@ -270,11 +270,18 @@ def test_a_key_with_garbage_in_every_slot_halts_its_round_by_name() -> None:
     target = cl.records(c)[-1].round + 1
     for slot in range(tape.SLOTS):
         c = cl.inject(c, tape.record_key(ENVELOPE, target, slot), b"garbage")
-    for _ in range(600):
+    machines = sum(len(roles) for roles in ROLES.values())
+    while sum(n.kind == "slots_exhausted" for _, n in c.notes) < machines:
+        c = step(c, rng)  # each machine walks the 16 slots and says so once
+    reports = len(c.notes)
+    for _ in range(600):  # the nodes keep re-reading the key, but say nothing new
         c = step(c, rng)
     assert cl.check(c) == []
     assert cl.records(c)[-1].round == target - 1
     assert {n.round for _, n in c.notes if n.kind == "slots_exhausted"} == {target}
+    later = [n.kind for _, n in c.notes[reports:]]
+    assert "record_rejected" not in later, later
+    assert "slots_exhausted" not in later, later
 
 
 def test_a_newer_formats_record_is_never_skipped() -> None:
