@@ -28,7 +28,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 .PHONY: help venv install test test-long check-long lint format demo docs bench bench-robust bench-auth clean distclean
 
 help:
-	@echo "make install    create .venv (torch CPU, the project with dev/torch/mlx extras) and Azurite"
+	@echo "make install    create .venv (torch CPU, the project with dev/torch/mlx/jax extras) and Azurite"
 	@echo "make test       lint, then the test suite without slow tests (pytest -n $(PYTEST_WORKERS))"
 	@echo "make test-long  the whole suite, slow tests included, hypothesis profile 'long'"
 	@echo "make check-long the model checker's CI and long bound sets (gm check --long), niced"
@@ -46,7 +46,7 @@ venv install: $(STAMP) $(AZURITE)
 $(STAMP):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e '.[dev,torch,mlx]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,torch,mlx,jax]'
 	rm -f $(VENV)/.stamp-*
 	touch $@
 

@@ -4,6 +4,7 @@ from gm_core.records import Alignment, Compression, MergeRule, Partition, Reason
 from gm_shell.align import Checkpoint, align
 from gm_shell.barrier import Barrier, BarrierMismatchError, BarrierTimeoutError
 from gm_shell.finished import RunFinishedError
+from gm_shell.jax_model import JaxParams
 from gm_shell.pacer import StalledError
 from gm_shell.queue import QueueMismatchError, SharedQueue
 from gm_shell.ranks import RankLost, RanksDoneError
@@ -22,6 +23,7 @@ __all__ = [
     "Compression",
     "DiLoCo",
     "DivergedError",
+    "JaxParams",
     "MailboxOptions",
     "MergeRule",
     "OpenRunWarning",

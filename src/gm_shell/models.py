@@ -110,16 +110,22 @@ class ModelAdapter(Protocol):
 
 
 def adapt(model: Any, sync: Sync = None) -> ModelAdapter:
-    """The adapter for ``model``: a ``torch.nn.Module`` or an ``mlx.nn.Module``."""
+    """The adapter for ``model``: a ``torch.nn.Module``, an ``mlx.nn.Module``, a flax
+    ``nnx.Module`` or a pytree of JAX arrays in a ``gm_shell.JaxParams``."""
+    from gm_shell import jax_model  # imports no JAX itself
+
     kind = type(model).__mro__
     modules = {cls.__module__.split(".")[0] for cls in kind}
     if "torch" in modules:
         return TorchModel(model, sync)
     if "mlx" in modules:
         return MlxModel(model, sync)
+    if jax_model.is_jax_model(model):
+        return jax_model.JaxModel(model, sync)
     raise ModelError(
-        f"{type(model).__name__} is neither a torch.nn.Module nor an mlx.nn.Module; "
-        "gm trains the parameters of one of those"
+        f"{type(model).__name__} is neither a torch.nn.Module, an mlx.nn.Module, a flax "
+        "nnx.Module nor a gm_shell.JaxParams; gm trains the parameters of one of those "
+        "(a pytree of JAX arrays is immutable: wrap it in JaxParams)"
     )
 
 

@@ -100,6 +100,54 @@ def mlx_model(seed: int) -> tuple[Any, Any]:
     return model, train
 
 
+def jax_model(seed: int) -> tuple[Any, Any]:
+    """The same network in flax nnx (torch's layout: ``weight`` is (out, in)), optax SGD."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    class Linear(nnx.Module):
+        def __init__(self, fan_in: int, fan_out: int, rngs: nnx.Rngs) -> None:
+            bound = 1.0 / np.sqrt(fan_in)  # torch's nn.Linear initialization
+            shape = (fan_out, fan_in)
+            self.weight = nnx.Param(
+                jax.random.uniform(rngs.params(), shape, minval=-bound, maxval=bound)
+            )
+            self.bias = nnx.Param(
+                jax.random.uniform(rngs.params(), (fan_out,), minval=-bound, maxval=bound)
+            )
+
+        def __call__(self, x: Any) -> Any:
+            return x @ self.weight[...].T + self.bias[...]
+
+    class Net(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.fc1 = Linear(IN, HIDDEN, rngs)
+            self.fc2 = Linear(HIDDEN, 1, rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.fc2(jnp.tanh(self.fc1(x)))
+
+    model = Net(nnx.Rngs(seed))
+    optimizer = nnx.Optimizer(model, optax.sgd(0.05), wrt=nnx.Param)
+
+    @nnx.jit
+    def update(model: Net, optimizer: nnx.Optimizer[Net], x: Any, y: Any) -> Any:
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    def train(x: np.ndarray, y: np.ndarray) -> float:
+        return float(update(model, optimizer, x, y))
+
+    return model, train
+
+
+MODELS = {"torch": torch_model, "mlx": mlx_model, "jax": jax_model}
+"""Each framework's twin of the test network, by the name a spec gives it."""
+
+
 def poison(model: Any, framework: str) -> None:
     if framework == "torch":
         import torch
@@ -120,7 +168,7 @@ def main(spec: dict[str, Any]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     framework = spec.get("framework", "torch")
     seed = int(spec["seed"])
-    model, train = (torch_model if framework == "torch" else mlx_model)(seed)
+    model, train = MODELS[framework](seed)
     if "delta_scale" in spec:
         scale_published_deltas(float(spec["delta_scale"]))
     log = (out / "events.jsonl").open("a", buffering=1)
