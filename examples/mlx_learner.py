@@ -49,6 +49,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--sync-every", type=int, default=100, help="H: steps per cycle")
     parser.add_argument("--fragments", type=int, default=2, help="P: fragments per cycle")
     parser.add_argument("--endpoint", default=None, help="S3-compatible endpoint (R2, MinIO)")
+    parser.add_argument(
+        "--parties", type=int, default=1, help="train once this many nodes are here (a barrier)"
+    )
     return parser.parse_args()
 
 
@@ -74,6 +77,9 @@ def main() -> None:
             with contextlib.suppress(KeyboardInterrupt):
                 session.serve()
         else:
+            if args.parties > 1:  # nodes started together start training together
+                with session.barrier("start", parties=args.parties) as start:
+                    start.wait()
             for step in range(args.steps):
                 x = mx.array(rng.normal(size=(BATCH, FEATURES)).astype("f4"))
                 loss, grads = step_fn(model, x, x @ w)

@@ -54,6 +54,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--sync-every", type=int, default=100, help="H: steps per cycle")
     parser.add_argument("--fragments", type=int, default=2, help="P: fragments per cycle")
     parser.add_argument("--endpoint", default=None, help="S3-compatible endpoint (R2, MinIO)")
+    parser.add_argument(
+        "--parties", type=int, default=1, help="train once this many nodes are here (a barrier)"
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--resume", action="store_true", help="keep this node's optimizer and step across restarts"
@@ -86,6 +89,9 @@ def main() -> None:
             with contextlib.suppress(KeyboardInterrupt):
                 session.serve()
         else:
+            if args.parties > 1:  # nodes started together start training together
+                with session.barrier("start", parties=args.parties) as start:
+                    start.wait()
             train(session, model, optimizer, args.steps)
     checkpoint = session.checkpoint
     print(f"{session.node} final: model at round {checkpoint.round if checkpoint else '?'}")

@@ -1,4 +1,4 @@
-"""The examples run as documented: a torch node and an MLX node share one run and finish."""
+"""The examples run as documented: torch, MLX and JAX nodes share one run and finish."""
 
 from __future__ import annotations
 
@@ -18,17 +18,29 @@ def start(script: str, url: str, node: str, steps: int, *more: str) -> subproces
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_torch_and_mlx_examples_share_a_run(tmp_path: Path) -> None:
+def test_the_three_framework_example_runs_torch_mlx_and_jax_learners_to_one_model(
+    tmp_path: Path,
+) -> None:
+    """examples/three_frameworks.py starts the torch, MLX and JAX example learners on one run;
+    the committed model, loaded into each framework, predicts the same and far better."""
     url = f"file://{tmp_path / 'bucket'}"
-    torch_node = start("torch_learner.py", url, "alice", 600)
-    mlx_node = start("mlx_learner.py", url, "carol", 300)
-    mlx_out = mlx_node.communicate(timeout=240)[0]
-    torch_out = torch_node.communicate(timeout=240)[0]
-    assert mlx_node.returncode == 0, mlx_out[-3000:]
-    assert torch_node.returncode == 0, torch_out[-3000:]
-    assert "alice final: model at round" in torch_out
-    assert "carol final: model at round" in mlx_out
-    assert "carol: joined" in mlx_out
+    argv = [sys.executable, str(EXAMPLES / "three_frameworks.py"), "--mailbox", url, "--json"]
+    done = subprocess.run(
+        [*argv, "--steps", "300"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert figures["round"] > 0
+    mse = [figures[f"committed_mse_{f}"] for f in ("torch", "mlx", "jax")]
+    assert max(mse) - min(mse) <= 1e-4 * max(mse), figures
+    assert all(figures[f"untrained_mse_{f}"] > 10 * mse[0] for f in ("torch", "mlx", "jax"))
+    manifest = json.loads((tmp_path / "bucket" / "manifest.json").read_text())
+    assert [t["name"] for t in manifest["schema"]] == [
+        "fc1.weight",
+        "fc1.bias",
+        "fc2.weight",
+        "fc2.bias",
+    ]
 
 
 def test_a_torch_example_node_started_again_with_resume_goes_on_from_its_step(

@@ -1,9 +1,10 @@
-"""A torch learner and an MLX learner train one model together, and it converges.
+"""A torch, an MLX and a JAX learner train one model together, and it converges.
 
-Both processes build the same two-layer network (same parameter names, shapes and
-dtypes) in their own framework, so the run's schema is one. Afterwards the
-committed model is loaded with ``gm_shell.align`` into a fresh torch model and a
-fresh MLX model: both predict the same, and far better than at the start.
+The three processes build the same two-layer network (same parameter names, shapes
+and dtypes) in their own framework (the JAX one in flax nnx, trained by optax), so
+the run's schema is one. Afterwards the committed model is loaded with
+``gm_shell.align`` into a fresh model of each framework: all three predict the same,
+and far better than at the start.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 from runtime_harness import file_run, make_harness, wait_until
-from runtime_worker import IN, TEACHER, mlx_model, torch_model
+from runtime_worker import IN, TEACHER, jax_model, mlx_model, torch_model
 from test_chaos import started
 
 import gm_shell
@@ -34,34 +35,49 @@ def mse_mlx(model: object, x: np.ndarray) -> float:
     return float(np.mean((y - x @ TEACHER) ** 2))
 
 
-def test_torch_and_mlx_learners_share_a_run_and_converge(tmp_path: Path) -> None:
+def mse_jax(model: object, x: np.ndarray) -> float:
+    y = np.asarray(model(x))  # type: ignore[operator]
+    return float(np.mean((y - x @ TEACHER) ** 2))
+
+
+def test_torch_mlx_and_jax_learners_share_a_run_and_converge(tmp_path: Path) -> None:
     url, options = file_run(tmp_path)
     h = make_harness(url, options, tmp_path, quorum=2)
+    others = ("mlx-node", "jax-node")
     try:
         h.spawn("torch-node", seed=0, framework="torch")
         wait_until("the run to exist", lambda: started(h, "torch-node"), 60)
         h.spawn("mlx-node", seed=1, framework="mlx", steps=600)
-        wait_until("the MLX learner to finish", lambda: not h.nodes["mlx-node"].alive, 120)
+        h.spawn("jax-node", seed=2, framework="jax", steps=600)
+        wait_until(
+            "the MLX and JAX learners to finish",
+            lambda: not any(h.nodes[n].alive for n in others),
+            180,
+        )
         codes = h.stop("torch-node")
-        assert h.nodes["mlx-node"].process.exitcode == 0, h.log("mlx-node")
+        for name in others:
+            assert h.nodes[name].process.exitcode == 0, h.log(name)
     finally:
         h.close()
     assert codes == {"torch-node": 0}, h.log("torch-node")
-    for name in ("torch-node", "mlx-node"):
+    for name in ("torch-node", *others):
         result = h.result(name)
         assert np.mean(result["losses"]) < 0.25 * np.mean(result["first_losses"]), (name, result)
 
     x = np.random.default_rng(99).normal(size=(256, IN)).astype(np.float32)
     fresh_torch, _ = torch_model(seed=7)
     fresh_mlx, _ = mlx_model(seed=8)
+    fresh_jax, _ = jax_model(seed=9)
     before = mse_torch(fresh_torch, x)
     checkpoint = gm_shell.align(fresh_torch, mailbox=url, options=options)
     assert gm_shell.align(fresh_mlx, mailbox=url, options=options) == checkpoint
-    after_torch, after_mlx = mse_torch(fresh_torch, x), mse_mlx(fresh_mlx, x)
+    assert gm_shell.align(fresh_jax, mailbox=url, options=options) == checkpoint
+    after_torch = mse_torch(fresh_torch, x)
     assert after_torch < 0.1 * before, (before, after_torch)
-    assert abs(after_torch - after_mlx) <= 1e-4 * max(after_torch, 1e-6), (after_torch, after_mlx)
+    for after in (mse_mlx(fresh_mlx, x), mse_jax(fresh_jax, x)):
+        assert abs(after_torch - after) <= 1e-4 * max(after_torch, 1e-6), (after_torch, after)
     participants = {p for r in range(checkpoint.round) for p in participants_of(url, r)}
-    assert participants == {"torch-node", "mlx-node"}
+    assert participants == {"torch-node", *others}
 
 
 def participants_of(url: str, round_: int) -> set[str]:
