@@ -475,7 +475,8 @@ def test_checker_accepts(source: str) -> None:
 NEVER_LOADED = frozenset(
     _words(
         """
-        asyncio obstore torch mlx socket subprocess ssl selectors multiprocessing concurrent
+        asyncio obstore torch mlx jax flax optax socket subprocess ssl selectors multiprocessing
+        concurrent
         logging gm_shell requests boto3 blake3 zstandard safetensors
         """
     )

@@ -7,6 +7,8 @@ list index in decimal) is stated here once more, independently of the adapter, b
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -257,3 +259,14 @@ def test_a_session_hands_the_run_parameters_back_through_the_holder() -> None:
     assert align(fresh, mailbox=url) == session.checkpoint
     for name in ("w", "b"):
         np.testing.assert_array_equal(np.asarray(fresh.tree[name]), np.asarray(params.tree[name]))
+
+
+def test_jax_is_imported_only_when_a_jax_model_is_adapted() -> None:
+    probe = (
+        "import sys, mlx.nn, gm_shell\n"
+        "from gm_shell.models import adapt\n"
+        "adapt(mlx.nn.Linear(2, 2))\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'jaxlib', 'flax', 'optax'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
