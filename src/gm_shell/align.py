@@ -101,7 +101,7 @@ def align(
     options: MailboxOptions | None = None,
     run_key: RunKey = FROM_ENV,
 ) -> Checkpoint:
-    """Load the run's committed parameters into ``model`` (torch or MLX) and return.
+    """Load the run's committed parameters into ``model`` (torch, MLX or JAX) and return.
 
     The newest commit, or with ``round`` the commit of that round (its payloads must
     still be in the bucket: closers keep the newest two cycles). The run's synchronized
