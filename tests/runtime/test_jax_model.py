@@ -270,3 +270,16 @@ def test_jax_is_imported_only_when_a_jax_model_is_adapted() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_an_nnx_lora_run_ships_the_adapters_and_pins_the_base() -> None:
+    class Tuned(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.base = nnx.Linear(3, 4, rngs=rngs)
+            self.lora = nnx.LoRA(3, 2, 4, rngs=rngs)
+
+    adapter = adapt(Tuned(nnx.Rngs(0)), r"lora_")
+    assert [t.name for t in adapter.schema()] == ["lora.lora_a", "lora.lora_b"]
+    assert [t.name for t in adapter.frozen()] == ["base.kernel", "base.bias"]
+    other = adapt(Tuned(nnx.Rngs(1)), r"lora_").frozen()
+    assert [t.digest for t in other] != [t.digest for t in adapter.frozen()]
