@@ -66,6 +66,7 @@ _TAG_CONTEXT = b"gm/2 2026 object tag"
 _PAYLOAD_CONTEXT = b"gm/2 2026 payload digest"
 _KEY_ID_CONTEXT = b"gm/2 2026 key id"
 _NAME_CONTEXT = b"gm/2 2026 slot name"
+_RESUME_CONTEXT = b"gm/2 2026 resume digest"
 _DOMAIN = b"gm/2 object"
 _SLOT_DOMAIN = b"gm/2 slot"
 _OPEN_NAME_KEY = b"gm/2 open run: slot names are public"
@@ -107,6 +108,10 @@ class RunAuth:
     """BLAKE3 key for payload digests (the shell hashes payloads)."""
     name_key: bytes = attrs.field(repr=False)
     """HMAC-SHA256 key for the names of create-once slots (protocol §16.4.1)."""
+    resume_key: bytes = attrs.field(repr=False)
+    """BLAKE3 key for the digest of a node's resume state (``nodes/{node}/resume.bin``): an
+    outsider cannot write one that a restarting node loads (its optimizer, data position and
+    local progress)."""
 
 
 def derive(run_key: bytes) -> RunAuth:
@@ -119,6 +124,7 @@ def derive(run_key: bytes) -> RunAuth:
         tag_key=_mac(run_key, _TAG_CONTEXT),
         payload_key=_mac(run_key, _PAYLOAD_CONTEXT),
         name_key=_mac(run_key, _NAME_CONTEXT),
+        resume_key=_mac(run_key, _RESUME_CONTEXT),
     )
 
 

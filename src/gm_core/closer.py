@@ -183,6 +183,9 @@ class CloserOptions:
     dedicated closer is, it is elected (:func:`gm_core.election.serves`): it says so
     (``elected``), stops counting its own learner, and writes a lease of its own."""
     max_sweep_rounds: int = 4
+    lease_epoch_us: int | None = None
+    """The shell's wall clock minus its monotonic clock, in µs: lease sequence numbers are
+    then this node's wall clock (:func:`gm_core.liveness.next_seq`). None: a plain count."""
 
 
 @attrs.frozen(kw_only=True)
@@ -256,7 +259,8 @@ class CloserState:
     poll_at_s: float = 0.0
     leases_at_s: float = 0.0
     discover_at_s: float = 0.0
-    lease_seq: int = 0
+    lease_seq: int = -1
+    """The sequence number of the lease written last."""
     lease_at_s: float = 0.0
     swept_below: int = 0
     own_base: Requests = attrs.field(factory=Requests)
@@ -551,7 +555,8 @@ def _claim_outcome(
     # Taken by another follower, or unknown after a lost response: read who holds it,
     # and stay CLAIMING until we know (bidding again before would race ourselves).
     state, req = issue(state, Purpose(kind=Ask.CLAIM_READ, round=purpose.round, name=purpose.name))
-    cmds.append(Get(req=req, key=keys.claim(purpose.round, int(purpose.name))))
+    key = election.claim_key(state.envelope, purpose.round, int(purpose.name))
+    cmds.append(Get(req=req, key=key))
     return state
 
 
@@ -579,7 +584,7 @@ def _claim_read(
 
 def _claim_holder(envelope: Envelope, data: bytes, round_: int, attempt: int) -> tuple[str, str]:
     """Who a claim object names, or "" and why not when it is not the run's claim for its key."""
-    body = envelope.open(keys.claim(round_, attempt), data)
+    body = envelope.open(election.claim_key(envelope, round_, attempt), data)
     if isinstance(body, Unauthenticated):
         return "", f"unauthenticated ({body.why})"
     try:
@@ -591,23 +596,67 @@ def _claim_holder(envelope: Envelope, data: bytes, round_: int, attempt: int) ->
     return claim.node, ""
 
 
+def _look_at_lease(state: CloserState, kind: Ask, node: str, cmds: list[Command]) -> CloserState:
+    """Look at ``node``'s lease: its ETag (a HEAD) in an open run; its body in an authenticated
+    one, where only an authentic, newer lease is a renewal (spec/protocol.md §16.6)."""
+    state, req = issue(state, Purpose(kind=kind, round=state.round, name=node))
+    key = keys.lease(node)
+    cmds.append(Probe(req=req, key=key) if state.envelope.auth is None else Get(req=req, key=key))
+    return state
+
+
+def _seen(
+    state: CloserState,
+    node: str,
+    view: liveness.LeaseView | None,
+    event: Probed | GotObject,
+    cmds: list[Command],
+) -> liveness.LeaseView:
+    """The view of ``node``'s lease after a look at it (a probe, or a read of its body)."""
+    if isinstance(event, Probed):
+        return liveness.observe(view, event.etag, event.now_s)
+    seq, why = _lease_seq(state, node, event.data)
+    # An authentic lease no newer than the last one renews nothing, silently: a replay looks
+    # exactly like two renewals of the node that landed out of order.
+    if why and (view is None or view.etag != event.etag):
+        cmds.append(Notify(kind="lease_refused", round=state.round, detail=f"{node}: {why}"))
+    return liveness.verified(view, event.etag, seq, event.now_s)
+
+
+def _lease_seq(state: CloserState, node: str, data: bytes | None) -> tuple[int | None, str]:
+    """A lease body's sequence number, or why it renews nothing (None, the reason)."""
+    if data is None:
+        return None, ""
+    body = state.envelope.open(keys.lease(node), data)
+    if isinstance(body, Unauthenticated):
+        return None, f"unauthenticated ({body.why.value})"
+    try:
+        lease = codec.decode(Lease, body)
+    except codec.CodecError as error:
+        return None, f"malformed ({error})"
+    if lease.node != node:
+        return None, f"names node {lease.node!r}"
+    return lease.seq, ""
+
+
 def _lease_outcome(
     state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
-    if not isinstance(event, Probed):
+    if not isinstance(event, Probed | GotObject):
         return state
+    name, now_s = purpose.name, event.now_s
     if purpose.kind is Ask.CLOSER_LEASE:
         current = state.phase is Phase.FOLLOWING and purpose.round == state.round
-        if current and purpose.name == _watched(state):
-            view = liveness.observe(state.closer_lease, event.etag, event.now_s)
+        if current and name == _watched(state):
+            view = _seen(state, name, state.closer_lease, event, cmds)
             return attrs.evolve(state, closer_lease=view)
         return state
-    if event.etag is None and purpose.name not in state.entries:
+    view = _seen(state, name, state.leases.get(name), event, cmds)
+    if view.etag is None and name not in state.entries:
         # Released or never there: forget it until it publishes or its lease is listed.
-        leases = {n: v for n, v in state.leases.items() if n != purpose.name}
-        return attrs.evolve(state, leases=leases, dead=state.dead - {purpose.name})
-    view = liveness.observe(state.leases.get(purpose.name), event.etag, event.now_s)
-    return _judged(state, purpose.name, view, event.now_s)
+        leases = {n: v for n, v in state.leases.items() if n != name}
+        return attrs.evolve(state, leases=leases, dead=state.dead - {name})
+    return _judged(state, name, view, now_s)
 
 
 def _watched(state: CloserState) -> str:
@@ -678,9 +727,7 @@ def _fetch(
         return state  # no sign of life yet: the object may not exist
     if learner in state.leases:
         return _touch(state, learner, now_s)
-    state, req = issue(state, Purpose(kind=Ask.LEASE, round=state.round, name=learner))
-    cmds.append(Probe(req=req, key=keys.lease(learner)))
-    return state
+    return _look_at_lease(state, Ask.LEASE, learner, cmds)
 
 
 def _touch(state: CloserState, learner: str, now_s: float) -> CloserState:
@@ -1110,7 +1157,25 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
         frontier=tuple(frontier),
         swept_below=state.swept_below,
         requests=_requests(state, merged),
+        live=_membership(state, now_s) if cfg.global_batch_size is not None else (),
     )
+
+
+def _membership(state: CloserState, now_s: float) -> tuple[str, ...]:
+    """The learners seen live at commit (:mod:`gm_core.batch`): renewing leases, snapshots
+    judged this round (not forged ones: nobody proved to be that learner), and this node's
+    own learner, whose lease the closer never lists. Written only in runs that split a
+    ``global_batch_size``: elsewhere the record stays what gm before the field writes and
+    reads (the codec leaves an added field out while it holds its absent value)."""
+    judged = {
+        e.learner
+        for e in state.entries.values()
+        if e.stage in (Stage.ACCEPTED, Stage.REJECTED)
+        and not e.invalid
+        and e.reason is not Reason.UNAUTHENTICATED
+    }
+    own = {state.node} if state.options.learns_here and not state.serving else set()
+    return tuple(sorted(_live(state, now_s) | judged | own))
 
 
 def _grace_waited(state: CloserState, quorum_at_s: float) -> float:
@@ -1286,8 +1351,7 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
     if closer == state.node:
         return state
     if now_s >= state.leases_at_s and closer:
-        state, req = issue(state, Purpose(kind=Ask.CLOSER_LEASE, round=state.round, name=closer))
-        cmds.append(Probe(req=req, key=keys.lease(closer)))
+        state = _look_at_lease(state, Ask.CLOSER_LEASE, closer, cmds)
         state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
     if state.closer_lease is None and closer:
         return state  # judge a closer only after seeing its lease at least once
@@ -1316,7 +1380,7 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
         return attrs.evolve(state, waiting_since_s=NEVER)
     claim = Claim(round=state.round, attempt=attempt, node=state.node)
     state, req = issue(state, Purpose(kind=Ask.CLAIM, round=state.round, name=str(attempt)))
-    key = keys.claim(state.round, attempt)
+    key = election.claim_key(state.envelope, state.round, attempt)
     cmds.append(PutOnce(req=req, key=key, data=state.envelope.pack(key, claim)))
     return attrs.evolve(state, phase=Phase.CLAIMING)
 
@@ -1335,8 +1399,7 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
     unreported = _unreported(state)
     if now_s >= state.leases_at_s and unreported:
         for learner in unreported:
-            state, req = issue(state, Purpose(kind=Ask.LEASE, round=state.round, name=learner))
-            cmds.append(Probe(req=req, key=keys.lease(learner)))
+            state = _look_at_lease(state, Ask.LEASE, learner, cmds)
         state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
     return _maybe_close(state, now_s, cmds)
 
@@ -1480,19 +1543,28 @@ def _newcomer_outcome(
         return state
     if "learner" in lease.roles:
         idle = not _live(state, now_s)
-        view = liveness.observe(state.leases.get(name), event.etag, now_s)
+        view = _renewal(state, state.leases.get(name), event.etag, lease.seq, now_s)
         state = _judged(state, name, view, now_s)
         if idle and _live(state, now_s):
             state = attrs.evolve(state, poll_at_s=min(state.poll_at_s, now_s))  # wake up
     else:
         old = state.others.get(name)
-        view = liveness.observe(old, event.etag, now_s)
+        view = _renewal(state, old, event.etag, lease.seq, now_s)
         dedicated = election.is_dedicated(lease.roles)
         known = state.dedicated | {name} if dedicated else state.dedicated - {name}
         state = attrs.evolve(state, others={**state.others, name: view}, dedicated=known)
-        if dedicated and old is not None and old.etag != view.etag:
+        if dedicated and old is not None and old.changed_at_s != view.changed_at_s:
             state = attrs.evolve(state, renewed={**state.renewed, name: now_s})
     return _collect_lease(state, name, view, now_s, cmds)
+
+
+def _renewal(
+    state: CloserState, view: liveness.LeaseView | None, etag: str | None, seq: int, now_s: float
+) -> liveness.LeaseView:
+    """A look at a lease read whole: by its sequence number in an authenticated run (§16.6)."""
+    if state.envelope.auth is None:
+        return liveness.observe(view, etag, now_s)
+    return liveness.verified(view, etag, seq, now_s)
 
 
 def _collect_lease(
@@ -1545,11 +1617,12 @@ def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
         return state
     renew_s = _renew_s(state)
     roles = election.ELECTED if state.serving else election.DEDICATED
-    lease = Lease(node=state.node, roles=roles, seq=state.lease_seq, renew_s=renew_s)
+    seq = liveness.next_seq(state.lease_seq, state.options.lease_epoch_us, now_s)
+    lease = Lease(node=state.node, roles=roles, seq=seq, renew_s=renew_s)
     state, req = issue(state, Purpose(kind=Ask.OWN_LEASE))
     key = keys.lease(state.node)
     cmds.append(PutOver(req=req, key=key, data=state.envelope.pack(key, lease)))
-    return attrs.evolve(state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + renew_s)
+    return attrs.evolve(state, lease_seq=seq, lease_at_s=now_s + renew_s)
 
 
 def _renew_s(state: CloserState) -> float:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -206,11 +206,22 @@ def create(
         store=store,
         nodes={name: Node(name=name, alive=False) for name in sorted(roles)},
         roles=dict(roles),
-        learner_options=learner_options or learner.LearnerOptions(),
-        closer_options=closer_options or closer.CloserOptions(),
+        learner_options=_clocked(learner_options or learner.LearnerOptions(), run_auth),
+        closer_options=_clocked(closer_options or closer.CloserOptions(), run_auth),
         run_auth=run_auth,
         list_cap=list_cap,
     )
+
+
+_Options = TypeVar("_Options", learner.LearnerOptions, closer.CloserOptions)
+
+
+def _clocked(options: _Options, run_auth: auth.RunAuth | None) -> _Options:
+    """Options whose lease sequence numbers follow the cluster's clock in an authenticated run,
+    as the shell's follow the wall clock: a restarted node's renewals must count (§16.6)."""
+    if run_auth is None or options.lease_epoch_us is not None:
+        return options
+    return attrs.evolve(options, lease_epoch_us=0)
 
 
 def _envelope(c: Cluster) -> auth.Envelope:

@@ -57,7 +57,7 @@ from cattrs.errors import (
     ForbiddenExtraKeysError,
     IterableValidationNote,
 )
-from cattrs.gen import make_dict_structure_fn
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 
 from gm_core import keys
 from gm_core.records import (
@@ -438,8 +438,10 @@ ADDED_FIELDS: Mapping[type, Mapping[str, Any]] = {
         "clip_norm_factor": None,
         "outlier_norm_factor": None,
         "outlier_cosine": None,
+        "grace_seconds": None,
     },
     Manifest: {"auth": None},
+    RoundRecord: {"live": []},
 }
 """Fields added after format 1, with the JSON value a record written before them means.
 
@@ -483,6 +485,27 @@ _converter.register_structure_hook_factory(_is_optional, _optional_hook)
 _converter.register_structure_hook_factory(attrs.has, _class_hook)
 
 
+def _unstructure_hook(cl: type[Any]) -> Callable[[Any], Any]:
+    """Leave out each field added after format 1 while it holds what its absence means: an
+    object that uses no newer feature is then, byte for byte, what older readers know, so
+    versions can be mixed in a run during an upgrade (they refuse only what they cannot
+    read, by name: ``unknown field``)."""
+    unstructure_fields = make_dict_unstructure_fn(cl, _converter)
+    added = ADDED_FIELDS[cl]
+
+    def unstructure(value: Any) -> Any:
+        doc = unstructure_fields(value)
+        for name, absent in added.items():
+            if name in doc and _dumps(doc[name]) == _dumps(absent):
+                del doc[name]
+        return doc
+
+    return unstructure
+
+
+_converter.register_unstructure_hook_factory(lambda t: t in ADDED_FIELDS, _unstructure_hook)
+
+
 def _supported(t: Any) -> bool:
     """Whether every hook ``t`` needs is one of the strict ones above."""
     if t in (int, float, str, bool) or _is_enum(t):
@@ -514,6 +537,15 @@ def _at_least(path: Path, value: float, low: float) -> None:
 
 def _non_negative(path: Path, value: float) -> None:
     _at_least(path, value, 0)
+
+
+MAX_GRACE_SECONDS: Final = 86_400.0
+"""A fixed grace window longer than a day is a typo, not a choice: refused."""
+
+
+def _below_float(path: Path, value: float, limit: float) -> None:
+    if not 0.0 <= value <= limit:
+        _fail(path, f"must be in [0, {limit:g}], got {value}")
 
 
 def _below(path: Path, value: int, limit: int) -> None:
@@ -583,6 +615,8 @@ def _check_config(path: Path, config: AlgorithmConfig) -> None:
     if not 0.0 <= config.mixing <= 1.0:
         _fail((*path, "mixing"), f"must be in [0, 1], got {config.mixing}")
     _non_negative((*path, "grace_gamma"), config.grace_gamma)
+    if config.grace_seconds is not None:
+        _below_float((*path, "grace_seconds"), config.grace_seconds, MAX_GRACE_SECONDS)
     _non_negative((*path, "lease_timeout_s"), config.lease_timeout_s)
     _non_negative((*path, "takeover_floor_s"), config.takeover_floor_s)
     if config.global_batch_size is not None:
@@ -697,6 +731,10 @@ def _check_round_record(path: Path, r: RoundRecord) -> None:
         _check_participant((*path, "participants", index), participant)
     for index, rejection in enumerate(r.rejections):
         _check_rejection((*path, "rejections", index), rejection)
+    for index, learner in enumerate(r.live):
+        _id((*path, "live", index), learner)
+    if list(r.live) != sorted(set(r.live)):
+        _fail((*path, "live"), "must list distinct ids in byte order")
     _check_timing((*path, "timing"), r.timing)
     _non_negative((*path, "quorum_s"), r.quorum_s)
     _non_negative((*path, "grace_s"), r.grace_s)

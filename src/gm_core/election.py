@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from gm_core import keys
+from gm_core.auth import Envelope
 
 DEDICATED = ("closer",)
 """The roles a dedicated closer's lease states."""
@@ -35,6 +36,23 @@ PREFER_WINDOW_TIMEOUTS = 2
 to change. The committer looks at the leases once per lease timeout and a live closer renews
 at least twice per timeout, so a live one is seen changing at every look; the slack covers a
 look that comes late. A crashed one is named for at most this long, and then never again."""
+
+
+_CLAIM_KIND = "claim"
+
+
+def claim_key(envelope: Envelope, round_: int, attempt: int) -> str:
+    """The key of claim ``attempt`` for round ``round_`` (spec/protocol.md §16.4.4).
+
+    An open run's claims are numbered in the key. An authenticated run's are named by a
+    keyed hash of the attempt, which only holders of the run key can compute: an outsider
+    cannot occupy the attempt a follower will bid for next, so no flood of claim objects
+    can use the attempts up (format 1 halted takeovers after 10^4, spec §15.8).
+    """
+    if envelope.auth is None:
+        return keys.claim(round_, attempt)
+    name = envelope.slot_name(_CLAIM_KIND, f"{round_:012d}", attempt)
+    return keys.named_claim(round_, name)
 
 
 def _valid_attempts(claims: Mapping[int, str]) -> list[int]:

@@ -306,9 +306,22 @@ def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _claims(view: ClusterView) -> list[Claim]:
+    """The claims created, each where its body says it belongs: at its attempt's number, or at
+    a keyed name (an authenticated run's, §16.4.4: only what opens is in the view)."""
+    out = []
+    for key, data in _created(view, keys.ClaimKey).items():
+        parsed, claim = _parse_or_none(key), _as(Claim, data)
+        if not isinstance(parsed, keys.ClaimKey) or claim is None or claim.round != parsed.round:
+            continue
+        if parsed.attempt in (None, claim.attempt):
+            out.append(claim)
+    return out
+
+
 def single_committer(view: ClusterView) -> tuple[str, ...]:
     """Each record's closer was named by the previous record, or won the claim it cites."""
-    claims = _created(view, keys.ClaimKey)
+    claims = _claims(view)
     tape = read_tape(view)
     out = []
     for r, rec in tape.items():
@@ -320,19 +333,22 @@ def single_committer(view: ClusterView) -> tuple[str, ...]:
             if rec.closer != named:
                 out.append(f"round {r}: {rec.closer} committed without a claim ({named} was named)")
             continue
-        data = claims.get(keys.claim(r, rec.claim))
-        claim = _as(Claim, data) if data is not None else None
-        holder = claim.node if claim is not None else None
-        if holder != rec.closer:
-            out.append(f"round {r}: {rec.closer} cites claim {rec.claim} held by {holder}")
+        holders = sorted(c.node for c in claims if (c.round, c.attempt) == (r, rec.claim))
+        if holders != [rec.closer]:
+            out.append(f"round {r}: {rec.closer} cites claim {rec.claim} held by {holders}")
     return tuple(out)
 
 
 def grace_bounds(view: ClusterView) -> tuple[str, ...]:
-    """0 ≤ grace ≤ gap·ξ_step, and grace is 0 while any estimate was missing."""
+    """0 ≤ grace ≤ gap·ξ_step, and grace is 0 while any estimate was missing; with a fixed
+    ``grace_seconds``, 0 ≤ grace ≤ that."""
     cfg = view.manifest.config
     tape = read_tape(view)
     out = []
+    if cfg.grace_seconds is not None:  # fixed: never more, whatever the estimates say
+        fixed = cfg.grace_seconds
+        bad = [(r, rec.grace_s) for r, rec in tape.items() if not 0.0 <= rec.grace_s <= fixed]
+        return tuple(f"round {r}: grace {grace} outside [0, {fixed}]" for r, grace in bad)
     for r, rec in tape.items():
         previous = tape.get(r - 1)
         if r > 0 and previous is None:

@@ -13,6 +13,7 @@ Keys are relative to the run prefix (the mailbox prepends it)::
     payloads/{round:012d}/{digest}.st          tensor bytes, named by their content hash
     leases/{node}.json                         a node's liveness token
     claims/{round:012d}/{attempt:04d}.json     create-once takeover bids for a round
+    claims/{round:012d}/{name}.json            the same, in an authenticated run (§16.4.4)
     nodes/{node}/resume.bin                    a node's own training state (opt-in resume)
     barriers/{name}/{gen:012d}/parties/{party}.json  a party's create-once arrival at a barrier
     barriers/{name}/{gen:012d}/released.json   create-once verdict on a barrier's generation
@@ -173,10 +174,12 @@ class LeaseKey:
 
 @attrs.frozen
 class ClaimKey:
-    """``claims/{round}/{attempt}.json``."""
+    """``claims/{round}/{attempt}.json``, or ``claims/{round}/{name}.json`` in an authenticated
+    run (``attempt`` None: which attempt a name stands for only the run's nodes can compute)."""
 
     round: int
-    attempt: int
+    attempt: int | None
+    name: str | None = None
 
 
 @attrs.frozen
@@ -351,9 +354,15 @@ def claim_prefix(r: int) -> str:
 
 
 def claim(r: int, attempt: int) -> str:
-    """Key of claim number ``attempt`` for round ``r``."""
+    """Key of claim number ``attempt`` for round ``r`` (an open run's)."""
     number = _number(attempt, ATTEMPT_LIMIT, _ATTEMPT_WIDTH, "attempt")
     return f"{claim_prefix(r)}{number}{_JSON}"
+
+
+def named_claim(r: int, name: str) -> str:
+    """Key of an authenticated run's claim for round ``r`` named ``name`` (a keyed hash of its
+    attempt, :func:`gm_core.election.claim_key`); here a name is only checked for shape."""
+    return f"{claim_prefix(r)}{_slot_name(name)}{_JSON}"
 
 
 def resume(node: str) -> str:
@@ -447,7 +456,11 @@ def build(parsed: ParsedKey) -> str:
             return payload(r, digest)
         case LeaseKey(node=node):
             return lease(node)
-        case ClaimKey(round=r, attempt=attempt):
+        case ClaimKey(round=r, attempt=attempt, name=name):
+            if name is not None:
+                return named_claim(r, name)
+            if attempt is None:
+                raise ValueError("a claim key needs an attempt or a name")
             return claim(r, attempt)
         case ResumeKey(node=node):
             return resume(node)
@@ -534,8 +547,10 @@ def parse(key: str) -> ParsedKey:
     if folder == CLAIMS_PREFIX[:-1]:
         _, round_text, name = _segments(key, parts, 3)
         r = _parse_number(key, round_text, _ROUND_WIDTH, "round")
-        attempt = _parse_number(key, _strip(key, name, _JSON), _ATTEMPT_WIDTH, "attempt")
-        return ClaimKey(r, attempt)
+        stem = _strip(key, name, _JSON)
+        if len(stem) == SLOT_NAME_CHARS:
+            return ClaimKey(r, None, _parse_slot(key, stem))
+        return ClaimKey(r, _parse_number(key, stem, _ATTEMPT_WIDTH, "attempt"))
     if folder == NODES_PREFIX[:-1]:
         _, node, name = _segments(key, parts, 3)
         if name != RESUME_NAME:

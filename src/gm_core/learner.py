@@ -138,6 +138,9 @@ class LearnerOptions:
     """Lease renewal interval; None: half the run's lease timeout."""
     close_timeout_s: float = 60.0
     flush_on_close: bool = True
+    lease_epoch_us: int | None = None
+    """The shell's wall clock minus its monotonic clock, in µs: lease sequence numbers are
+    then this node's wall clock (:func:`gm_core.liveness.next_seq`). None: a plain count."""
 
 
 @attrs.frozen(kw_only=True)
@@ -230,7 +233,8 @@ class LearnerState:
     behind: bool = True
     requests_base: Requests = attrs.field(factory=Requests)
     requests_lost: Requests = attrs.field(factory=Requests)
-    lease_seq: int = 0
+    lease_seq: int = -1
+    """The sequence number of the lease written last."""
     lease_at_s: float = 0.0
     close_by_s: float = NEVER
     keep_lease: bool = False
@@ -1055,11 +1059,12 @@ def _renew(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerSta
     if now_s < _renew_at_s(state) or state.phase is Phase.CLOSED:
         return state
     renew_s = _renew_s(state)
-    lease = Lease(node=state.node, roles=("learner",), seq=state.lease_seq, renew_s=renew_s)
+    seq = liveness.next_seq(state.lease_seq, state.options.lease_epoch_us, now_s)
+    lease = Lease(node=state.node, roles=("learner",), seq=seq, renew_s=renew_s)
     state, req = issue(state, Purpose(kind=Ask.LEASE))
     key = keys.lease(state.node)
     cmds.append(PutOver(req=req, key=key, data=state.envelope.pack(key, lease)))
-    return attrs.evolve(state, lease_seq=state.lease_seq + 1, lease_at_s=now_s + renew_s)
+    return attrs.evolve(state, lease_seq=seq, lease_at_s=now_s + renew_s)
 
 
 def _renew_s(state: LearnerState) -> float:

@@ -14,6 +14,16 @@ A lease seen for the first time counts as just changed: the observer cannot know
 how old it is, and granting it one timeout is what lets a node that started
 watching late avoid declaring everyone dead at once.
 
+In an authenticated run an ETag change alone proves nothing: anyone who can write
+to the bucket can rewrite a lease with garbage, or with an authentic lease it
+copied earlier, and keep a dead node "live" (a dead closer would never be taken
+over). There the observer reads the body and :func:`verified` counts a change as a
+renewal only when the body authenticates, names its node, and carries a sequence
+number above the last one accepted (spec/protocol.md §16.6). Sequence numbers are
+the writer's clock in microseconds (:func:`next_seq`), so they keep rising across
+a restart and across the hand-over of a node's lease from its learner to its
+closer, with no read of the old lease.
+
 Writes other than the lease prove life too: a closer that lists a learner's new
 snapshot *touches* that learner's view as if its lease had changed, and nodes
 postpone their next renewal after such a write. That keeps the lease traffic to
@@ -36,6 +46,8 @@ class LeaseView:
 
     etag: str | None
     changed_at_s: float
+    seq: int = -1
+    """The sequence number of the last renewal accepted (-1: none; read in authenticated runs)."""
 
 
 def observe(view: LeaseView | None, etag: str | None, now_s: float) -> LeaseView:
@@ -48,6 +60,41 @@ def observe(view: LeaseView | None, etag: str | None, now_s: float) -> LeaseView
     if view is not None and view.etag == etag:
         return view
     return LeaseView(etag=etag, changed_at_s=now_s)
+
+
+def verified(view: LeaseView | None, etag: str | None, seq: int | None, now_s: float) -> LeaseView:
+    """One look at a lease whose body was read and checked: ``seq`` is its sequence number,
+    None when the body is refused (unauthenticated, undecodable, or another node's).
+
+    A new ETag is a renewal only with a sequence number above the last one accepted; a
+    replayed or refused body takes the new ETag (so it is judged once) but keeps the
+    view's age, so the node ages as if nothing had been written. A refused body seen
+    first counts as no lease at all. An absent lease forgets the sequence number: its
+    node left (or its lease was collected), and its next lease starts it afresh.
+    """
+    if view is not None and view.etag == etag:
+        return view
+    if etag is None or view is None or view.etag is None:
+        if seq is None:
+            return observe(view, None, now_s)
+        return LeaseView(etag=etag, changed_at_s=now_s, seq=seq)
+    if seq is not None and seq > view.seq:
+        return LeaseView(etag=etag, changed_at_s=now_s, seq=seq)
+    return attrs.evolve(view, etag=etag)
+
+
+def next_seq(last: int, epoch_us: int | None, now_s: float) -> int:
+    """The sequence number of a node's next lease, given the one it wrote last (``last``).
+
+    With an epoch (the shell's wall clock minus its monotonic clock, in µs) it is the
+    writer's wall clock in µs, never below ``last + 1``: it rises across restarts of
+    the node (on another machine too, up to the clocks' skew) and across the learner
+    and closer of one node, which share the clock. Without one, a plain count (the
+    model checker and open runs, where no one verifies it).
+    """
+    if epoch_us is None:
+        return last + 1
+    return max(last + 1, epoch_us + int(now_s * 1_000_000))
 
 
 def touch(view: LeaseView | None, now_s: float) -> LeaseView | None:

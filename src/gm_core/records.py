@@ -185,6 +185,11 @@ class AlgorithmConfig:
     """A delta whose cosine to the round's coordinate-wise median is below this is rejected
     as ``outlier`` (as above); None rejects none by direction. The robust-merge fields
     (these four) were added after format 1: a manifest without them is a plain merge."""
+    grace_seconds: float | None = None
+    """A fixed grace window: once quorum is in, the closer waits this many seconds for the
+    other live learners' snapshots, whatever the timing estimates say (the reference
+    package's ``grace_seconds``); None: the adaptive window of ``grace_gamma``. Added
+    after format 1: a manifest without it is adaptive."""
 
 
 @attrs.frozen(kw_only=True)
@@ -342,6 +347,10 @@ class RoundRecord:
     frontier: tuple[FragmentState, ...]
     swept_below: int = 0
     requests: Requests = Requests()
+    live: tuple[str, ...] = ()
+    """The learners the closer saw live when it committed (leases renewing, snapshots judged),
+    in byte order: what :mod:`gm_core.batch` splits ``global_batch_size`` among. Added after
+    format 1: a record without it names none (its participants stand in)."""
 
 
 @attrs.frozen(kw_only=True)

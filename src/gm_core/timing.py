@@ -174,7 +174,10 @@ def grace_s(timing: Timing, *, ahead_steps: int, gap_steps: int, gamma: float) -
 
 def window_s(timing: Timing, config: AlgorithmConfig, gap_steps: int) -> float:
     """The grace window of a round of ``gap_steps`` under ``config``, from the previous
-    record's ``timing``: :func:`grace_s` with the run's ``ahead`` and γ."""
+    record's ``timing``: the run's fixed ``grace_seconds`` when it has one, else
+    :func:`grace_s` with the run's ``ahead`` and γ."""
+    if config.grace_seconds is not None:
+        return config.grace_seconds
     return grace_s(
         timing,
         ahead_steps=ahead_steps(config, gap_steps),

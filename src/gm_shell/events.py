@@ -297,6 +297,16 @@ class LeaseFailed(Event):
 
 
 @attrs.frozen(kw_only=True)
+class LeaseRefused(Event):
+    """In an authenticated run, a node's lease changed to something that is no renewal: not
+    tagged with the run key, malformed, another node's, or an older lease replayed. It
+    keeps nobody alive (spec/protocol.md §16.6); the detail names the node and why."""
+
+    kind: ClassVar[str] = "lease_refused"
+    level: ClassVar[int] = logging.WARNING
+
+
+@attrs.frozen(kw_only=True)
 class MergeFailed(Event):
     """The closer's merge failed; it merges again after a poll interval."""
 
@@ -430,6 +440,7 @@ _PLAIN: dict[str, type[Event]] = {
         ClaimRejected,
         BadKey,
         LeaseFailed,
+        LeaseRefused,
         MergeFailed,
         CommitUnusable,
         CommitLost,

@@ -24,11 +24,12 @@ the parameters minus a base, with the steps and tokens since it; see
 :mod:`gm_core.resume`, which decides on a restart which fragments get it back).
 
 The object at ``keys.resume(node)``: :data:`MAGIC`, the 32-byte blake3 of the
-rest, then a safetensors file whose tensors (``"0"``, ``"1"``, ...) are the
-state's tensors and whose metadata holds, as JSON under ``"gm-resume"``, the run
-id, the node, the round and step of the save, the state's structure and, when
-saved, the progress (``"progress"``: per fragment its anchor version, base round,
-steps, tokens and an fp32 array). In that
+rest (keyed by the run key's resume subkey in an authenticated run, so that an
+outsider cannot write a state a restarting node loads), then a safetensors file
+whose tensors (``"0"``, ``"1"``, ...) are the state's tensors and whose metadata
+holds, as JSON under ``"gm-resume"``, the run id, the node, the round and step of
+the save, the state's structure and, when saved, the progress (``"progress"``: per
+fragment its anchor version, base round, steps, tokens and an fp32 array). In that
 structure containers and tensors are tagged (``{"list": [...]}``, ``{"tuple":
 [...]}``, ``{"dict": [[key, value], ...]}``, ``{"torch": i}``, ``{"numpy": i}``,
 ``{"scalar": i}``), so tuples, integer keys, dtypes and devices' tensors come
@@ -59,6 +60,7 @@ import numpy as np
 
 from gm_core import keys
 from gm_core import resume as core_resume
+from gm_core.auth import RunAuth
 from gm_core.numerics.arrays import F32
 from gm_core.resume import Drift
 from gm_shell import events
@@ -244,11 +246,22 @@ def encode(
     return out
 
 
-def seal(data: bytearray) -> bytes:
-    """Fill in the digest of an :func:`encode` buffer (CPU work: a worker thread's)."""
+def seal(data: bytearray, digest_key: bytes | None = None) -> bytes:
+    """Fill in the digest of an :func:`encode` buffer (CPU work: a worker thread's); keyed
+    BLAKE3 under ``digest_key`` in an authenticated run (:func:`digest_key`)."""
     start = len(MAGIC) + DIGEST_BYTES
-    data[len(MAGIC) : start] = blake3.blake3(memoryview(data)[start:]).digest()
+    data[len(MAGIC) : start] = _digest(memoryview(data)[start:], digest_key)
     return bytes(data)
+
+
+def digest_key(run_auth: RunAuth | None) -> bytes | None:
+    """The key of resume digests in a run authenticated by ``run_auth`` (None: an open run)."""
+    return None if run_auth is None else run_auth.resume_key
+
+
+def _digest(body: memoryview, key: bytes | None) -> bytes:
+    hasher = blake3.blake3() if key is None else blake3.blake3(key=key)
+    return hasher.update(body).digest()
 
 
 # -- decoding ----------------------------------------------------------------------------
@@ -258,21 +271,25 @@ class _RefusedError(Exception):
     """A reason to refuse the bytes; :func:`decode` turns it into a ResumeError with the key."""
 
 
-def decode(data: bytes, *, run: str, node: str, key: str) -> Saved:
-    """Check and decode a resume object of ``node`` in run ``run``; :class:`ResumeError` if not."""
+def decode(data: bytes, *, run: str, node: str, key: str, digest_key: bytes | None = None) -> Saved:
+    """Check and decode a resume object of ``node`` in run ``run``; :class:`ResumeError` if not.
+
+    ``digest_key``: the run's (:func:`digest_key`) in an authenticated run.
+    """
     try:
-        return _decode(data, run, node)
+        return _decode(data, run, node, digest_key)
     except _RefusedError as refused:
         raise ResumeError(key, str(refused)) from None
 
 
-def _decode(data: bytes, run: str, node: str) -> Saved:
+def _decode(data: bytes, run: str, node: str, digest_key: bytes | None) -> Saved:
     start = len(MAGIC) + DIGEST_BYTES
     if len(data) < start or not data.startswith(MAGIC):
         raise _RefusedError("not a resume state (no gm-resume/1 header)")
     view = memoryview(data)
-    if blake3.blake3(view[start:]).digest() != data[len(MAGIC) : start]:
-        raise _RefusedError("its digest does not match its bytes (corrupt or altered)")
+    if _digest(view[start:], digest_key) != data[len(MAGIC) : start]:
+        written = "" if digest_key is None else ", or written without the run key"
+        raise _RefusedError(f"its digest does not match its bytes (corrupt or altered{written})")
     try:
         payload = read_payload(view[start:])
         document = json.loads(payload.metadata.get(META, "null"))
@@ -420,8 +437,10 @@ class Resumer:
         every: int,
         max_bytes: int,
         sizes: tuple[int, ...] = (),
+        digest_key: bytes | None = None,
     ) -> None:
         self.state = state
+        self._digest_key = digest_key
         self._sizes = sizes
         self.key = keys.resume(node)
         self.saved_round = -1
@@ -444,7 +463,9 @@ class Resumer:
             ) from None
         if got is None:
             return None
-        saved = decode(got.data, run=self._run, node=self._node, key=self.key)
+        saved = decode(
+            got.data, run=self._run, node=self._node, key=self.key, digest_key=self._digest_key
+        )
         self._check_progress(saved.progress)
         try:
             restore(self.state, saved.values)
@@ -503,7 +524,7 @@ class Resumer:
         return data
 
     async def _upload(self, data: bytearray, aligned_round: int, step: int, raising: bool) -> None:
-        sealed = await asyncio.to_thread(seal, data)
+        sealed = await asyncio.to_thread(seal, data, self._digest_key)
         try:
             await self._mailbox.put(self.key, sealed)
         except Exception as error:
@@ -552,7 +573,10 @@ def read_saved(
             got = loop.run(box.get(key, max_bytes=limit))
         except TooLargeError as error:
             raise ResumeError(key, f"{error.size:,} bytes, over the limit ({limit:,})") from None
-        return None if got is None else decode(got.data, run=manifest.run_id, node=node, key=key)
+        if got is None:
+            return None
+        run, digest = manifest.run_id, digest_key(run_auth)
+        return decode(got.data, run=run, node=node, key=key, digest_key=digest)
     finally:
         loop.stop()
         box.close()

@@ -61,7 +61,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from gm_core import closer, learner, plan, schedule
+from gm_core import batch, closer, learner, plan, schedule
 from gm_core.auth import RunAuth
 from gm_core.commands import (
     Align,
@@ -136,6 +136,12 @@ def now() -> float:
     return time.monotonic()
 
 
+def lease_epoch_us() -> int:
+    """This node's wall clock minus :func:`now`, in µs: it makes the sequence numbers of the
+    node's leases its wall clock, so they keep rising when the node restarts (§16.6)."""
+    return time.time_ns() // 1000 - int(now() * 1_000_000)
+
+
 RESTART_FIRST_S = 1.0
 """Delay before a machine that raised starts again from the tape; doubled per restart."""
 RESTART_LONGEST_S = 60.0
@@ -199,8 +205,8 @@ class Runtime:
         self.divergences = 0
         """Commits in a row that rejected this learner's delta as non-finite (loop thread
         writes, the training thread reads: see ``Session.step``)."""
-        self.learners_seen = 1
-        """Learners of the newest round this learner aligned with, itself included."""
+        self.members: tuple[str, ...] = ()
+        """The learners the newest aligned record's closer saw live (its membership)."""
         self._replica = replica
         self._planned: learner.LearnerState | None = None
         self._planned_applies: tuple[int, ...] = ()
@@ -629,7 +635,7 @@ class Runtime:
     def _count_learners(self, round_: int) -> None:
         record = self.learner.fetched.get(round_) if self.learner is not None else None
         if record is not None:
-            self.learners_seen = len({p.learner for p in record.participants} | {self.node})
+            self.members = batch.membership(record)
 
     def _spawn(self, machine: Machine, req: int, work: Coroutine[Any, Any, Event | None]) -> None:
         """Carry out ``work``; feed its outcome, or ``RequestFailed`` if it raised."""

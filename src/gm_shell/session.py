@@ -61,6 +61,7 @@ from typing import Any
 
 import attrs
 
+from gm_core import batch as core_batch
 from gm_core import closer as core_closer
 from gm_core import finish, keys, liveness
 from gm_core import learner as core_learner
@@ -96,10 +97,11 @@ from gm_shell.queue import Consumer, SharedQueue, drive, log_rejections
 from gm_shell.ranks import RankHolder
 from gm_shell.replica import Replica
 from gm_shell.resume import Progress, Resumer, default_max_bytes
+from gm_shell.resume import digest_key as resume_digest_key
 from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
 from gm_shell.runkey import FROM_ENV, OpenRunWarning, RunKey, open_run_warning
 from gm_shell.runkey import resolve as resolve_run_key
-from gm_shell.runtime import Machine, Runtime, now
+from gm_shell.runtime import Machine, Runtime, lease_epoch_us, now
 from gm_shell.stores import MailboxOptions
 
 __all__ = ["DiLoCo", "Role", "Session", "SessionOptions", "StalledError", "WireWidthWarning"]
@@ -167,12 +169,14 @@ class DiLoCo:
             (``F32`` publishes full fragments only).
         compression: byte compression of payloads: ``none`` or ``zstd``.
         global_batch_size: if set, :attr:`Session.batch_size` is this divided among
-            the learners of the newest round.
+            the learners the newest commit's closer saw live (exact shares, see there).
         flush_on_close: publish the steps trained since the last snapshot when the
             session closes (a node's own choice, not part of the run's config).
         embedding_pattern: tensors whose name contains this are merged by plain
             weighted mean even under ``rda``.
         grace_gamma: γ of the adaptive grace window after quorum (0 closes at quorum).
+        grace_seconds: a fixed grace window after quorum instead, in seconds (what the
+            reference package's ``grace_seconds`` does); None: adaptive.
         lease_timeout_s: a learner whose lease has not changed for this long is
             treated as gone (rounds stop waiting for it).
         takeover_floor_s: the least a follower waits for the next record before it
@@ -206,6 +210,7 @@ class DiLoCo:
     flush_on_close: bool = True
     embedding_pattern: str = EMBEDDING_PATTERN
     grace_gamma: float = 0.5
+    grace_seconds: float | None = None
     lease_timeout_s: float = 30.0
     takeover_floor_s: float = 10.0
     unit: Unit = attrs.field(default=Unit.SAMPLES, converter=Unit)
@@ -494,6 +499,7 @@ class Session:
             every=core_resume.every_rounds(opts.resume_every_rounds, manifest.config.fragments),
             max_bytes=opts.resume_max_bytes or default_max_bytes(parameters),
             sizes=tuple(f.layout.total for f in self._replica.fragments),
+            digest_key=resume_digest_key(self._run_auth),
         )
         saved = self._resumer.restore()
         if saved is None:
@@ -634,11 +640,13 @@ class Session:
         assert self._loop is not None
         assert self._mailbox is not None
         opts = self.options
+        epoch_us = lease_epoch_us()
         learner_options = core_learner.LearnerOptions(
             poll_s=opts.poll_s,
             renew_s=opts.renew_s,
             close_timeout_s=opts.close_timeout_s,
             flush_on_close=self.algorithm.flush_on_close,
+            lease_epoch_us=epoch_us,
         )
         closer_options = core_closer.CloserOptions(
             poll_s=opts.poll_s,
@@ -649,6 +657,7 @@ class Session:
             learns_here=self.role in (Role.BOTH, Role.EITHER),
             either=self.role is Role.EITHER,
             max_sweep_rounds=opts.max_sweep_rounds,
+            lease_epoch_us=epoch_us,
         )
         return Runtime(
             node=self.node,
@@ -1110,13 +1119,16 @@ class Session:
 
     @property
     def batch_size(self) -> int | None:
-        """This node's share of ``global_batch_size`` among the learners of the newest round."""
+        """This node's share of ``global_batch_size`` among the learners the newest commit's
+        closer saw live (:func:`gm_core.batch.share`: ``global // n``, one more for the first
+        ``global mod n`` ids in byte order, so the shares sum to exactly ``global``; at least
+        1). It changes only when membership does."""
         total = self.algorithm.global_batch_size
         if total is None:
             return None
         runtime = self._runtime
-        learners = runtime.learners_seen if runtime is not None else 1
-        return max(1, math.ceil(total / max(learners, 1)))
+        members = runtime.members if runtime is not None else ()
+        return core_batch.share(total, members, self.node)
 
     @property
     def stats(self) -> Stats:

@@ -13,11 +13,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from fast_cluster import FAST_C, FAST_L, C, L, random_step
+from fast_cluster import FAST_C, FAST_L, C, L, drive, random_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gm_core import auth, closer, codec, keys, learner, slots, tape
+from gm_core import auth, closer, codec, election, keys, learner, liveness, slots, tape
 from gm_core import cluster as cl
 from gm_core.check import forger
 from gm_core.records import FORMAT_VERSION, AlgorithmConfig, Claim, Head, Lease, Reason, Snapshot
@@ -303,3 +303,92 @@ def test_a_newer_formats_record_is_never_skipped() -> None:
     details = [n.detail for _, n in c.notes if n.kind == "record_rejected" and n.round == target]
     assert details
     assert all("unknown format version" in d for d in details)
+
+
+def replaying(
+    c: cl.Cluster, victim: str, data: bytes, ticks: int, rng: random.Random
+) -> cl.Cluster:
+    """Drive the run while an outsider rewrites ``victim``'s lease with ``data`` every tick."""
+    for _ in range(ticks):
+        c = cl.tamper(c, keys.lease(victim), data)
+        c = drive(c, 1, rng, hung=frozenset({victim}))
+    return c
+
+
+@pytest.mark.parametrize("what", ["replayed", "garbage"])
+def test_a_rewritten_lease_keeps_a_dead_closer_dead(what: str) -> None:
+    """spec/protocol.md §16.6: in an authenticated run a lease renews only with an authentic
+    body and a newer sequence number. An outsider who rewrites a crashed closer's lease every
+    tick — with a genuine lease of it copied earlier, or with garbage — new ETags each time,
+    keeps it live for nobody: the other closer takes the run over and it keeps committing."""
+    # (Garbage is refused by name; a replay renews nothing, silently.)
+    rng = random.Random(5)
+    c = started()
+    while len(cl.records(c)) < 3:
+        c = step(c, rng)
+    closer_ = cl.records(c)[-1].next_closer
+    stored = c.store.get(keys.lease(closer_))
+    assert stored is not None
+    data = stored.data if what == "replayed" else b'{"format": 1, "node": "x"}'
+    c = cl.crash(c, closer_)
+    before = cl.records(c)[-1].round
+    c = replaying(c, closer_, data, 400, rng)
+    after = cl.records(c)
+    assert after[-1].round >= before + 3
+    assert {r.closer for r in after if r.round > before} - {closer_}
+    # Garbage is named; a replay renews nothing, silently (two renewals of an honest node
+    # that land out of order look the same).
+    refused = [n.detail for _, n in c.notes if n.kind == "lease_refused"]
+    assert all(d.startswith(f"{closer_}: unauthenticated (untagged)") for d in refused)
+    assert bool(refused) == (what == "garbage")
+
+
+def test_judging_leases_by_etag_alone_lets_a_replay_delay_the_takeover(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The planted bug for the test above: an observer that takes any new ETag as a renewal
+    (format 1's rule) sees the crashed closer live while the replays go on, and takes its
+    round over only once no record came for the takeover timeout (measured at this seed:
+    the second round after the crash at 159 s, against 60 s when leases are verified)."""
+    monkeypatch.setattr(
+        liveness, "verified", lambda view, etag, seq, now_s: liveness.observe(view, etag, now_s)
+    )
+    rng = random.Random(5)
+    c = started()
+    while len(cl.records(c)) < 3:
+        c = step(c, rng)
+    closer_ = cl.records(c)[-1].next_closer
+    stored = c.store.get(keys.lease(closer_))
+    assert stored is not None
+    c = cl.crash(c, closer_)
+    before = cl.records(c)[-1].round
+    c = replaying(c, closer_, stored.data, 400, rng)
+    assert cl.records(c)[-1].round <= before + 1
+
+
+def test_a_claim_flood_cannot_use_up_an_authenticated_runs_takeovers() -> None:
+    """spec/protocol.md §16.4.4: an authenticated run's claims are named by a keyed hash of
+    their attempt, so an outsider who fills every numbered claim key of the next round (format
+    1's 10^4 made takeovers impossible, §15.8) occupies nothing a follower bids for: the
+    crashed closer's round is taken over at claim 1 and the run goes on."""
+    rng = random.Random(3)
+    c = committing(started(), rng)
+    closer_ = cl.records(c)[-1].next_closer
+    target = cl.records(c)[-1].round + 1
+    for attempt in range(1, 200):
+        key = keys.claim(target, attempt)
+        c = cl.inject(
+            c,
+            key,
+            seal("bad_tag", key, codec.encode(Claim(node="evil", round=target, attempt=attempt))),
+        )
+    c = cl.crash(c, closer_)
+    c = drive(c, 400, rng, hung=frozenset({closer_}))
+    taken = [r for r in cl.records(c) if r.round == target]
+    assert taken
+    assert taken[0].closer != closer_
+    assert taken[0].claim == 1
+    named = election.claim_key(ENVELOPE, target, 1)
+    assert named in {k for k, _ in c.store.created}  # (swept since)
+    assert named != keys.claim(target, 1)
+    assert not [n for _, n in c.notes if n.kind in ("claim_rejected", "claims_exhausted")]

@@ -108,6 +108,7 @@ def configs(fragments: st.SearchStrategy[int] = FRAGMENT_COUNTS) -> st.SearchStr
         clip_norm_factor=st.none() | st.floats(1, 1e6),
         outlier_norm_factor=st.none() | st.floats(1, 1e6),
         outlier_cosine=st.none() | st.floats(-1, 1),
+        grace_seconds=st.none() | st.floats(0, codec.MAX_GRACE_SECONDS),
     )
 
 
@@ -548,7 +549,7 @@ def test_a_manifest_written_before_unit_is_a_samples_run(manifest: Manifest, uni
     doc = document(attrs.evolve(manifest, config=attrs.evolve(manifest.config, unit=unit)))
     assert isinstance(doc, dict)
     assert isinstance(doc["config"], dict)
-    assert doc["config"].pop("unit") == unit.value
+    assert doc["config"].pop("unit", Unit.SAMPLES.value) == unit.value  # samples: left out
     got = codec.decode(Manifest, dumps(doc))
     assert got.config.unit is Unit.SAMPLES
     assert got == attrs.evolve(manifest, config=attrs.evolve(manifest.config, unit=Unit.SAMPLES))
@@ -564,7 +565,7 @@ def test_a_manifest_written_before_robust_merges_is_a_plain_merge(manifest: Mani
     assert isinstance(doc, dict)
     assert isinstance(doc["config"], dict)
     for name in ROBUST_FIELDS:
-        del doc["config"][name]
+        doc["config"].pop(name, None)  # left out already where it holds its absent value
     got = codec.decode(Manifest, dumps(doc))
     plain = attrs.evolve(
         manifest.config,
@@ -574,6 +575,47 @@ def test_a_manifest_written_before_robust_merges_is_a_plain_merge(manifest: Mani
         outlier_cosine=None,
     )
     assert got == attrs.evolve(manifest, config=plain)
+
+
+@given(manifests())
+def test_a_manifest_written_before_grace_seconds_is_adaptive(manifest: Manifest) -> None:
+    doc = document(manifest)
+    assert isinstance(doc, dict)
+    assert isinstance(doc["config"], dict)
+    doc["config"].pop("grace_seconds", None)
+    got = codec.decode(Manifest, dumps(doc))
+    adaptive = attrs.evolve(manifest.config, grace_seconds=None)
+    assert got == attrs.evolve(manifest, config=adaptive)
+
+
+def written_iff_meaningful(obj: Any, doc: JSON) -> None:
+    assert isinstance(doc, dict)
+    for name, absent in codec.ADDED_FIELDS.get(type(obj), {}).items():
+        held = json.loads(json.dumps(codec._converter.unstructure(getattr(obj, name))))
+        assert (name in doc) == (held != absent), name
+
+
+@given(manifests())
+def test_added_fields_are_written_only_when_they_mean_something(manifest: Manifest) -> None:
+    """A field added after format 1 that holds what its absence means is left out, so an
+    object that uses no newer feature is byte for byte what older readers know."""
+    doc = json.loads(codec.encode(manifest))
+    written_iff_meaningful(manifest, doc)
+    written_iff_meaningful(manifest.config, doc["config"])
+    assert codec.decode(Manifest, codec.encode(manifest)) == manifest
+    for live in ((), ("a", "b")):
+        record = attrs.evolve(ROUND, live=live)
+        written_iff_meaningful(record, json.loads(codec.encode(record)))
+        assert codec.decode(RoundRecord, codec.encode(record)) == record
+
+
+@pytest.mark.parametrize("seconds", [-1.0, 86_400.5, float("nan"), float("inf")])
+def test_a_grace_window_out_of_range_is_refused(seconds: float) -> None:
+    doc = document(MANIFEST.config)
+    assert isinstance(doc, dict)
+    doc["grace_seconds"] = seconds
+    error = refused(AlgorithmConfig, dumps(doc))
+    assert error.path == "grace_seconds"
 
 
 @given(

@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gm_core import auth, keys
 from gm_core.election import (
     PREFER_WINDOW_TIMEOUTS,
+    claim_key,
     next_attempt,
     next_closer,
     rightful_closer,
@@ -184,3 +186,25 @@ def test_next_closer_examples() -> None:
     assert named("c", True, {"b": 99.0}, 100.0) == "c"  # a dedicated closer keeps the lead
     with pytest.raises(ValueError, match="timeout_s"):
         next_closer(me="a", dedicated=False, renewed={}, now_s=0.0, timeout_s=-1.0)
+
+
+ROUND = st.integers(0, keys.ROUND_LIMIT - 1)
+ATTEMPT = st.integers(1, keys.ATTEMPT_LIMIT - 1)
+KEYED = auth.for_run("run", auth.derive(bytes(range(32))))
+OTHER = auth.for_run("run", auth.derive(bytes(range(1, 33))))
+
+
+@given(ROUND, ATTEMPT, ATTEMPT)
+def test_claim_keys_are_numbered_in_open_runs_and_keyed_names_in_authenticated_ones(
+    r: int, attempt: int, other: int
+) -> None:
+    """spec/protocol.md §16.4.4: an outsider cannot compute an authenticated run's claim key."""
+    assert claim_key(auth.for_run("run", None), r, attempt) == keys.claim(r, attempt)
+    named = claim_key(KEYED, r, attempt)
+    parsed = keys.parse(named)
+    assert isinstance(parsed, keys.ClaimKey)
+    assert (parsed.round, parsed.attempt) == (r, None)
+    assert named.startswith(keys.claim_prefix(r))
+    assert named != keys.claim(r, attempt)
+    assert named != claim_key(OTHER, r, attempt)  # another key names other keys
+    assert (named == claim_key(KEYED, r, other)) == (attempt == other)

@@ -60,6 +60,7 @@ parsed_keys: st.SearchStrategy[ParsedKey] = st.one_of(
     st.builds(PayloadKey, rounds, digests),
     st.builds(LeaseKey, ids),
     st.builds(ClaimKey, rounds, attempts),
+    st.builds(ClaimKey, rounds, st.none(), slot_names.filter(lambda n: n is not None)),
     st.builds(ResumeKey, ids),
     st.builds(BarrierArrivalKey, ids, rounds, ids),
     st.builds(BarrierMarkerKey, ids, rounds),
@@ -183,6 +184,9 @@ def test_layout_is_the_documented_one() -> None:
     assert keys.lease("n1") == "leases/n1.json"
     assert keys.LEASES_PREFIX == "leases/"
     assert keys.claim(7, 3) == "claims/000000000007/0003.json"
+    named_claim = keys.named_claim(7, "0123456789abcdef")
+    assert named_claim == "claims/000000000007/0123456789abcdef.json"
+    assert keys.parse(named_claim) == ClaimKey(7, None, "0123456789abcdef")
     assert keys.claim_prefix(7) == "claims/000000000007/"
     assert keys.ROUNDS_PREFIX == "rounds/"
     assert keys.barrier_prefix("b") == "barriers/b/"

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gm_core.liveness import COLLECT_AFTER_TIMEOUTS, LeaseView, collectable, is_live, observe
+from gm_core.liveness import (
+    COLLECT_AFTER_TIMEOUTS,
+    LeaseView,
+    collectable,
+    is_live,
+    next_seq,
+    observe,
+    verified,
+)
 
 ETAG = st.none() | st.text(alphabet="abc", min_size=1, max_size=3)
 TIME = st.integers(0, 10**6).map(float)  # integral floats: differences are exact
@@ -119,3 +127,62 @@ def test_a_collectable_lease_is_dead_and_stays_collectable(
     assert not collectable(view, changed_at_s + bound_s - 1.0, timeout_s)
     assert not collectable(None, now_s, timeout_s)
     assert not collectable(LeaseView(etag=None, changed_at_s=0.0), now_s, timeout_s)
+
+
+SEQ = st.none() | st.integers(0, 20)
+
+
+@given(st.lists(st.tuples(st.integers(0, 100), ETAG, SEQ), max_size=30), TIMEOUT)
+def test_verified_renews_only_on_a_newer_authentic_lease(
+    looks: list[tuple[int, str | None, int | None]], timeout: float
+) -> None:
+    """Replay looks at a read lease (ETag, sequence number or None for a refused body) and
+    compare with the rule of spec/protocol.md §16.6, stated from the history."""
+    view: LeaseView | None = None
+    now = 0.0
+    held: str | None = None  # the ETag the observer holds (None: no lease)
+    accepted: int | None = None  # the last sequence number accepted
+    renewed_at = 0.0
+    for delay, etag, seq in looks:
+        now += delay
+        view = verified(view, etag, None if etag is None else seq, now)
+        if etag is None:
+            held, accepted = None, None
+        elif etag != held:
+            if accepted is None:  # first sight (or after an absence): any authentic lease
+                if seq is not None:
+                    held, accepted, renewed_at = etag, seq, now
+            else:
+                held = etag
+                if seq is not None and seq > accepted:
+                    accepted, renewed_at = seq, now
+        assert view.etag == held
+        expected = held is not None and now - renewed_at <= timeout
+        assert is_live(view, now, timeout) == expected
+
+
+@given(st.none() | st.integers(0, 10**12), st.lists(st.integers(0, 10**6), max_size=20))
+def test_lease_sequence_numbers_rise_with_every_write(epoch: int | None, delays: list[int]) -> None:
+    last, now = -1, 0.0
+    for delay in delays:
+        now += delay / 1000
+        seq = next_seq(last, epoch, now)
+        assert seq > last
+        if epoch is None:
+            assert seq == last + 1
+        else:
+            assert seq >= epoch + int(now * 1_000_000)
+        last = seq
+
+
+def test_a_restarted_writer_continues_above_its_last_lease() -> None:
+    """With the shell's epoch (wall clock minus monotonic clock) the sequence is the wall
+    clock: the node restarted on another machine, whose monotonic clock is far behind, with
+    a fresh count, writes above what the old process wrote."""
+    us = 1_000_000
+    wall = 1_700_000_000 * us
+    old, old_epoch = -1, wall - 1000 * us  # the old process's monotonic clock read 1,000 s
+    for mono in (1000.0, 1001.0, 1002.0):
+        old = next_seq(old, old_epoch, mono)
+    new_epoch = wall + 10 * us - 5 * us  # 10 s later, on a machine up for 5 s
+    assert next_seq(-1, new_epoch, 5.0) > old

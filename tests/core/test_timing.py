@@ -220,6 +220,17 @@ def test_grace_misuse_raises(timing: Timing, bad: int, bad_gamma: float) -> None
         grace_s(timing, ahead_steps=1, gap_steps=1, gamma=bad_gamma)
 
 
+@given(TIMINGS | FULL_TIMINGS, STEPS, st.floats(0.0, 86_400.0))
+def test_a_fixed_grace_window_ignores_the_estimates(t: Timing, gap: int, seconds: float) -> None:
+    """``grace_seconds`` (issue 13 item 6): the window is the run's number, measured or not,
+    for any gap; without it, the adaptive window of ``grace_gamma``."""
+    fixed = AlgorithmConfig(sync_every=100, fragments=4, grace_seconds=seconds)
+    assert timing.window_s(t, fixed, gap) == seconds
+    adaptive = AlgorithmConfig(sync_every=100, fragments=4, grace_gamma=0.5)
+    expected = grace_s(t, ahead_steps=ahead_steps(adaptive, gap), gap_steps=gap, gamma=0.5)
+    assert timing.window_s(t, adaptive, gap) == expected
+
+
 # -- ahead_steps -----------------------------------------------------------------------
 
 

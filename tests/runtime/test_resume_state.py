@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gm_core import keys
+from gm_core import auth, keys
 from gm_core.resume import Drift
 from gm_shell import DiLoCo, ResumeError, Session
 from gm_shell.loopthread import LoopThread
@@ -28,6 +28,7 @@ from gm_shell.resume import (
     Resumer,
     capture,
     decode,
+    digest_key,
     encode,
     restore,
     seal,
@@ -273,6 +274,29 @@ def test_hostile_objects_are_refused_by_name(name: str) -> None:
     assert why in info.value.problem
     assert KEY in str(info.value)
     assert "delete that object" in str(info.value)
+
+
+RUN_AUTH = auth.derive(bytes(range(32)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=6), trees, max_size=3))
+def test_an_authenticated_runs_resume_state_is_keyed(values: dict[str, Any]) -> None:
+    """In an authenticated run the digest is keyed BLAKE3 under the run key's resume subkey:
+    the node reads its own state back, and a state anyone can write — the same bytes with a
+    plain digest, or one sealed under another run key — is refused by name."""
+    resume_key = digest_key(RUN_AUTH)
+    assert resume_key is not None
+    assert digest_key(None) is None
+    body = encode(values, run=RUN, node=NODE, round=3, step=40)
+    mine = seal(bytearray(body), resume_key)
+    assert same(decode(mine, run=RUN, node=NODE, key=KEY, digest_key=resume_key).values, values)
+    other = digest_key(auth.derive(bytes(range(1, 33))))
+    for forged_state in (seal(bytearray(body)), seal(bytearray(body), other)):
+        with pytest.raises(ResumeError, match="written without the run key"):
+            decode(forged_state, run=RUN, node=NODE, key=KEY, digest_key=resume_key)
+    with pytest.raises(ResumeError, match="digest does not match"):
+        decode(mine, run=RUN, node=NODE, key=KEY)  # and an open run's node refuses it
 
 
 def test_a_refused_object_restores_nothing_and_an_oversized_one_is_not_downloaded() -> None:
