@@ -239,6 +239,8 @@ class TorchModel:
     """A ``torch.nn.Module``'s ``named_parameters()``, unwrapped, by canonical name."""
 
     framework = "torch"
+    _take = staticmethod(_whole)
+    """The tensor read and written for a parameter (a group's adapter takes DTensors whole)."""
 
     def __init__(self, model: Any, sync: Sync = None) -> None:
         model = unwrap_torch(model)
@@ -249,7 +251,7 @@ class TorchModel:
             canonical = canonical_name(name)
             if canonical in params:
                 raise ModelError(f"parameters {name!r} and {canonical!r} share one canonical name")
-            params[canonical] = _whole(name, p)
+            params[canonical] = self._take(name, p)
             trainable[canonical] = p.requires_grad
         synced, frozen = _split(trainable.items(), sync)
         self._params = {n: params[n] for n in synced}
@@ -352,17 +354,7 @@ class _TorchFragment:
         self._copy(self._params, staged or self._views(flat))
 
     def held(self, flat: F32) -> F32:
-        import torch
-
-        lossy = [(s, p.dtype) for s, p in zip(self.layout.spans, self._params, strict=True)]
-        lossy = [(s, dtype) for s, dtype in lossy if dtype != torch.float32]
-        if not lossy:
-            return flat
-        out = flat.copy()
-        for span, dtype in lossy:
-            view = torch.from_numpy(out[span.start : span.stop])
-            view.copy_(view.to(dtype))
-        return out
+        return torch_held(self.layout, self._params, flat)
 
     def _copy(self, targets: list[Any], sources: list[Any]) -> None:
         import torch
@@ -376,6 +368,21 @@ class _TorchFragment:
             else:
                 for target, source in zip(targets, sources, strict=True):
                     target.copy_(source)
+
+
+def torch_held(layout: Layout, params: Sequence[Any], flat: F32) -> F32:
+    """``flat`` rounded to the dtypes of ``params`` (laid out by ``layout``); may be ``flat``."""
+    import torch
+
+    lossy = [(s, p.dtype) for s, p in zip(layout.spans, params, strict=True)]
+    lossy = [(s, dtype) for s, dtype in lossy if dtype != torch.float32]
+    if not lossy:
+        return flat
+    out = flat.copy()
+    for span, dtype in lossy:
+        view = torch.from_numpy(out[span.start : span.stop])
+        view.copy_(view.to(dtype))
+    return out
 
 
 def _host_bytes(params: list[Any]) -> list[memoryview] | None:

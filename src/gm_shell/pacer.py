@@ -207,6 +207,9 @@ class Pacer:
         self._stalled = True
         self._failure: BaseException | None = None
         self._reported = (-1, -1)
+        self.waiting: Callable[[], None] | None = None
+        """Called on the training thread about once a second while :meth:`serve` waits (a
+        group's leader tells its ranks it is alive: :mod:`gm_shell.group`)."""
         self.version = 0
         """Bumped (under the lock) whenever the training thread changes what a feed reads:
         its notes, its queue, the plan it carried out (see ``Runtime._feed``)."""
@@ -353,6 +356,8 @@ class Pacer:
         """
         deadline = time.monotonic() + timeout_s
         while True:
+            if self.waiting is not None:
+                self.waiting()
             due = report or self.step >= self._next_step
             if due and (self.step, self.tokens) != self._reported:
                 self._link.report(self.step, self.tokens)

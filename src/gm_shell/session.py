@@ -89,6 +89,8 @@ from gm_shell.align import Checkpoint, load_frontier, newest_record
 from gm_shell.barrier import Barrier
 from gm_shell.finished import RunFinishedError, describe, read_finished
 from gm_shell.fragments import FragmentCodec, compute_backend, payload_key
+from gm_shell.group import AUTO
+from gm_shell.group import resolve as resolve_group
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, adapt
@@ -350,6 +352,13 @@ class Session:
             dead for the lease timeout may claim the rank over it; then :meth:`step` and
             :meth:`close` raise :class:`~gm_shell.ranks.RankLost`. :meth:`run` marks the
             rank done at the end of its data.
+        group: the ``torch.distributed`` process group whose ranks train this one learner
+            (every rank constructs the Session and calls the same methods at the same steps;
+            group rank 0 is the node in the bucket; see :mod:`gm_shell.group`). By default
+            (``"auto"``) the default process group when it is initialized over several ranks
+            and ``model`` is a ``DistributedDataParallel`` module or holds DTensor parameters
+            (FSDP2's ``fully_shard``); else, and with ``None``, each process is a learner of
+            its own, as without torch.distributed. A group of one rank is no group.
 
     Raises:
         ValueError: a bad node id, no model for a training role, or ``resume`` for a
@@ -365,6 +374,15 @@ class Session:
         gm_shell.RunFinishedError: (at :meth:`start`) the run is finished (``finished.json``).
         gm_shell.QueueMismatchError: (at :meth:`start`) the run has another number of ranks.
     """
+
+    def __new__(cls, model: Any = None, *, group: Any = AUTO, **kwargs: Any) -> Session:
+        """A :class:`~gm_shell.group_session.GroupSession` where ``group`` names (or the
+        default process group is, :func:`gm_shell.group.resolve`) several ranks."""
+        if cls is Session and resolve_group(group, model) is not None:
+            from gm_shell.group_session import GroupSession
+
+            return super().__new__(GroupSession)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -382,6 +400,7 @@ class Session:
         resume: MutableMapping[str, Any] | None = None,
         run_key: RunKey = FROM_ENV,
         ranks: int | None = None,
+        group: Any = AUTO,
     ) -> None:
         self.role = Role(role)
         if model is None and self.role is not Role.CLOSER:

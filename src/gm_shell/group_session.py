@@ -1,0 +1,150 @@
+"""``Session`` for a group learner: the leader's session and its followers' (:mod:`gm_shell.group`).
+
+:class:`Session` makes one of these when it is given a process group of several ranks
+(or detects one, :func:`gm_shell.group.resolve`); a single process never sees this class.
+Every method keeps the single learner's meaning; what changes is who does what: the
+leader (group rank 0) runs the session and wraps each of its collective points (entering,
+a check step, closing) in a :class:`~gm_shell.group.Link` command stream that ends with
+``DONE`` or ``FAIL``; a follower counts steps and follows that stream at the same points.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from gm_shell import group as groups
+from gm_shell.models import ModelAdapter
+from gm_shell.queue import SharedQueue
+from gm_shell.session import Role, Session
+
+
+class GroupSession(Session):
+    """A :class:`Session` whose learner is a process group (see :mod:`gm_shell.group`)."""
+
+    def __init__(self, model: Any = None, *, group: Any = groups.AUTO, **kwargs: Any) -> None:
+        super().__init__(model, group=None, **kwargs)
+        process_group = groups.resolve(group, model)
+        assert process_group is not None, "Session makes a GroupSession only for a group"
+        if self.role not in (Role.BOTH, Role.LEARNER):
+            raise ValueError(f"a group trains one learner: role {self.role} takes no group")
+        if self._resume is not None:
+            raise ValueError("resume= is not supported for a group learner (each rank's own)")
+        self._link = groups.Link(process_group)
+        self._group_model: groups.GroupModel | None = None
+        self._next_check = 0
+        self._count = 0
+        """A follower's steps (the leader's are its pacer's)."""
+        self._done = groups.Done(next_check=0, round=-1, divergences=0, rank=-1)
+
+    @property
+    def leads(self) -> bool:
+        """Whether this rank is the group's leader (rank 0), the node in the bucket."""
+        return self._link.leads
+
+    def _adapt(self) -> ModelAdapter | None:
+        if self._group_model is None:
+            self._group_model = groups.GroupModel(
+                self._model, self.algorithm.sync_filter, self._link
+            )
+        return self._group_model
+
+    def _lead(self, action: Callable[[], None]) -> None:
+        """Do ``action`` on the leader with its followers following; end the check."""
+        try:
+            action()
+        except BaseException as error:
+            self._link.fail(error)
+            raise
+        pacer = self._pacer
+        step = 0 if pacer is None else pacer.step
+        self._next_check = step + 1 if pacer is None else max(pacer.barrier, step + 1)
+        runtime = self._runtime
+        self._link.done(
+            groups.Done(
+                next_check=self._next_check,
+                round=self.round,
+                divergences=0 if runtime is None else runtime.divergences,
+                rank=-1 if self.rank is None else self.rank,
+            )
+        )
+
+    def _follow(self) -> None:
+        assert self._group_model is not None
+        done = groups.follow(self._link, self._group_model)
+        changed = done.divergences != self._done.divergences
+        if changed and done.divergences > 0 and self._on_diverged is not None:
+            self._on_diverged()  # the leader reloaded: every rank resets its optimizer
+        self._done = done
+        self._next_check = done.next_check
+
+    def start(self) -> None:
+        if self.leads:
+            if self._pacer is None:  # not started: the leader's own joining, then DONE
+                self._lead(super().start)
+            return
+        self._adapt()
+        self._follow()
+
+    def step(self, samples: int | None = None, *, tokens: int | None = None) -> None:
+        if not self.leads:
+            self._count += 1
+            if self._count >= self._next_check:
+                self._follow()
+            return
+        pacer = self._pacer
+        if pacer is None:
+            raise RuntimeError("step() needs a started session with a learner role")
+        if pacer.step + 1 < self._next_check:
+            count = tokens if self._counts_tokens else samples
+            pacer.tokens += self._missing_count(samples, tokens) if count is None else count
+            pacer.step += 1
+            return
+        self._lead(lambda: Session.step(self, samples, tokens=tokens))
+
+    def _make_runtime(self, manifest: Any) -> Any:
+        runtime = super()._make_runtime(manifest)
+        if runtime.pacer is not None:
+            runtime.pacer.waiting = self._link.heartbeat  # a stall keeps the followers live
+        return runtime
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self.leads:
+            self._lead(super().close)
+            self._link.objects(self.checkpoint)
+            return
+        try:
+            self._follow()
+            self.checkpoint = self._link.objects()
+        finally:
+            self._teardown()
+
+    def run(
+        self, step: Callable[[Any], int | None], data: Iterable[Any] | SharedQueue[Any]
+    ) -> None:
+        raise ValueError("a group learner trains with step(); run() takes no group yet")
+
+    @contextlib.contextmanager
+    def pause(self) -> Iterator[None]:
+        if self.leads:
+            with super().pause():
+                yield
+        else:
+            yield
+
+    @property
+    def step_count(self) -> int:
+        return super().step_count if self.leads else self._count
+
+    @property
+    def round(self) -> int:
+        return super().round if self.leads else self._done.round
+
+    @property
+    def rank(self) -> int | None:
+        if self.leads:
+            return super().rank
+        return None if self._done.rank < 0 else self._done.rank

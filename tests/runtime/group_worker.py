@@ -1,0 +1,131 @@
+"""One process of a group test run: a rank of a DDP or FSDP2 group learner (gloo), a
+single-process learner, or the run's dedicated closer. Started by
+:func:`child` (the tests fork it from the runtime harness's fork server).
+
+``spec`` (JSON-able): ``kind`` (``ddp``, ``fsdp``, ``single`` or ``closer``), the run
+``url``, the ``node`` id, ``out`` (a folder of its own), ``algorithm`` and ``options``
+(:class:`DiLoCo` and :class:`SessionOptions` fields), ``steps``; for a group rank also
+``rank``, ``world``, ``pg`` (the file the group meets at) and ``pg_timeout_s``.
+
+Every rank appends one line per step it finished to ``out/trace`` (so the test can kill
+or stop processes at a known point) and, after the session closed, writes ``result.json``
+(its losses, the commit its session left the model at, or the exception it raised and
+at which step) and ``params.npz`` (every parameter in full, by canonical name: a DTensor
+is all-gathered, with its group, after the session closed); a group's leader (and a single
+learner) also ``frontier.npz``, the commit its session named, read back with
+:func:`gm_shell.align` at once (closers sweep payloads older than two cycles). A closer
+serves until ``out/stop`` appears.
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from runtime_worker import IN, TEACHER, torch_model
+
+from gm_shell import DiLoCo, Session, SessionOptions, align
+
+LR = 0.05
+
+
+def child(spec: dict[str, Any]) -> None:
+    warnings.filterwarnings("ignore")
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    # A process still running this long is hung: its threads' stacks, for the failure.
+    stacks = (out / "stacks").open("w")
+    faulthandler.dump_traceback_later(spec.get("dump_s", 150.0), file=stacks)
+    if spec["kind"] == "closer":
+        serve(spec, out)
+        return
+    import torch
+    import torch.distributed as dist
+
+    model, _ = torch_model(0)
+    trained = model
+    group = spec["kind"] in ("ddp", "fsdp")
+    if group:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{spec['pg']}",
+            rank=spec["rank"],
+            world_size=spec["world"],
+            timeout=datetime.timedelta(seconds=spec["pg_timeout_s"]),
+        )
+        if spec["kind"] == "ddp":
+            trained = torch.nn.parallel.DistributedDataParallel(model)
+        else:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(model)
+        dist.barrier()  # the ranks enter the session together (a short timeout is tested)
+    # torch.optim, not SGD by hand: FSDP2's parameters learn nothing from `p -= lr * p.grad`.
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    rng = np.random.default_rng([abs(hash(spec["node"])) % 2**31, spec.get("rank", 0)])
+    session = Session(
+        trained,
+        algorithm=DiLoCo(**spec["algorithm"]),
+        mailbox=spec["url"],
+        node=spec["node"],
+        role="learner",
+        options=SessionOptions(**spec["options"]),
+        run_key=None,
+    )
+    losses: list[float] = []
+    outcome: dict[str, Any] = {"error": None}
+    trace = (out / "trace").open("a", buffering=1)
+    try:
+        with session:
+            for step in range(spec["steps"]):
+                x = rng.normal(size=(16, IN)).astype(np.float32)
+                loss = ((trained(torch.from_numpy(x)) - torch.from_numpy(x @ TEACHER)) ** 2).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                losses.append(float(loss.item()))
+                session.step(samples=16)
+                trace.write(f"{step}\n")
+    except Exception as error:
+        outcome = {"error": type(error).__name__, "message": str(error)[:500], "at": len(losses)}
+    checkpoint = session.checkpoint
+    outcome.update(
+        losses=losses,
+        round=None if checkpoint is None else checkpoint.round,
+        leads=getattr(session, "leads", True),
+    )
+    if outcome["error"] is None:
+        with torch.no_grad():
+            full = {
+                n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().numpy()
+                for n, p in model.named_parameters()
+            }
+        np.savez(out / "params.npz", **full)
+        if outcome["leads"]:  # the commit the group was left at, read back while it is kept
+            fresh, _ = torch_model(1)
+            align(fresh, mailbox=spec["url"], round=outcome["round"], run_key=None)
+            frontier = {n: p.detach().numpy() for n, p in fresh.named_parameters()}
+            np.savez(out / "frontier.npz", **frontier)
+    (out / "result.json").write_text(json.dumps(outcome))
+    if group and outcome["error"] is None:
+        dist.destroy_process_group()
+
+
+def serve(spec: dict[str, Any], out: Path) -> None:
+    session = Session(
+        algorithm=DiLoCo(**spec["algorithm"]),
+        mailbox=spec["url"],
+        node=spec["node"],
+        role="closer",
+        options=SessionOptions(**spec["options"]),
+        run_key=None,
+    )
+    with session:
+        while not (out / "stop").exists():
+            session.serve(duration_s=0.2)
+    (out / "result.json").write_text(json.dumps({"error": None}))
