@@ -81,3 +81,28 @@ def test_two_lora_finetune_nodes_share_a_run_and_ship_the_adapter_alone(tmp_path
     manifest = json.loads((tmp_path / "bucket" / "manifest.json").read_text())
     assert all(".lora_" in t["name"] for t in manifest["schema"])
     assert len(manifest["frozen"]) > len(manifest["schema"])
+
+
+def test_torchrun_ddp_and_fsdp2_example_groups_train_one_run(tmp_path: Path) -> None:
+    """examples/torchrun_learner.py under torchrun (2 ranks, gloo): a DDP group and an FSDP2
+    group are two learners of one run; both ranks of each end at the same commit."""
+    url = f"file://{tmp_path / 'bucket'}"
+    groups = {}
+    for parallel in ("ddp", "fsdp2"):
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        argv += ["--nproc-per-node", "2", str(EXAMPLES / "torchrun_learner.py")]
+        argv += ["--mailbox", url, "--node-id", parallel, "--parallel", parallel]
+        argv += ["--steps", "120", "--sync-every", "40"]
+        groups[parallel] = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+    for group in groups.values():
+        output = group.communicate(timeout=300)[0]
+        assert group.returncode == 0, output[-3000:]
+        finals = sorted(line for line in output.splitlines() if " final: model at round " in line)
+        assert [line.split()[1] for line in finals] == ["0", "1"], output[-3000:]
+        rounds = {int(line.split()[-1]) for line in finals}
+        assert len(rounds) == 1, finals  # the ranks of a group end at one commit
+        assert rounds.pop() > 0, finals
+    manifest = json.loads((tmp_path / "bucket" / "manifest.json").read_text())
+    assert manifest["created_by"] in ("ddp", "fsdp2")
