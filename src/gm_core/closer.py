@@ -67,7 +67,6 @@ from gm_core.commands import (
     List,
     Merge,
     Notify,
-    Probe,
     PutOnce,
     PutOver,
     Verify,
@@ -597,11 +596,9 @@ def _claim_holder(envelope: Envelope, data: bytes, round_: int, attempt: int) ->
 
 
 def _look_at_lease(state: CloserState, kind: Ask, node: str, cmds: list[Command]) -> CloserState:
-    """Look at ``node``'s lease: its ETag (a HEAD) in an open run; its body in an authenticated
-    one, where only an authentic, newer lease is a renewal (spec/protocol.md §16.6)."""
+    """Look at ``node``'s lease (:func:`gm_core.liveness.look`)."""
     state, req = issue(state, Purpose(kind=kind, round=state.round, name=node))
-    key = keys.lease(node)
-    cmds.append(Probe(req=req, key=key) if state.envelope.auth is None else Get(req=req, key=key))
+    cmds.append(liveness.look(state.envelope, req, node))
     return state
 
 
@@ -615,28 +612,12 @@ def _seen(
     """The view of ``node``'s lease after a look at it (a probe, or a read of its body)."""
     if isinstance(event, Probed):
         return liveness.observe(view, event.etag, event.now_s)
-    seq, why = _lease_seq(state, node, event.data)
+    seq, why = liveness.read_lease(state.envelope, node, event.data)
     # An authentic lease no newer than the last one renews nothing, silently: a replay looks
     # exactly like two renewals of the node that landed out of order.
     if why and (view is None or view.etag != event.etag):
         cmds.append(Notify(kind="lease_refused", round=state.round, detail=f"{node}: {why}"))
     return liveness.verified(view, event.etag, seq, event.now_s)
-
-
-def _lease_seq(state: CloserState, node: str, data: bytes | None) -> tuple[int | None, str]:
-    """A lease body's sequence number, or why it renews nothing (None, the reason)."""
-    if data is None:
-        return None, ""
-    body = state.envelope.open(keys.lease(node), data)
-    if isinstance(body, Unauthenticated):
-        return None, f"unauthenticated ({body.why.value})"
-    try:
-        lease = codec.decode(Lease, body)
-    except codec.CodecError as error:
-        return None, f"malformed ({error})"
-    if lease.node != node:
-        return None, f"names node {lease.node!r}"
-    return lease.seq, ""
 
 
 def _lease_outcome(

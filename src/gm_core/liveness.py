@@ -35,6 +35,11 @@ from __future__ import annotations
 
 import attrs
 
+from gm_core import codec, keys
+from gm_core.auth import Envelope, Unauthenticated
+from gm_core.commands import Get, Probe
+from gm_core.records import Lease
+
 
 @attrs.frozen
 class LeaseView:
@@ -158,3 +163,27 @@ def collectable(view: LeaseView | None, now_s: float, timeout_s: float) -> bool:
     if view is None or view.etag is None:
         return False
     return now_s - view.changed_at_s >= COLLECT_AFTER_TIMEOUTS * timeout_s
+
+
+def read_lease(envelope: Envelope, node: str, data: bytes | None) -> tuple[int | None, str]:
+    """The sequence number of the lease body ``data`` found at ``node``'s lease key, for
+    :func:`verified`; or None and why it renews nothing (an absent lease: None, "")."""
+    if data is None:
+        return None, ""
+    body = envelope.open(keys.lease(node), data)
+    if isinstance(body, Unauthenticated):
+        return None, f"unauthenticated ({body.why.value})"
+    try:
+        lease = codec.decode(Lease, body)
+    except codec.CodecError as error:
+        return None, f"malformed ({error})"
+    if lease.node != node:
+        return None, f"names node {lease.node!r}"
+    return lease.seq, ""
+
+
+def look(envelope: Envelope, req: int, node: str) -> Probe | Get:
+    """The request that looks at ``node``'s lease: a HEAD (its ETag) in an open run; a GET of
+    its body in an authenticated one, where only :func:`verified` bodies renew (§16.6)."""
+    key = keys.lease(node)
+    return Probe(req=req, key=key) if envelope.auth is None else Get(req=req, key=key)

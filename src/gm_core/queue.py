@@ -344,7 +344,7 @@ def _answered(state: QueueState, event: Event) -> Transition:
         return _scanned(state, event)
     if phase is Phase.READING and isinstance(event, GotObject):
         return _read(state, event)
-    if phase is Phase.PROBING and isinstance(event, Probed):
+    if phase is Phase.PROBING and isinstance(event, Probed | GotObject):
         return _probed(state, event)
     if phase is Phase.CLAIMING and isinstance(event, PutDone):
         return _claimed(state, event)
@@ -504,7 +504,7 @@ def _choose_or_probe(state: QueueState, now_s: float, *, probed: bool = False) -
         if others and len(free) < wish:
             todo = tuple(keys.lease(node) for node in others)
             state = attrs.evolve(state, phase=Phase.PROBING, todo=todo)
-            return _issue(state, Probe(req=0, key=todo[0]))
+            return _issue(state, _look(state, todo[0]))
         return _claim_next(attrs.evolve(state, candidates=free), now_s)
     live = frozenset(
         n for n, v in state.views.items() if liveness.is_live(v, now_s, spec.lease_timeout_s)
@@ -534,15 +534,28 @@ def _choose(
     )
 
 
-def _probed(state: QueueState, event: Probed) -> Transition:
+def _probed(state: QueueState, event: Probed | GotObject) -> Transition:
+    """A holder's lease looked at: by its ETag, or in an authenticated run by its body, where
+    a replayed or forged lease keeps no dead holder's unit from being re-issued (§16.6)."""
     key, rest = state.todo[0], state.todo[1:]
     parsed = keys.parse(key)
     assert isinstance(parsed, keys.LeaseKey)
-    view = liveness.observe(state.views.get(parsed.node), event.etag, event.now_s)
+    old = state.views.get(parsed.node)
+    if isinstance(event, Probed):
+        view = liveness.observe(old, event.etag, event.now_s)
+    else:
+        seq, _ = liveness.read_lease(state.spec.envelope, parsed.node, event.data)
+        view = liveness.verified(old, event.etag, seq, event.now_s)
     state = attrs.evolve(state, todo=rest, views={**state.views, parsed.node: view})
     if rest:
-        return _issue(state, Probe(req=0, key=rest[0]))
+        return _issue(state, _look(state, rest[0]))
     return _choose_or_probe(state, event.now_s, probed=True)
+
+
+def _look(state: QueueState, key: str) -> Probe | Get:
+    parsed = keys.parse(key)
+    assert isinstance(parsed, keys.LeaseKey)
+    return liveness.look(state.spec.envelope, 0, parsed.node)
 
 
 def choose(

@@ -28,6 +28,7 @@ from gm_core.events import (
     TimerFired,
 )
 from gm_core.queue import Finish, GiveBack, Outcome, QueueSpec, QueueState, Want
+from gm_core.records import Lease
 from gm_core.store_model import ModelStore
 
 Q = "data"
@@ -66,6 +67,8 @@ class World:
     crashed_at: dict[str, int] = attrs.field(factory=dict)
     """Each node's last crash, counted in writes to the store."""
     claimed_at: dict[tuple[str, int], int] = attrs.field(factory=dict)
+    seq: int = 0
+    """The last lease sequence number written (one count for every node: it only has to rise)."""
     early: list[tuple[str, int, str]] = attrs.field(factory=list)
     """Re-issues of a unit whose holder had not crashed since its claim: (unit, attempt, holder)."""
 
@@ -86,7 +89,11 @@ class World:
         self.feed(node, Started(now_s=self.now_s))
 
     def renew(self, node: str) -> None:
-        self.store = self.store.put(keys.lease(node), b"{}")
+        """A renewal as a node writes it: sealed, with a rising sequence number (an
+        authenticated run's peers read the body, spec/protocol.md §16.6)."""
+        self.seq += 1
+        lease = Lease(node=node, roles=("learner",), seq=self.seq, renew_s=TIMEOUT_S / 2)
+        self.store = self.store.put(keys.lease(node), self.envelope.pack(keys.lease(node), lease))
 
     def feed(self, node: str, event: queue.QueueEvent) -> None:
         state, cmds = queue.advance(self.states[node], event)
@@ -406,6 +413,36 @@ def test_a_dead_holders_unit_is_reissued_after_the_lease_timeout() -> None:
     }
     # The done marker speaks for the unit: its claims were collected.
     assert world.store.list(keys.queue_unit_prefix(Q, "u0")) == (keys.queue_done(Q, "u0", 1),)
+
+
+@pytest.mark.parametrize("envelope", [OPEN, KEYED], ids=["open", "keyed"])
+def test_a_replayed_lease_keeps_a_dead_holders_unit_only_in_an_open_run(
+    envelope: auth.Envelope,
+) -> None:
+    """spec/protocol.md §16.6 for the queue (and ranks, built on it): an outsider who writes
+    the crashed holder's genuine lease back whenever time moves keeps it "live" by ETag, so
+    an open run's peer never re-issues its unit; an authenticated run's peer reads the body,
+    sees no newer sequence number, and takes the unit after the lease timeout."""
+    world = World(units=("u0",), envelope=envelope)
+    started(world, "a")
+    world.act("a")
+    world.until(world.training("a"))
+    world.crash("a")
+    copied = world.store.get(keys.lease("a"))
+    assert copied is not None
+    started(world, "b")
+    world.act("b")
+    while world.states["b"].current is None and world.now_s < 10 * TIMEOUT_S:
+        world.store = world.store.put(keys.lease("a"), copied.data)  # a new ETag each time
+        if world.inflight:
+            world.execute(0)
+        else:
+            assert world.tick()
+    taken = world.states["b"].current
+    if envelope is KEYED:
+        assert taken == queue.Assignment(unit="u0", attempt=1, resumed=False)
+    else:
+        assert taken is None
 
 
 def test_a_restarted_node_resumes_its_own_unit_first() -> None:
