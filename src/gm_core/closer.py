@@ -999,10 +999,12 @@ def _unusable(state: CloserState, event: Unusable, cmds: list[Command]) -> Close
             return _merge(state, now_s, _accepted(state), cmds)
     if event.key not in _keys(base):
         return _merge_failed(state, event, cmds)  # a payload nobody named: try again
+    momentum_lost = base.momentum is not None and event.key == base.momentum.key
     if state.lost is None:
-        detail = f"fragment {fragment} version {base.version}: {failure(event)}"
+        instead = "with zero momentum" if momentum_lost else "into the commit before it"
+        detail = f"fragment {fragment} version {base.version}: {failure(event)}; merging {instead}"
         cmds.append(Notify(kind="commit_unusable", round=state.round, detail=detail))
-    if base.momentum is not None and event.key == base.momentum.key:
+    if momentum_lost:
         state = attrs.evolve(state, fallback=fallback.without_momentum(base))
         return _merge(state, now_s, _accepted(state), cmds)
     committed = _frontier(state)[fragment]

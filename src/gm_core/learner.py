@@ -759,7 +759,10 @@ def _unusable(
     # next round of the fragment into (§16.10). The anchor takes the commit's version,
     # so the next snapshot is not stale, and keeps its step: the delta still counts
     # every step since the commit the model holds.
-    detail = f"fragment {record.fragment} version {record.version}: {failure(event)}"
+    detail = (
+        f"fragment {record.fragment} version {record.version}: {failure(event)}; "
+        "this learner keeps the commit it holds"
+    )
     cmds.append(Notify(kind="commit_unusable", round=record.round, detail=detail))
     anchors = list(state.anchors)
     anchors[record.fragment] = attrs.evolve(anchors[record.fragment], version=record.version)
@@ -777,7 +780,9 @@ def _load_earlier(
         return _lost(state, message, event.now_s, cmds)
     version = state.anchors[fragment].version
     if state.lost is None:
-        detail = f"fragment {fragment} version {version}: {failure(event)}"
+        detail = (
+            f"fragment {fragment} version {version}: {failure(event)}; joining from the one before"
+        )
         cmds.append(Notify(kind="commit_unusable", round=state.aligned_round, detail=detail))
     found = fallback.prior(state.manifest, fragment, version, event.key)
     return _found_prior(state, fragment, event.key, found, event.now_s, cmds)
