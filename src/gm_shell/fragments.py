@@ -298,12 +298,15 @@ class Merged:
 
 
 def compute_backend(name: str) -> Backend[Any]:
-    """The merge backend: ``auto`` is torch on CPU where installed, else numpy."""
+    """The merge backend: ``auto`` is torch on the CUDA device where there is one (merges
+    and the outer step where the bytes are cheapest to move), torch on CPU where installed,
+    else numpy. (MPS is not chosen: not measured on a Mac yet.)"""
     from gm_shell.backends import backend
 
     if name != "auto":
         return backend(name)
     try:
-        return backend("torch")
+        import torch
     except ImportError:
         return NumpyBackend()
+    return backend("torch", device="cuda") if torch.cuda.is_available() else backend("torch")

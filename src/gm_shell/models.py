@@ -60,6 +60,7 @@ from gm_core.numerics.arrays import F32
 from gm_core.numerics.layout import Layout
 from gm_core.records import FrozenTensor, TensorSpec
 from gm_shell.payload import content_hash
+from gm_shell.staging import CudaStage, copy_tensors, cuda_device
 
 
 class ModelError(TypeError):
@@ -297,8 +298,9 @@ class _TorchFragment:
     Other parameters go through torch: small fragments through a staging buffer whose
     per-tensor views are made once (torch's per-call overhead — making views, entering
     no-grad — costs more than copying them), large ones viewed in place. CPU fp32 moves in
-    one fused ``_foreach_copy_``; others (bf16, accelerators) tensor by tensor, converting
-    dtype and device on the way."""
+    one fused ``_foreach_copy_``; others (bf16, MPS) tensor by tensor, converting dtype and
+    device on the way. CUDA parameters go through a :class:`~gm_shell.staging.CudaStage`:
+    one transfer per fragment each way, through pinned memory."""
 
     def __init__(self, layout: Layout, params: list[Any]) -> None:
         self.layout = layout
@@ -308,6 +310,7 @@ class _TorchFragment:
         self._direct: list[memoryview] | None = None
         self._staging: F32 | None = None
         self._staged: list[Any] = []
+        self._cuda: CudaStage | None = None
 
     def _direct_views(self) -> list[memoryview] | None:
         """Byte views of the parameters' memory, or None where torch must do the copy."""
@@ -336,8 +339,11 @@ class _TorchFragment:
             for (lo, hi), param in zip(self._bytes, direct, strict=True):
                 flat[lo:hi] = param
             return
+        if self._params[0].is_cuda and (stage := self._cuda_stage()) is not None:
+            stage.gather(self._params, out)
+            return
         staged = self._staged_views()
-        self._copy(staged or self._views(out), self._params)
+        copy_tensors(staged or self._views(out), self._params)
         if self._staging is not None:
             np.copyto(out, self._staging)
 
@@ -348,26 +354,23 @@ class _TorchFragment:
             for (lo, hi), param in zip(self._bytes, direct, strict=True):
                 param[:] = source[lo:hi]
             return
+        if self._params[0].is_cuda and (stage := self._cuda_stage()) is not None:
+            stage.scatter(self._params, flat)
+            return
         staged = self._staged_views()
         if self._staging is not None:
             np.copyto(self._staging, flat)
-        self._copy(self._params, staged or self._views(flat))
+        copy_tensors(self._params, staged or self._views(flat))
 
     def held(self, flat: F32) -> F32:
         return torch_held(self.layout, self._params, flat)
 
-    def _copy(self, targets: list[Any], sources: list[Any]) -> None:
-        import torch
-
-        with torch.no_grad():
-            if hasattr(torch, "_foreach_copy_") and all(
-                t.device == s.device and t.dtype == s.dtype
-                for t, s in zip(targets, sources, strict=True)
-            ):
-                torch._foreach_copy_(targets, sources)
-            else:
-                for target, source in zip(targets, sources, strict=True):
-                    target.copy_(source)
+    def _cuda_stage(self) -> CudaStage | None:
+        """The fragment's device and pinned buffers, if its parameters are on one CUDA device."""
+        if self._cuda is None or self._cuda.device != self._params[0].device:
+            device = cuda_device(self._params)
+            self._cuda = None if device is None else CudaStage(self.layout, device)
+        return self._cuda
 
 
 def torch_held(layout: Layout, params: Sequence[Any], flat: F32) -> F32:

@@ -250,8 +250,8 @@ class SessionOptions:
         stall_timeout_s: ``step()`` raises :class:`StalledError` after waiting this
             long without progress (no closer, an unreachable bucket).
         join_timeout_s: how long entering the session waits for the newest commit.
-        compute: merge backend: ``auto`` (torch if installed, else numpy),
-            ``torch`` or ``numpy``.
+        compute: merge backend: ``auto`` (torch on the CUDA device if there is one, else
+            torch on CPU if installed, else numpy), ``torch`` (CPU) or ``numpy``.
         cache_bytes: memory for payloads this node keeps to avoid downloading them again.
         max_sweep_rounds: rounds of garbage a closer sweeps per commit, at most.
     """
@@ -264,7 +264,8 @@ class SessionOptions:
     stall_timeout_s: float = 600.0
     join_timeout_s: float = 300.0
     compute: str = "auto"
-    """Merge backend: ``auto`` (torch if installed, else numpy), ``torch`` or ``numpy``."""
+    """Merge backend: ``auto`` (torch on CUDA if there is one, else torch on CPU if installed,
+    else numpy), ``torch`` (CPU) or ``numpy``."""
     cache_bytes: int = 1 << 30
     max_sweep_rounds: int = 4
     max_divergences: int = 2

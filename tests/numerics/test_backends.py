@@ -26,6 +26,8 @@ BACKENDS: dict[str, Backend[Any]] = {
     "torch": TorchBackend(block=64, codec_block=64, threads=3),
     "mlx": MlxBackend(),
 }
+if torch.cuda.is_available():  # the GPU path, where there is one (bench/device_check.sh)
+    BACKENDS["torch-cuda"] = TorchBackend(device="cuda", block=64, codec_block=64)
 names = pytest.mark.parametrize("name", sorted(BACKENDS))
 cases = settings(max_examples=25, deadline=None)
 
