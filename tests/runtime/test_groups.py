@@ -237,3 +237,21 @@ def test_a_single_process_sees_no_group_without_torch_distributed() -> None:
     assert resolve(AUTO, model) is None
     assert resolve(None, model) is None
     assert type(adapt(model)).__name__ == "TorchModel"
+
+
+def test_a_leaders_exception_reaches_its_followers_as_the_same_class() -> None:
+    from gm_shell import RankLost, StalledError
+    from gm_shell.group import GroupLeaderError, _failure, _rebuild
+    from gm_shell.session import DivergedError
+
+    lost = _rebuild(*_failure(RankLost("g", 3, 2)))
+    assert isinstance(lost, RankLost)
+    assert (lost.node, lost.rank, lost.attempt) == ("g", 3, 2)
+    for error in (StalledError("no commit for 60 s"), DivergedError("3 in a row")):
+        rebuilt = _rebuild(*_failure(error))
+        assert type(rebuilt) is type(error)
+        assert str(rebuilt) == str(error)
+    other = _rebuild(*_failure(KeyError("fc1.weight")))
+    assert isinstance(other, GroupLeaderError)
+    assert "KeyError" in str(other)
+    assert "fc1.weight" in str(other)
