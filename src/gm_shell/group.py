@@ -64,8 +64,12 @@ block on the leader, whose session then *leaves* (its lease deleted, as for any
 exception); a follower holds nothing in the bucket. If the leader died, its lease times
 out. On NCCL a dead peer may only be noticed at the group's timeout (set one).
 
-Not supported with a group: ``resume=`` (the optimizer states are the ranks' own) and
-:meth:`Session.run` (use ``step()``), roles other than ``both``/``learner``.
+Not supported with a group: ``resume=`` (the optimizer states are the ranks' own), a
+:class:`~gm_shell.SharedQueue` (its units are claimed by nodes), roles other than
+``both``/``learner``. :meth:`Session.run` over each rank's own data works: the leader
+marks the group's data done and looks whether the run is finished while its followers
+wait in ``close()`` (no heartbeat there: at most ``close_timeout_s`` plus two lease
+timeouts, far inside torch's default collective timeouts).
 """
 
 from __future__ import annotations

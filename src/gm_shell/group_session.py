@@ -125,7 +125,22 @@ class GroupSession(Session):
     def run(
         self, step: Callable[[Any], int | None], data: Iterable[Any] | SharedQueue[Any]
     ) -> None:
-        raise ValueError("a group learner trains with step(); run() takes no group yet")
+        """:meth:`Session.run` on every rank, each over its own data, as many batches on
+        every rank (as DDP and FSDP need anyway): the leader marks the group's data done
+        (``done/{node}.json``, or its rank's marker) and looks whether the run is finished
+        while its followers wait in :meth:`close`. Not with a :class:`SharedQueue` (its
+        units are claimed by nodes, not by ranks)."""
+        if isinstance(data, SharedQueue):
+            raise ValueError("a group learner trains its ranks' own data, not a SharedQueue")
+        if self.leads:
+            super().run(step, data)
+            return
+        try:
+            self._train(step, data)
+        except BaseException:
+            self._leave()
+            raise
+        self.close()
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:

@@ -80,17 +80,25 @@ def child(spec: dict[str, Any]) -> None:
     losses: list[float] = []
     outcome: dict[str, Any] = {"error": None}
     trace = (out / "trace").open("a", buffering=1)
+
+    def train(step: int) -> int:
+        x = rng.normal(size=(16, IN)).astype(np.float32)
+        loss = ((trained(torch.from_numpy(x)) - torch.from_numpy(x @ TEACHER)) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.item()))
+        trace.write(f"{step}\n")
+        return 16
+
     try:
-        with session:
-            for step in range(spec["steps"]):
-                x = rng.normal(size=(16, IN)).astype(np.float32)
-                loss = ((trained(torch.from_numpy(x)) - torch.from_numpy(x @ TEACHER)) ** 2).mean()
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                losses.append(float(loss.item()))
-                session.step(samples=16)
-                trace.write(f"{step}\n")
+        if spec.get("use_run"):  # Session.run: a done marker and a look for the run's end
+            session.start()
+            session.run(train, range(spec["steps"]))
+        else:
+            with session:
+                for step in range(spec["steps"]):
+                    session.step(samples=train(step))
     except Exception as error:
         outcome = {"error": type(error).__name__, "message": str(error)[:500], "at": len(losses)}
     checkpoint = session.checkpoint

@@ -36,6 +36,10 @@ ALGORITHM = {
     "in_flight": 1,
     "lease_timeout_s": 3.0,
     "takeover_floor_s": 3.0,
+    # Plain averaging: with the default Nesterov momentum (0.9) the commits of a 40-step run
+    # still swing (held-out loss 5-20 at the end from 17), which says nothing about groups.
+    "outer_lr": 1.0,
+    "outer_momentum": 0.0,
 }
 OPTIONS = {
     "poll_s": 0.05,
@@ -47,7 +51,7 @@ OPTIONS = {
 }
 PG_TIMEOUT_S = 60.0
 """The groups' collective timeout, but where a test makes it short."""
-SHORT_PG_TIMEOUT_S = 5.0
+SHORT_PG_TIMEOUT_S = 8.0
 """A collective timeout shorter than the closer's stop in the stall test, so a follower
 left alone in a collective while its leader waits would fail."""
 
@@ -138,7 +142,7 @@ def run(tmp_path: Path) -> Any:
 
 def test_groups_and_a_single_learner_share_a_run_bit_for_bit(run: Run) -> None:
     run.start("closer", "closer", node="closer")
-    run.group("ddp", "ddp")
+    run.group("ddp", "ddp", use_run=True)  # Session.run on both ranks
     run.group("fsdp", "fsdp")
     run.start("single", "single", node="single")
     learners = ["ddp.0", "ddp.1", "fsdp.0", "fsdp.1", "single"]
@@ -161,10 +165,11 @@ def test_groups_and_a_single_learner_share_a_run_bit_for_bit(run: Run) -> None:
     # The commits learn: held-out loss of the model each session was left at vs the start.
     for name in ("ddp.0", "fsdp.0", "single"):
         start, end = held_out_loss(None), held_out_loss(run.params(name, "frontier"))
-        assert end < start / 2, (name, start, end)
+        assert end < start / 10, (name, start, end)
     for node in ("ddp", "fsdp"):
         assert run.result(f"{node}.0")["round"] == run.result(f"{node}.1")["round"]
         assert run.result(f"{node}.1")["leads"] is False
+    assert (run.bucket / keys.done("ddp")).exists()  # run() marked the group's data done
     # Every node took part: the groups published under their leader's node id.
     participants = _participants(run.url)
     assert {"ddp", "fsdp", "single"} <= participants, participants
