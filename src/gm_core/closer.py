@@ -106,6 +106,7 @@ from gm_core.tape import (
     BadRecord,
     SlotCursor,
     exhausted,
+    expected_prev,
     frontier_of,
     parse_head,
     parse_record,
@@ -427,8 +428,9 @@ def _tape_outcome(
 
 def _parse(state: CloserState, purpose: Purpose[Ask], data: bytes) -> RoundRecord | BadRecord:
     """The record at the slot ``purpose`` read, or why it is invalid."""
-    config = state.manifest.config
-    return parse_record(state.envelope, data, purpose.round, config, int(purpose.name))
+    config, round_ = state.manifest.config, purpose.round
+    prev = expected_prev(state.manifest, state.last, round_)
+    return parse_record(state.envelope, data, round_, config, int(purpose.name), prev)
 
 
 def _skip(state: CloserState, bad: BadRecord, now_s: float, cmds: list[Command]) -> CloserState:
@@ -1140,6 +1142,7 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
         frontier=tuple(frontier),
         swept_below=state.swept_below,
         requests=_requests(state, merged),
+        prev=expected_prev(state.manifest, state.last, state.round),
         live=_membership(state, now_s) if cfg.global_batch_size is not None else (),
     )
 

@@ -199,6 +199,7 @@ def create(
         plan=fragment_plan,
         init=tuple(init),
         auth=auth.info(run_auth),
+        chained=True,
     )
     return Cluster(
         manifest=manifest,

@@ -440,8 +440,8 @@ ADDED_FIELDS: Mapping[type, Mapping[str, Any]] = {
         "outlier_cosine": None,
         "grace_seconds": None,
     },
-    Manifest: {"auth": None},
-    RoundRecord: {"live": []},
+    Manifest: {"auth": None, "chained": False},
+    RoundRecord: {"live": [], "prev": None},
 }
 """Fields added after format 1, with the JSON value a record written before them means.
 
@@ -731,6 +731,10 @@ def _check_round_record(path: Path, r: RoundRecord) -> None:
         _check_participant((*path, "participants", index), participant)
     for index, rejection in enumerate(r.rejections):
         _check_rejection((*path, "rejections", index), rejection)
+    if r.prev is not None and not keys.valid_digest(r.prev):
+        _fail(
+            (*path, "prev"), f"{_short(r.prev)} is not {keys.DIGEST_HEX_CHARS} lowercase hex digits"
+        )
     for index, learner in enumerate(r.live):
         _id((*path, "live", index), learner)
     if list(r.live) != sorted(set(r.live)):

@@ -26,6 +26,7 @@ the round whose folder it was listed in (the key), never the round it claims.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
@@ -405,6 +406,23 @@ def forgeries_ignored(view: ClusterView) -> tuple[str, ...]:
     return tuple(out)
 
 
+def chained_tape(view: ClusterView) -> tuple[str, ...]:
+    """In a chained run, every record names the SHA-256 of its predecessor's canonical
+    encoding (the manifest's, for round 0): restated here, not computed by the tape's code."""
+    if not view.manifest.chained:
+        return ()
+    tape = read_tape(view)
+    out = []
+    for r, rec in tape.items():
+        before = view.manifest if r == 0 else tape.get(r - 1)
+        if before is None:
+            continue
+        digest = hashlib.sha256(codec.encode(before)).hexdigest()
+        if rec.prev != digest:
+            out.append(f"round {r}: prev {rec.prev}, its predecessor's digest is {digest}")
+    return tuple(out)
+
+
 STATE_INVARIANTS: Mapping[str, Callable[[ClusterView], tuple[str, ...]]] = {
     "one_record_per_round": one_record_per_round,
     "contiguous_tape": contiguous_tape,
@@ -415,6 +433,7 @@ STATE_INVARIANTS: Mapping[str, Callable[[ClusterView], tuple[str, ...]]] = {
     "acceptance_soundness": acceptance_soundness,
     "single_committer": single_committer,
     "grace_bounds": grace_bounds,
+    "chained_tape": chained_tape,
     "learners_behind_commits": learners_behind_commits,
     "forgeries_ignored": forgeries_ignored,
 }

@@ -90,6 +90,7 @@ from gm_core.tape import (
     BadRecord,
     SlotCursor,
     exhausted,
+    expected_prev,
     frontier_of,
     parse_head,
     parse_record,
@@ -207,6 +208,8 @@ class LearnerState:
     """A round whose record key was found with every slot invalid: reported once, then
     read again every lease timeout without repeating the report."""
     fetched: Mapping[int, RoundRecord] = attrs.field(factory=dict)
+    held: RoundRecord | None = None
+    """The newest record adopted: in a chained run, the next one must name it (§16.5)."""
     outgoing: Mapping[int, Outgoing] = attrs.field(factory=dict)
     retries: Mapping[int, Retry] = attrs.field(factory=dict)
     flushes: frozenset[int] = frozenset()
@@ -415,7 +418,8 @@ def _record_outcome(
         )
         return attrs.evolve(poll_later, records=records, idle_until_s=idle_until_s)
     config, slot = state.manifest.config, int(purpose.name)
-    parsed = parse_record(state.envelope, event.data, purpose.round, config, slot)
+    prev = expected_prev(state.manifest, state.held, purpose.round)
+    parsed = parse_record(state.envelope, event.data, purpose.round, config, slot, prev)
     if isinstance(parsed, BadRecord):
         return _bad_record(state, parsed, now_s, cmds)
     # Booting only needs the newest record: keep memory bounded while probing forward.
@@ -426,6 +430,7 @@ def _record_outcome(
     state = attrs.evolve(
         state,
         fetched=fetched,
+        held=parsed,
         seen_round=parsed.round,
         probing=False,
         probe_at_s=now_s,

@@ -229,6 +229,11 @@ class Manifest:
     auth: AuthInfo | None = None
     """None: an open run (bare objects); else every object is tagged under this key.
     Added after format 1: a manifest without it is an open run."""
+    chained: bool = False
+    """Every record names its predecessor's digest (``RoundRecord.prev``) and a node adopts a
+    record only when it chains to the one it holds (spec/protocol.md §16.5). Runs created
+    by gm since session 9 are chained; added after format 1: a manifest without it is not,
+    and its records are written as format 1 writes them."""
 
 
 _COUNT_MAX = 2**63 - 1
@@ -347,6 +352,10 @@ class RoundRecord:
     frontier: tuple[FragmentState, ...]
     swept_below: int = 0
     requests: Requests = Requests()
+    prev: str | None = None
+    """In a chained run (``Manifest.chained``): the chain digest of the record of the round
+    before (of the manifest for round 0), :func:`gm_core.tape.chain_digest`. Added after
+    format 1: absent in records of runs that are not chained."""
     live: tuple[str, ...] = ()
     """The learners the closer saw live when it committed (leases renewing, snapshots judged),
     in byte order: what :mod:`gm_core.batch` splits ``global_batch_size`` among. Added after

@@ -36,11 +36,20 @@ breaks one of these was not written by a correct closer of this run's config;
 it is refused by name like an undecodable one, so no forged number (a version
 at 2^63 - 1, a round at the end of the key space) reaches the arithmetic of the
 machines that follow the tape. (Authenticating the writer is a separate check.)
+
+The chain (spec/protocol.md §16.5; runs whose manifest is ``chained``). Every record
+names, as ``prev``, the :func:`chain_digest` of the record before it (of the manifest,
+for round 0). A node that holds record ``r - 1`` adopts a record of round ``r`` only if
+it names that one: a record that does not chain (another run's, an old copy put back,
+one written on top of a record that was since overwritten) is invalid at its slot like
+any other. A node that holds no predecessor (it is joining) takes the record on its own
+merits, and checks the chain from there on.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import attrs
 
@@ -115,11 +124,35 @@ def record_key(envelope: Envelope, round_: int, slot: int) -> str:
     return keys.round_record(round_, envelope.slot_name(_ROUND_KIND, f"{round_:012d}", slot))
 
 
+def chain_digest(value: RoundRecord | Manifest) -> str:
+    """The digest a chained run's next record names as ``prev``: SHA-256 of the canonical
+    encoding, so every reader of one record computes it alike, whatever bytes carried it."""
+    return hashlib.sha256(codec.encode(value)).hexdigest()
+
+
+def expected_prev(manifest: Manifest, held: RoundRecord | None, round_: int) -> str | None:
+    """What a record of ``round_`` must name as ``prev`` for a node holding ``held`` (its
+    newest record); None when nothing is checked: the run is not chained, or the node
+    holds no record of the round before (it is joining)."""
+    if not manifest.chained:
+        return None
+    if round_ == 0:
+        return chain_digest(manifest)
+    if held is not None and held.round == round_ - 1:
+        return chain_digest(held)
+    return None
+
+
 def parse_record(
-    envelope: Envelope, data: bytes, expected_round: int, config: AlgorithmConfig, slot: int = 0
+    envelope: Envelope,
+    data: bytes,
+    expected_round: int,
+    config: AlgorithmConfig,
+    slot: int = 0,
+    prev: str | None = None,
 ) -> RoundRecord | BadRecord:
     """Open and decode the object at slot ``slot`` of round ``expected_round``, or say why
-    it is unusable."""
+    it is unusable; with ``prev`` (:func:`expected_prev`), also when it does not chain."""
     bad = functools.partial(BadRecord, round=expected_round, slot=slot)
     body = envelope.open(record_key(envelope, expected_round, slot), data)
     if isinstance(body, Unauthenticated):
@@ -132,6 +165,9 @@ def parse_record(
     if record.round != expected_round:
         return bad(reason=f"record names round {record.round}, not its key's round")
     reason = implausible(record, config)
+    if reason is None and prev is not None and record.prev != prev:
+        named = "nothing" if record.prev is None else record.prev[:16]
+        reason = f"does not chain: it names {named} as its predecessor, not {prev[:16]}"
     return record if reason is None else bad(reason=reason)
 
 

@@ -72,6 +72,7 @@ def draft_manifest(
         init=(),
         frozen=frozen,
         auth=auth.info(run_auth),
+        chained=True,
     )
 
 

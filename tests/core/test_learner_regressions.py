@@ -16,7 +16,7 @@ import attrs
 from fast_cluster import FAST_C, FAST_L, C, L
 
 from gm_core import cluster as cl
-from gm_core import codec, learner, schedule
+from gm_core import codec, learner, schedule, tape
 from gm_core.commands import Align, Capture, Get
 from gm_core.events import GotObject, RequestFailed, TimerFired
 from gm_core.records import AlgorithmConfig
@@ -116,7 +116,14 @@ def test_a_commit_that_lifts_a_stall_without_a_fetch_publishes_at_the_held_step(
     (aligned,) = [x for x in cl.records(c) if x.round == state.aligned_round]
     round_ = state.aligned_round + 1
     step = schedule.step_of(round_, state.manifest.config.sync_every, 1)
-    empty = attrs.evolve(aligned, round=round_, step=step, participants=(), rejections=())
+    empty = attrs.evolve(
+        aligned,
+        round=round_,
+        step=step,
+        participants=(),
+        rejections=(),
+        prev=tape.chain_digest(aligned),  # the record it follows (a chained run, §16.5)
+    )
     held, at = state.next_round, state.step
     state, cmds = learner.advance(
         state, GotObject(now_s=now_s, req=probe, data=codec.encode(empty), etag="e")

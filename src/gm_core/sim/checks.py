@@ -41,6 +41,7 @@ STORE_ONLY = frozenset(
         "acceptance_soundness",
         "single_committer",
         "grace_bounds",
+        "chained_tape",
     }
 )
 """State invariants that read only ``view.store`` and ``view.manifest``."""
