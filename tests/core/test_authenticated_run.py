@@ -315,6 +315,18 @@ def replaying(
     return c
 
 
+def closer_crashed(rng: random.Random) -> tuple[cl.Cluster, str, bytes, int]:
+    """A run after 3 records whose next closer then crashed: the run, that closer, a copy of
+    its last lease (genuine, as an outsider can read it), and the newest round."""
+    c = started()
+    while len(cl.records(c)) < 3:
+        c = step(c, rng)
+    closer_ = cl.records(c)[-1].next_closer
+    stored = c.store.get(keys.lease(closer_))
+    assert stored is not None
+    return cl.crash(c, closer_), closer_, stored.data, cl.records(c)[-1].round
+
+
 @pytest.mark.parametrize("what", ["replayed", "garbage"])
 def test_a_rewritten_lease_keeps_a_dead_closer_dead(what: str) -> None:
     """spec/protocol.md §16.6: in an authenticated run a lease renews only with an authentic
@@ -323,15 +335,8 @@ def test_a_rewritten_lease_keeps_a_dead_closer_dead(what: str) -> None:
     keeps it live for nobody: the other closer takes the run over and it keeps committing."""
     # (Garbage is refused by name; a replay renews nothing, silently.)
     rng = random.Random(5)
-    c = started()
-    while len(cl.records(c)) < 3:
-        c = step(c, rng)
-    closer_ = cl.records(c)[-1].next_closer
-    stored = c.store.get(keys.lease(closer_))
-    assert stored is not None
-    data = stored.data if what == "replayed" else b'{"format": 1, "node": "x"}'
-    c = cl.crash(c, closer_)
-    before = cl.records(c)[-1].round
+    c, closer_, copied, before = closer_crashed(rng)
+    data = copied if what == "replayed" else b'{"format": 1, "node": "x"}'
     c = replaying(c, closer_, data, 400, rng)
     after = cl.records(c)
     assert after[-1].round >= before + 3
@@ -354,15 +359,8 @@ def test_judging_leases_by_etag_alone_lets_a_replay_delay_the_takeover(
         liveness, "verified", lambda view, etag, seq, now_s: liveness.observe(view, etag, now_s)
     )
     rng = random.Random(5)
-    c = started()
-    while len(cl.records(c)) < 3:
-        c = step(c, rng)
-    closer_ = cl.records(c)[-1].next_closer
-    stored = c.store.get(keys.lease(closer_))
-    assert stored is not None
-    c = cl.crash(c, closer_)
-    before = cl.records(c)[-1].round
-    c = replaying(c, closer_, stored.data, 400, rng)
+    c, closer_, copied, before = closer_crashed(rng)
+    c = replaying(c, closer_, copied, 400, rng)
     assert cl.records(c)[-1].round <= before + 1
 
 
