@@ -5,7 +5,7 @@ screens; one of them (``evil``) publishes every delta multiplied by 100 — fini
 well-formed, from a learner that holds a valid lease, so every earlier check
 accepts it. Every round offered all four (or three) deltas must name ``evil`` as an
 outlier, never as a participant, and the run must keep committing with the honest three,
-whose loss falls.
+each ending below the untrained model's loss.
 
 ``evil`` starts once a round has merged all three honest learners. Started earlier, it
 can meet ``n0`` alone: a round of two deltas is not screened (neither is a majority), so
@@ -74,11 +74,16 @@ def test_a_scaled_up_learner_is_rejected_as_outlier_and_the_run_goes_on(tmp_path
         )
         if offered >= 3:
             assert "evil" not in {p.learner for p in record.participants}, record
+    # The poisoned learner never wrecked the model: every honest learner ends below the
+    # untrained model's loss (n0's first steps: it created the run). Its own first steps are
+    # no yardstick: n1 and n2 join a trained model, and a short run's loss is noisy (a CI
+    # run saw n1 at 0.43 over its first steps and 0.49 over its last, all far below start).
+    start = np.mean(h.result("n0")["first_losses"])
     for name in HONEST:
         result = h.result(name)
         assert all(np.all(np.isfinite(p)) for p in result["params"])
-        first, last = np.mean(result["first_losses"]), np.mean(result["losses"])
-        assert last < first, (name, first, last, result["losses"])
+        last = np.mean(result["losses"])
+        assert last < start, (name, start, last, result["losses"])
 
 
 def merged_all(url: str, options: MailboxOptions, witness: Witness) -> bool:
