@@ -144,6 +144,9 @@ class Cluster:
     """The run key's subkeys (an authenticated run), None for an open one."""
     list_cap: int | None = None
     """The most keys a listing returns, the rest cut (the shell's cap, gm_shell.limits)."""
+    cosines: Mapping[int, float] = attrs.field(factory=dict)
+    """The mean pairwise cosine a merge of two or more deltas reports, by round
+    (:func:`set_cosine`); abstract tensors have none of their own."""
 
 
 def payload_bytes(*parts: object) -> bytes:
@@ -596,11 +599,18 @@ def _merge(c: Cluster, cmd: Merge) -> tuple[Cluster, Event]:
     if not cmd.final_only:
         outer = _ref(cmd.round, outer_data)
         store, _ = store.put_once(outer.key, outer_data)
-    merged = Merged(now_s=now, req=cmd.req, theta=theta, outer=outer, update=None, cosine=None)
+    cosine = c.cosines.get(cmd.round) if len(cmd.contributions) > 1 else None
+    merged = Merged(now_s=now, req=cmd.req, theta=theta, outer=outer, update=None, cosine=cosine)
     return attrs.evolve(c, store=store), merged
 
 
 # --- faults from outside the protocol, and reading results ---------------------------------
+
+
+def set_cosine(c: Cluster, round_: int, cosine: float) -> Cluster:
+    """A merge of round ``round_`` reports ``cosine`` as its deltas' mean pairwise cosine
+    (the simulator's trainer computes it from real deltas; a test picks it)."""
+    return attrs.evolve(c, cosines={**c.cosines, round_: cosine})
 
 
 def set_poison(c: Cluster, name: str, poison: bool) -> Cluster:

@@ -439,6 +439,8 @@ ADDED_FIELDS: Mapping[type, Mapping[str, Any]] = {
         "outlier_norm_factor": None,
         "outlier_cosine": None,
         "grace_seconds": None,
+        "carry_above": 0.6,
+        "overwrite_below": 0.4,
     },
     Manifest: {"auth": None, "chained": False},
     RoundRecord: {"live": [], "prev": None},
@@ -606,6 +608,12 @@ def _check_config(path: Path, config: AlgorithmConfig) -> None:
             _at_least((*path, name), factor, 1.0)
     if config.outlier_cosine is not None and not -1.0 <= config.outlier_cosine <= 1.0:
         _fail((*path, "outlier_cosine"), f"must be in [-1, 1], got {config.outlier_cosine}")
+    if not -1.0 <= config.overwrite_below <= config.carry_above <= 1.0:
+        _fail(
+            (*path, "carry_above"),
+            "must satisfy -1 <= overwrite_below <= carry_above <= 1,"
+            f" got {config.overwrite_below} and {config.carry_above}",
+        )
     _at_least((*path, "sync_every"), config.sync_every, 1)
     _at_least((*path, "fragments"), config.fragments, 1)
     _at_least((*path, "quorum"), config.quorum, 1)

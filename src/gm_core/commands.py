@@ -128,6 +128,7 @@ class Align:
     version: int
     theta: PayloadRef
     mode: Alignment
+    """One of :data:`gm_core.records.FOLDS` (under an ``adaptive`` run, the fragment's mode)."""
     mixing: float
     from_snapshot: bool
     """Carry replays only the steps after this learner's snapshot of the round (it is in

@@ -47,7 +47,18 @@ from typing import assert_never
 
 import attrs
 
-from gm_core import auth, cadence, fallback, keys, liveness, retention, schedule, slots, timing
+from gm_core import (
+    adaptive,
+    auth,
+    cadence,
+    fallback,
+    keys,
+    liveness,
+    retention,
+    schedule,
+    slots,
+    timing,
+)
 from gm_core.auth import Envelope, RunAuth
 from gm_core.commands import (
     Align,
@@ -199,6 +210,9 @@ class LearnerState:
     step_s: float | None = None
     last_report: tuple[float, int] | None = None
     anchors: tuple[Anchor, ...] = ()
+    modes: tuple[Alignment, ...] = ()
+    """Under ``adaptive`` alignment, each fragment's mode (:mod:`gm_core.adaptive`); empty
+    until a commit moves one (every fragment starts by carrying)."""
     next_round: int = 0
     aligned_round: int = -1
     seen_round: int = -1
@@ -946,9 +960,8 @@ def _new_anchor(state: LearnerState, record: RoundRecord, step: int, tokens: int
     rejected), the anchor keeps its counts and the next snapshot of the fragment
     reports them again, with the parameters' delta to match (``Align.from_snapshot``).
     """
-    cfg = state.manifest.config
     old = state.anchors[record.fragment]
-    if cfg.alignment is Alignment.CARRY:
+    if _mode(state, record.fragment) is Alignment.CARRY:
         out = state.outgoing.get(record.round)
         if out is not None and _included(state, record):
             return Anchor(version=record.version, step=out.step, tokens=out.tokens)
@@ -1006,12 +1019,13 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
             return _diverged(state, record, cmds)
         if _included(state, record):
             state = attrs.evolve(state, divergences=0)
+        state = _adapt(state, record, cmds)
         if record.version == state.anchors[record.fragment].version:
             # Nothing was committed: the parameters and the anchor's counters stay, so
             # the steps still in the fragment's delta keep counting toward its weight.
             state = _aligned_through(state, round_, cmds)
             continue
-        cfg = state.manifest.config
+        mode = _mode(state, record.fragment)
         state, req = issue(state, Purpose(kind=Ask.ALIGN, round=round_))
         cmds.append(
             Align(
@@ -1020,13 +1034,38 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
                 fragment=record.fragment,
                 version=record.version,
                 theta=record.theta,
-                mode=cfg.alignment,
-                mixing=cfg.mixing if cfg.alignment is Alignment.BLEND else 1.0,
+                mode=mode,
+                mixing=state.manifest.config.mixing if mode is Alignment.BLEND else 1.0,
                 from_snapshot=_included(state, record),
             )
         )
         state = attrs.evolve(state, aligning=round_)
     return state
+
+
+def _mode(state: LearnerState, fragment: int) -> Alignment:
+    """How the next commit of ``fragment`` is folded in: the run's rule, or under
+    ``adaptive`` the fragment's current mode."""
+    rule = state.manifest.config.alignment
+    if rule is not Alignment.ADAPTIVE:
+        return rule
+    return state.modes[fragment] if state.modes else adaptive.INITIAL
+
+
+def _adapt(state: LearnerState, record: RoundRecord, cmds: list[Command]) -> LearnerState:
+    """Under ``adaptive`` alignment, move ``record``'s fragment's mode by its cosine."""
+    cfg = state.manifest.config
+    if cfg.alignment is not Alignment.ADAPTIVE or record.cosine is None:
+        return state
+    was = _mode(state, record.fragment)
+    mode = adaptive.next_mode(was, record.cosine, cfg.carry_above, cfg.overwrite_below)
+    if mode is was:
+        return state
+    modes = list(state.modes or (adaptive.INITIAL,) * cfg.fragments)
+    modes[record.fragment] = mode
+    detail = f"fragment={record.fragment} {mode.value} cosine {record.cosine:.3f}"
+    cmds.append(Notify(kind="alignment_changed", round=record.round, detail=detail))
+    return attrs.evolve(state, modes=tuple(modes))
 
 
 def _can_poll(state: LearnerState) -> bool:

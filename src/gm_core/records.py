@@ -47,6 +47,13 @@ class Alignment(enum.StrEnum):
     OVERWRITE = "overwrite"
     BLEND = "blend"
     CARRY = "carry"
+    ADAPTIVE = "adaptive"
+    """A run's rule only, never a fold: per fragment, carry or overwrite by the mean pairwise
+    cosine the commits record (:mod:`gm_core.adaptive`); a learner's ``Align`` says which."""
+
+
+FOLDS = (Alignment.OVERWRITE, Alignment.BLEND, Alignment.CARRY)
+"""The alignments a commit is folded in by (``Align.mode``); ``adaptive`` picks one of them."""
 
 
 class MergeRule(enum.StrEnum):
@@ -190,6 +197,13 @@ class AlgorithmConfig:
     other live learners' snapshots, whatever the timing estimates say (the reference
     package's ``grace_seconds``); None: the adaptive window of ``grace_gamma``. Added
     after format 1: a manifest without it is adaptive."""
+    carry_above: float = 0.6
+    """Under ``adaptive`` alignment, a fragment carries from a commit whose round's deltas had
+    a mean pairwise cosine of at least this on (:func:`gm_core.adaptive.next_mode`)."""
+    overwrite_below: float = 0.4
+    """Under ``adaptive`` alignment, a fragment overwrites from a commit whose cosine is below
+    this on; in between it keeps its mode. ``-1 <= overwrite_below <= carry_above <= 1``.
+    Both added after format 1, with these defaults as their absent values."""
 
 
 @attrs.frozen(kw_only=True)

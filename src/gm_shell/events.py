@@ -136,6 +136,21 @@ class Aligned(Event):
 
 
 @attrs.frozen(kw_only=True)
+class AlignmentChanged(Event):
+    """Under ``adaptive`` alignment, a fragment changed mode at the commit of ``round``: its
+    recorded cosine crossed a threshold.
+
+    Attributes:
+        fragment: the fragment.
+        mode: ``carry`` or ``overwrite``, what its commits do from this one on.
+    """
+
+    kind: ClassVar[str] = "alignment_changed"
+    fragment: int = 0
+    mode: str = ""
+
+
+@attrs.frozen(kw_only=True)
 class AlignFailed(Event):
     """A commit could not be folded in; the learner re-joins from the newest commit."""
 
@@ -481,6 +496,9 @@ def from_notify(note: Notify, node: str, at_s: float) -> Event:
         return make(Diverged, times=numbers.get("times", 0))
     if note.kind == "aligned":
         return make(Aligned, version=numbers.get("version", 0))
+    if note.kind == "alignment_changed":
+        mode = note.detail.split(" ")[1] if note.detail.count(" ") >= 1 else ""
+        return make(AlignmentChanged, fragment=numbers.get("fragment", 0), mode=mode)
     if note.kind == "took_over":
         return make(TookOver, claim=numbers.get("claim", 0))
     if note.kind == "superseded":

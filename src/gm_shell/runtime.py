@@ -148,6 +148,9 @@ RESTART_LONGEST_S = 60.0
 """The longest delay between restarts (a machine that raises at every start retries so)."""
 
 
+_CARRYING = frozenset({Alignment.CARRY, Alignment.ADAPTIVE})
+"""Rules under which a commit may be carried: the learner keeps a copy of each snapshot."""
+
 OPTIMISTIC_TRIES = 3
 """Times a learner's feed is computed aside before it is done under the pacer's lock."""
 
@@ -196,7 +199,7 @@ class Runtime:
             else None
         )
         self.pacer = (
-            Pacer(replica, self, keep_copies=manifest.config.alignment is Alignment.CARRY)
+            Pacer(replica, self, keep_copies=manifest.config.alignment in _CARRYING)
             if replica is not None and self.learner is not None
             else None
         )

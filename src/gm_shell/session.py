@@ -145,7 +145,14 @@ class DiLoCo:
             published round whose commit has not arrived (bounds staleness; costs waits).
         alignment: how a learner folds a commit into its model: ``carry`` (the
             default: the commit plus the steps trained since the snapshot), ``overwrite``
-            (the commit replaces the fragment; those steps are dropped) or ``blend``.
+            (the commit replaces the fragment; those steps are dropped), ``blend``, or
+            ``adaptive`` (per fragment: carry while the learners' deltas agree, overwrite
+            while they do not, judged by the mean pairwise cosine every commit records).
+        carry_above: with ``adaptive``, a fragment carries from a commit whose cosine is at
+            least this on (the reference package's ``Adaptive(carry_above=)``).
+        overwrite_below: with ``adaptive``, a fragment overwrites from a commit whose cosine
+            is below this on; in between it keeps what it did, and every fragment starts by
+            carrying. ``-1 <= overwrite_below <= carry_above <= 1``.
         mixing: with ``blend``, the weight of the commit (1.0 behaves as overwrite).
         merge: how a closer combines accepted deltas: ``mean`` (weighted by
             tokens²/steps), ``rda`` (mean norm times mean direction), or, against
@@ -213,6 +220,8 @@ class DiLoCo:
     embedding_pattern: str = EMBEDDING_PATTERN
     grace_gamma: float = 0.5
     grace_seconds: float | None = None
+    carry_above: float = 0.6
+    overwrite_below: float = 0.4
     lease_timeout_s: float = 30.0
     takeover_floor_s: float = 10.0
     unit: Unit = attrs.field(default=Unit.SAMPLES, converter=Unit)

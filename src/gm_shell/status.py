@@ -635,6 +635,8 @@ def format_status(s: RunStatus) -> str:
     out.append(f"run      {s.run_id} (created by {s.created_by})  {s.url}")
     out.append(f"auth     {_auth_line(s)}")
     mixing = f" mixing={c.mixing:g}" if c.alignment is Alignment.BLEND else ""
+    if c.alignment is Alignment.ADAPTIVE:
+        mixing = f" carry_above={c.carry_above:g} overwrite_below={c.overwrite_below:g}"
     overlap = "" if c.overlap_steps is None else f" overlap_steps={c.overlap_steps}"
     out.append(
         f"config   H={c.sync_every} P={c.fragments} quorum={c.quorum} in_flight={c.in_flight}"

@@ -109,7 +109,13 @@ def configs(fragments: st.SearchStrategy[int] = FRAGMENT_COUNTS) -> st.SearchStr
         outlier_norm_factor=st.none() | st.floats(1, 1e6),
         outlier_cosine=st.none() | st.floats(-1, 1),
         grace_seconds=st.none() | st.floats(0, codec.MAX_GRACE_SECONDS),
-    )
+    ).flatmap(_with_thresholds)
+
+
+def _with_thresholds(config: AlgorithmConfig) -> st.SearchStrategy[AlgorithmConfig]:
+    """``config`` with adaptive thresholds in order (``overwrite_below <= carry_above``)."""
+    pair = st.tuples(st.floats(-1, 1), st.floats(-1, 1)).map(sorted)
+    return pair.map(lambda p: attrs.evolve(config, overwrite_below=p[0], carry_above=p[1]))
 
 
 frozen_tensors = st.builds(
@@ -586,6 +592,34 @@ def test_a_manifest_written_before_grace_seconds_is_adaptive(manifest: Manifest)
     got = codec.decode(Manifest, dumps(doc))
     adaptive = attrs.evolve(manifest.config, grace_seconds=None)
     assert got == attrs.evolve(manifest, config=adaptive)
+
+
+@given(manifests())
+def test_a_manifest_written_before_adaptive_alignment_has_its_default_thresholds(
+    manifest: Manifest,
+) -> None:
+    doc = document(manifest)
+    assert isinstance(doc, dict)
+    assert isinstance(doc["config"], dict)
+    doc["config"].pop("carry_above", None)
+    doc["config"].pop("overwrite_below", None)
+    got = codec.decode(Manifest, dumps(doc))
+    defaults = attrs.evolve(manifest.config, carry_above=0.6, overwrite_below=0.4)
+    assert got == attrs.evolve(manifest, config=defaults)
+
+
+@pytest.mark.parametrize(
+    ("carry_above", "overwrite_below"), [(0.3, 0.5), (1.5, 0.4), (0.6, -1.01), (0.2, 0.2000001)]
+)
+def test_adaptive_thresholds_out_of_order_or_range_are_refused(
+    carry_above: float, overwrite_below: float
+) -> None:
+    doc = document(MANIFEST.config)
+    assert isinstance(doc, dict)
+    doc["carry_above"], doc["overwrite_below"] = carry_above, overwrite_below
+    error = refused(AlgorithmConfig, dumps(doc))
+    assert error.path == "carry_above"
+    assert "overwrite_below <= carry_above" in error.reason
 
 
 def written_iff_meaningful(obj: Any, doc: JSON) -> None:

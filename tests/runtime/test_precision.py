@@ -17,7 +17,7 @@ import torch
 from lm_threads import FAST, train_together
 from lm_worker import build
 
-from gm_core.records import Alignment, FragmentPlan, WireFormat
+from gm_core.records import FOLDS, Alignment, FragmentPlan, WireFormat
 from gm_shell import DiLoCo, RunMismatchError, Session, align
 from gm_shell.models import adapt
 from gm_shell.replica import Replica
@@ -37,7 +37,7 @@ def llama(dtype: torch.dtype, seed: int = 0) -> Any:
     return build("llama", seed=seed).to(dtype)
 
 
-@pytest.mark.parametrize("mode", list(Alignment))
+@pytest.mark.parametrize("mode", FOLDS)
 def test_a_bf16_learner_that_trained_no_step_has_an_exactly_zero_delta(mode: Alignment) -> None:
     model = llama(torch.bfloat16)
     adapter = adapt(model)

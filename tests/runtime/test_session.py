@@ -136,6 +136,18 @@ def test_alignment_modes_wire_formats_and_overlap_train(over: dict[str, Any]) ->
         assert np.mean(r["losses"][-10:]) < 0.5 * np.mean(r["losses"][:10])
 
 
+def test_adaptive_alignment_overwrites_where_learners_disagree() -> None:
+    """Both thresholds at 1: no two learners' deltas are parallel, so every fragment turns to
+    overwrite at its first commit of both (quorum 2) and says so; training goes on."""
+    algo = algorithm(alignment="adaptive", carry_above=1.0, overwrite_below=1.0)
+    results = run_nodes(fresh_url(), algo, steps=80)
+    for r in results:
+        changed = [e for e in r["events"] if isinstance(e, events.AlignmentChanged)]
+        assert {(e.fragment, e.mode) for e in changed} == {(0, "overwrite"), (1, "overwrite")}
+        assert len(changed) == 2  # once per fragment: no commit's cosine reaches 1
+        assert np.mean(r["losses"][-10:]) < 0.5 * np.mean(r["losses"][:10])
+
+
 def test_a_node_with_another_config_or_model_is_refused_by_name() -> None:
     url = fresh_url()
     model, _ = torch_model(0)

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from gm_core import cluster, plan
 from gm_core.commands import Align, Merge
-from gm_core.numerics import Contributions, Layout, align, merge_step
+from gm_core.numerics import Contributions, Layout, align, mean_pairwise_cosine, merge_step
 from gm_core.records import AlgorithmConfig, Alignment, TensorSpec
 from gm_core.sim.scenario import ModelKind, TrainingSpec
 
@@ -232,8 +232,10 @@ class Trainer:
             delta[0] = np.nan
         self.tensors[digest] = delta
 
-    def merge(self, cmd: Merge) -> None:
-        """Run the reference merge and outer step; register theta and momentum as written."""
+    def merge(self, cmd: Merge) -> float | None:
+        """Run the reference merge and outer step; register theta and momentum as written.
+
+        Returns the deltas' mean pairwise cosine, which the closer's merge reports."""
         cfg = self.config
         names = tuple(c.learner for c in cmd.contributions)
         finals = tuple(c.final for c in cmd.contributions)
@@ -246,6 +248,7 @@ class Trainer:
         base_m = cmd.base.momentum
         momentum = self.tensors[base_m.digest].copy() if base_m else np.zeros_like(theta)
         deltas = [self.tensors[c.payload.digest] for c in cmd.contributions]
+        cosine = mean_pairwise_cosine(deltas)
         layout = self.problem.shapes.layouts[cmd.fragment]
         merge_step(
             deltas,
@@ -266,6 +269,7 @@ class Trainer:
         if not cmd.final_only:
             key = cluster.digest_of(cluster.payload_bytes("momentum", cmd.round, joined))
             self.tensors[key] = momentum
+        return cosine
 
     def align(self, name: str, cmd: Align) -> None:
         """Fold the committed fragment into the learner's parameters and move its anchor."""

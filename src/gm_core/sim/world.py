@@ -426,7 +426,9 @@ class _World:
             return
         if isinstance(cmd, Merge):
             if all(c.payload.digest in self.trainer.tensors for c in cmd.contributions):
-                self.trainer.merge(cmd)
+                cosine = self.trainer.merge(cmd)
+                if cosine is not None:
+                    self.c = cluster.set_cosine(self.c, cmd.round, cosine)
         elif isinstance(cmd, Align) and self.c.store.get(cmd.theta.key) is not None:
             self.trainer.align(name, cmd)
 
