@@ -148,9 +148,9 @@ def bare_loop(steps: int, step_s: float) -> list[int]:
 REFERENCE_CODE = """
 import json, sys, time
 sys.path.insert(0, {refdir!r})
-from gradientmail import DiLoCo, MemoryAdapter, MemoryMailbox, Session
+from gradientmail import DiLoCo, MemoryMailbox, Session
 from gradientmail.learner import Learner
-from numpy_adapter import NumpyBackend, tensors_of
+from numpy_adapter import ArrayAdapter, NumpyBackend
 from refkit import model_arrays
 enter, leave, due = [], [], set()
 queue_snapshot = Learner._publish
@@ -165,7 +165,7 @@ def step(_batch):
     leave.append(time.perf_counter_ns())
     return 1
 session = Session(
-    MemoryAdapter(tensors_of(model_arrays(8, 4096))),
+    ArrayAdapter(model_arrays(8, 4096)),
     algorithm=DiLoCo(sync_every={sync_every!r}, fragments={fragments!r}),
     mailbox=MemoryMailbox(), node_id="solo", backend=NumpyBackend(), callbacks=(),
     poll_interval={poll_s!r},

@@ -13,11 +13,11 @@ The quantized wire formats (F8_E4M3, F4) raise ``NotImplementedError``; no figur
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
-from gradientmail.adapters import Adapter
-from gradientmail.serialization import TensorBytes
+from gradientmail.adapters import Adapter, MemoryAdapter
+from gradientmail.serialization import DType, Schema, TensorBytes
 
 _LE_F32 = np.dtype("<f4")
 _LE_F16 = np.dtype("<f2")
@@ -97,6 +97,36 @@ class NumpyBackend:
         self, data: TensorBytes, scale: TensorBytes, shape: tuple[int, ...]
     ) -> NumpyValue:
         raise NotImplementedError("numpy adapter: quantized deltas are not benchmarked")
+
+
+class ArrayAdapter(Adapter):
+    """The reference's ``Adapter`` over mutable fp32 arrays: a model whose snapshots copy.
+
+    The reference's own ``MemoryAdapter`` holds immutable bytes, so its ``snapshot`` hands
+    out references and copies nothing, while a learner over a real model copies the
+    fragment at its due step (its torch adapter makes bytes of every tensor, one copy
+    each). This adapter does what that torch adapter does, over numpy: ``snapshot`` copies
+    each array into new bytes, ``apply`` writes the committed bytes into the arrays in
+    place; so a benchmark of due steps has both packages copy the same bytes (gm copies the
+    fragment from its torch model into a buffer).
+    """
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        self._arrays = {name: np.array(array, dtype=np.float32) for name, array in arrays.items()}
+        self._schema = MemoryAdapter(tensors_of(arrays)).schema()
+
+    def schema(self) -> Schema[DType]:
+        return self._schema
+
+    def snapshot(self, names: Iterable[str]) -> Mapping[str, TensorBytes]:
+        arrays = self._arrays
+        return {
+            name: TensorBytes("F32", arrays[name].shape, arrays[name].tobytes()) for name in names
+        }
+
+    def apply(self, tensors: Mapping[str, TensorBytes]) -> None:
+        for name, tensor in tensors.items():
+            np.copyto(self._arrays[name], to_f32(tensor))
 
 
 def tensors_of(arrays: Mapping[str, np.ndarray]) -> dict[str, TensorBytes]:

@@ -175,6 +175,18 @@ def queued_applies(work: list[Work]) -> tuple[int, ...]:
     return ()
 
 
+class Waits(NamedTuple):
+    """How often the training thread waited for the loop (see :attr:`Pacer.waits`)."""
+
+    round_trips: int
+    """Steps reported to the core and waited for (:meth:`Link.report`)."""
+    sleeps: int
+    """Waits on the condition in :meth:`Pacer.serve` for the loop to say more."""
+    contended: int
+    """Times its fast paths (:meth:`Pacer.stepped` without a wait) found the pacer's lock
+    held by the loop, and waited for it."""
+
+
 class Link(Protocol):
     """What the pacer needs from the runtime."""
 
@@ -182,8 +194,10 @@ class Link(Protocol):
         """Feed ``Stepped`` and wait until the core has digested it (a round trip)."""
         ...
 
-    def wake(self) -> None:
-        """Notes are waiting: have the loop feed them soon; never blocks."""
+    @property
+    def wake(self) -> Callable[[], None]:
+        """Notes are waiting: have the loop feed them soon; never blocks (read once: the
+        pacer calls what it returned, one call less on a due step)."""
         ...
 
 
@@ -213,6 +227,11 @@ class Pacer:
         self.version = 0
         """Bumped (under the lock) whenever the training thread changes what a feed reads:
         its notes, its queue, the plan it carried out (see ``Runtime._feed``)."""
+        self.planned = 0
+        """Steps carried out from their plan by :meth:`_go_on` (a stalled step resumed by
+        :meth:`serve` is not counted: it waited)."""
+        self._wake = link.wake
+        self._round_trips = self._sleeps = self._contended = 0
 
     @property
     def lock(self) -> threading.RLock:
@@ -281,6 +300,24 @@ class Pacer:
     def stalled(self) -> bool:
         return self._stalled
 
+    def planned_for(self, step: int) -> bool:
+        """Whether a due ``step`` taken now would be carried out by the plan held (a plan
+        whose commits were folded in at an earlier step waits for the loop to make anew)."""
+        with self._lock:
+            return self._usable_plan(resumes=False, step=step) is not None
+
+    @property
+    def waits(self) -> Waits:
+        """The training thread's waits for the loop so far: a due step that has its plan
+        makes none (what ``tests/runtime/test_due_step.py`` counts; timing is bench's)."""
+        return Waits(self._round_trips, self._sleeps, self._contended)
+
+    def _acquire(self) -> None:
+        """Take the lock on the training thread, counting it if the loop holds it."""
+        if not self._lock.acquire(blocking=False):
+            self._contended += 1
+            self._lock.acquire()
+
     # -- the training thread's side -----------------------------------------------------------
 
     def stepped(self, timeout_s: float, why: Callable[[], str]) -> None:
@@ -290,11 +327,13 @@ class Pacer:
         if not self._go_on():
             self.serve(self.running, timeout_s, why, resume=True)
 
-    def _usable_plan(self, resumes: bool) -> Plan | None:
-        """The plan for this step, if the queue still holds what it was made with (under
-        the lock)."""
+    def _usable_plan(self, resumes: bool, step: int | None = None) -> Plan | None:
+        """The plan for this step (or ``step``), if the queue still holds what it was made
+        with (under the lock)."""
         plan = self._plan
-        if plan is None or plan.step != self.step or plan.resumes != resumes:
+        if plan is None or plan.step != (self.step if step is None else step):
+            return None
+        if plan.resumes != resumes:
             return None
         if plan.applied and queued_applies(self._work) != plan.applied:
             return None  # the queue changed since (a forgotten snapshot): ask the core
@@ -315,25 +354,42 @@ class Pacer:
         self.version += 1
 
     def _go_on(self) -> bool:
-        """Carry out this step's plan and the queued work, unless the loop must answer first."""
-        with self._lock:
-            plan = self._usable_plan(resumes=False)
+        """Carry out this step's plan and the queued work, unless the loop must answer first.
+
+        The common due step — a plan for it and nothing else queued — takes the lock once,
+        copies, leaves its note and signals the loop (:attr:`Link.wake`, which never waits).
+        (:meth:`_acquire` written out: a Python call costs microseconds on a cold due step.)"""
+        lock = self._lock
+        if not lock.acquire(blocking=False):
+            self._contended += 1
+            lock.acquire()
+        try:
             if self._failure is not None or self._stalled:
                 return False
+            plan = self._usable_plan(resumes=False)
             if plan is None and self.step >= self._next_step:
                 return False  # due, and nobody knows what the core will say: ask it
+            work: list[Work] = []
             if plan is not None:
                 assert plan.step == self._next_step, "a plan outlived its pace"
                 self._carry_out(plan)
-                # Commits the plan does not need wait for the next step (see the module doc).
-                work: list[Work] = [w for w in self._work if isinstance(w, CaptureWork)]
-                self._work = [w for w in self._work if not isinstance(w, CaptureWork)]
+                self.planned += 1
+                if self._work:  # commits the plan does not need wait (see the module doc)
+                    work = [w for w in self._work if isinstance(w, CaptureWork)]
+                    self._work = [w for w in self._work if not isinstance(w, CaptureWork)]
             else:
                 work, self._work = self._work, []
             if work:
                 self.version += 1
             self._refresh()
-        self._perform(work)
+            signal = not work and bool(self._notes) and not self._signalled
+            self._signalled = self._signalled or signal
+        finally:
+            lock.release()
+        if work:
+            self._perform(work)
+        elif signal:
+            self._wake()
         return True
 
     def serve(
@@ -360,6 +416,7 @@ class Pacer:
                 self.waiting()
             due = report or self.step >= self._next_step
             if due and (self.step, self.tokens) != self._reported:
+                self._round_trips += 1
                 self._link.report(self.step, self.tokens)
                 self._reported = (self.step, self.tokens)
             with self._cond:
@@ -382,6 +439,7 @@ class Pacer:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise StalledError(why())
+                    self._sleeps += 1
                     self._cond.wait(min(remaining, 1.0))
                     continue
             self._perform(work)
@@ -405,14 +463,17 @@ class Pacer:
                 notes.append(CaptureNote(req=item.req, taken=taken))
         for item in self._fold_in(work):
             notes.append(AppliedNote(req=item.req, step=self.step, tokens=self.tokens))
-        with self._lock:
+        self._acquire()
+        try:
             if notes:
                 self._notes.extend(notes)
                 self.version += 1
             signal = bool(self._notes) and not self._signalled
             self._signalled = self._signalled or signal
+        finally:
+            self._lock.release()
         if signal:
-            self._link.wake()
+            self._wake()
 
     def _fold_in(self, work: list[Work]) -> list[ApplyWork]:
         """Apply the commits in ``work``, in order (forgotten snapshots first); the ones applied."""

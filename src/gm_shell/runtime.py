@@ -198,6 +198,7 @@ class Runtime:
             if closer_options
             else None
         )
+        self._loop = loop  # before the pacer, which reads wake
         self.pacer = (
             Pacer(replica, self, keep_copies=manifest.config.alignment in _CARRYING)
             if replica is not None and self.learner is not None
@@ -225,7 +226,6 @@ class Runtime:
         self._mailbox = mailbox
         self._codec = codec
         self._hub = hub
-        self._loop = loop
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"gm-compute-{node}")
         self._timers: dict[Machine, asyncio.TimerHandle] = {}
         self._epochs = dict.fromkeys(Machine, 0)
@@ -282,8 +282,9 @@ class Runtime:
             lambda: self._feed(Machine.LEARNER, Stepped(now_s=now(), step=step, tokens=tokens))
         )
 
-    def wake(self) -> None:
-        self._loop.post(self._drain)
+    @property
+    def wake(self) -> Callable[[], None]:
+        return self._loop.poster(self._drain)
 
     def amend_learner(self, change: Callable[[learner.LearnerState], learner.LearnerState]) -> None:
         """Replace the learner's state by ``change(state)`` between two transitions, and wait.

@@ -201,6 +201,51 @@ def check_rounds_against_their_due_steps(pause_s: float) -> int:
     return redone
 
 
+def test_a_due_step_whose_plan_is_made_waits_for_nothing_on_the_loop() -> None:
+    """The common due step — the loop has planned it — neither reports to the core and
+    waits for its answer, nor sleeps until the loop says more, nor finds the pacer's lock
+    held: it copies, leaves its note and signals the loop (the counts of
+    :attr:`Pacer.waits`; how long it takes is bench_step's). Before each due step the test
+    waits, outside ``step()``, until the loop has planned it: a stall of the ``in_flight``
+    bound, a pace that arrives late, or a plan to fold in a commit that an earlier step
+    folded in already, are not this step's business. Every round's
+    snapshot reaches the bucket and commits, so the notes left were fed."""
+    mailbox = Mailbox.open(f"memory://due-{uuid.uuid4().hex[:10]}/run")
+    model, train_step = torch_model(seed=13)
+    algorithm = DiLoCo(sync_every=4, fragments=2, in_flight=2)
+    rng = np.random.default_rng(5)
+    due_steps = {schedule.step_of(r, 4, 2) for r in range(40)}
+    checked = 0
+    with Session(model, algorithm=algorithm, mailbox=mailbox, node="solo", options=OPTIONS) as s:
+        pacer = s._pacer
+        assert pacer is not None
+        for step in range(1, 81):
+            x = rng.normal(size=(16, IN)).astype(np.float32)
+            train_step(x, x @ TEACHER)
+            if step in due_steps:
+                deadline = time.monotonic() + 30.0
+                while not pacer.planned_for(step) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                assert pacer.planned_for(step), f"the loop never planned due step {step}"
+                waits, planned = pacer.waits, pacer.planned
+                s.step(samples=16)
+                assert pacer.planned == planned + 1, f"step {step} was not carried out by plan"
+                assert pacer.waits == waits, f"due step {step} waited: {waits} -> {pacer.waits}"
+                checked += 1
+            else:
+                s.step(samples=16)
+        rounds = s.round
+    published = LoopThread("due-step-test")
+    try:
+        for round_ in range(rounds + 1):
+            assert published.run(mailbox.get(keys.round_record(round_))) is not None
+    finally:
+        published.stop()
+        mailbox.close()
+    assert checked == 40
+    assert rounds >= 30, f"only {rounds + 1} rounds were folded in: the notes were not fed"
+
+
 def test_the_direct_copy_follows_a_parameter_whose_storage_was_replaced() -> None:
     model = torch.nn.Linear(3, 2)
     access = adapt(model).fragment(["weight", "bias"])
@@ -227,8 +272,8 @@ def test_posts_reach_the_loop_in_order_and_stop_ends_the_forwarder() -> None:
     seen: list[int] = []
     done = threading.Event()
     for i in range(200):
-        loop.post(lambda i=i: seen.append(i))  # type: ignore[misc]
-    loop.post(done.set)
+        loop.poster(lambda i=i: seen.append(i))()  # type: ignore[misc]
+    loop.poster(done.set)()
     assert done.wait(10)
     assert seen == list(range(200))
     before = {t.name for t in threading.enumerate()}
