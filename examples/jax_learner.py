@@ -111,7 +111,7 @@ def main() -> None:
                 x = rng.normal(size=(BATCH, FEATURES)).astype("f4")
                 loss = train_step(model, optimizer, x, x @ w)
                 session.step(samples=BATCH)
-                if step % 200 == 0:
+                if step % 200 == 0 or step == args.steps - 1:  # and the last step's loss
                     where = f"(round {session.round})"
                     print(f"{session.node} step {step}: loss {float(loss):.4f} {where}")
     checkpoint = session.checkpoint

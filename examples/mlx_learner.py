@@ -86,7 +86,7 @@ def main() -> None:
                 optimizer.update(model, grads)
                 mx.eval(model.parameters(), optimizer.state)
                 session.step(samples=BATCH)
-                if step % 200 == 0:
+                if step % 200 == 0 or step == args.steps - 1:  # and the last step's loss
                     where = f"(round {session.round})"
                     print(f"{session.node} step {step}: loss {loss.item():.4f} {where}")
     checkpoint = session.checkpoint

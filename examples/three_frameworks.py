@@ -37,12 +37,19 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=600, help="steps of every learner")
     parser.add_argument("--sync-every", type=int, default=40, help="H: steps per cycle")
     parser.add_argument("--seed", type=int, default=0, help="learner i gets seed + i")
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the figures as one JSON line (with each learner's printed losses and "
+        "the round each framework's model was aligned to)",
+    )
     return parser.parse_args()
 
 
-def train(frameworks: list[str], url: str, steps: int, sync_every: int, seed: int) -> list[str]:
-    """Every learner's output, once all have exited (status 0, else SystemExit)."""
+def train(
+    frameworks: list[str], url: str, steps: int, sync_every: int, seed: int
+) -> dict[str, str]:
+    """Every learner's output by node id, once all have exited (status 0, else SystemExit)."""
     nodes = {}
     for i, framework in enumerate(frameworks):
         argv = [sys.executable, str(HERE / SCRIPTS[framework]), "--mailbox", url]
@@ -56,7 +63,17 @@ def train(frameworks: list[str], url: str, steps: int, sync_every: int, seed: in
     for name, node in nodes.items():
         if node.returncode != 0:
             raise SystemExit(f"{name} exited {node.returncode}:\n{outputs[name][-3000:]}")
-    return list(outputs.values())
+    return outputs
+
+
+def losses(node: str, output: str) -> list[float]:
+    """The losses a learner printed (``{node} step {n}: loss {value} ...``), first to last."""
+    prefix = f"{node} step "
+    return [
+        float(line.split(": loss ")[1].split()[0])
+        for line in output.splitlines()
+        if line.startswith(prefix) and ": loss " in line
+    ]
 
 
 def fresh_models(frameworks: set[str]) -> dict[str, tuple[Any, Any]]:
@@ -97,14 +114,16 @@ def main() -> None:
     x = np.random.default_rng(99).normal(size=(1024, 16)).astype("f4")
     y = x @ np.random.default_rng(0).normal(size=(16, 1)).astype("f4")  # the learners' teacher
     figures: dict[str, Any] = {"frameworks": frameworks, "steps": args.steps, "url": url}
+    figures["losses"] = {node: losses(node, out) for node, out in outputs.items()}
+    figures["rounds"] = {}
     for framework, (model, predict) in fresh_models(set(frameworks)).items():
         figures[f"untrained_mse_{framework}"] = float(np.mean((predict(x) - y) ** 2))
-        figures["round"] = gm_shell.align(model, mailbox=url).round
+        figures["round"] = figures["rounds"][framework] = gm_shell.align(model, mailbox=url).round
         figures[f"committed_mse_{framework}"] = float(np.mean((predict(x) - y) ** 2))
     if args.json:
         print(json.dumps(figures))
         return
-    for out in outputs:
+    for out in outputs.values():
         print("\n".join(line for line in out.splitlines() if " step " in line or "final" in line))
     print(f"committed model (round {figures['round']}) on held-out inputs:")
     for framework in sorted(set(frameworks)):

@@ -109,7 +109,7 @@ def train(session: Session, model: Net, optimizer: torch.optim.Optimizer, steps:
         loss.backward()
         optimizer.step()
         session.step(samples=BATCH)
-        if step % 200 == 0:
+        if step % 200 == 0 or step == steps - 1:  # and the last step's loss
             print(f"{session.node} step {step}: loss {loss.item():.4f} (round {session.round})")
 
 

@@ -297,16 +297,24 @@ class Merged:
     outliers: tuple[str, ...]
 
 
-def compute_backend(name: str) -> Backend[Any]:
-    """The merge backend: ``auto`` is torch on the CUDA device where there is one (merges
-    and the outer step where the bytes are cheapest to move), torch on CPU where installed,
-    else numpy. (MPS is not chosen: not measured on a Mac yet.)"""
+def compute_backend(name: str, *, torch_model: bool = True) -> Backend[Any]:
+    """The merge backend. ``auto``: torch on the process's accelerator where it has one
+    (CUDA, else Apple's MPS: merges and the outer step where the bytes are cheapest to
+    move), else torch on CPU, where torch is installed; numpy where it is not, or where
+    the session trains another framework's model (``torch_model`` False: an MLX or a JAX
+    learner would import torch for its merges alone, seconds of CPU and hundreds of MB)."""
     from gm_shell.backends import backend
 
     if name != "auto":
         return backend(name)
+    if not torch_model:
+        return NumpyBackend()
     try:
         import torch
     except ImportError:
         return NumpyBackend()
-    return backend("torch", device="cuda") if torch.cuda.is_available() else backend("torch")
+    if torch.cuda.is_available():
+        return backend("torch", device="cuda")
+    if torch.backends.mps.is_available():
+        return backend("torch", device="mps")
+    return backend("torch")

@@ -115,11 +115,9 @@ def adapt(model: Any, sync: Sync = None) -> ModelAdapter:
     ``nnx.Module`` or a pytree of JAX arrays in a ``gm_shell.JaxParams``."""
     from gm_shell import jax_model  # imports no JAX itself
 
-    kind = type(model).__mro__
-    modules = {cls.__module__.split(".")[0] for cls in kind}
-    if "torch" in modules:
+    if framework(model) == "torch":
         return TorchModel(model, sync)
-    if "mlx" in modules:
+    if framework(model) == "mlx":
         return MlxModel(model, sync)
     if jax_model.is_jax_model(model):
         return jax_model.JaxModel(model, sync)
@@ -128,6 +126,13 @@ def adapt(model: Any, sync: Sync = None) -> ModelAdapter:
         "nnx.Module nor a gm_shell.JaxParams; gm trains the parameters of one of those "
         "(a pytree of JAX arrays is immutable: wrap it in JaxParams)"
     )
+
+
+def framework(model: Any) -> str | None:
+    """``torch`` or ``mlx`` where ``model`` is such a module (by its classes' packages,
+    importing neither), else None."""
+    modules = {cls.__module__.split(".")[0] for cls in type(model).__mro__}
+    return next((name for name in ("torch", "mlx") if name in modules), None)
 
 
 def _split(params: Iterable[tuple[str, bool]], sync: Sync) -> tuple[list[str], list[str]]:

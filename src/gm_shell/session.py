@@ -93,7 +93,7 @@ from gm_shell.group import AUTO
 from gm_shell.group import resolve as resolve_group
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
-from gm_shell.models import ModelAdapter, adapt
+from gm_shell.models import ModelAdapter, adapt, framework
 from gm_shell.pacer import Pacer, StalledError
 from gm_shell.queue import Consumer, SharedQueue, drive, log_rejections
 from gm_shell.ranks import RankHolder
@@ -273,8 +273,9 @@ class SessionOptions:
     stall_timeout_s: float = 600.0
     join_timeout_s: float = 300.0
     compute: str = "auto"
-    """Merge backend: ``auto`` (torch on CUDA if there is one, else torch on CPU if installed,
-    else numpy), ``torch`` (CPU) or ``numpy``."""
+    """Merge backend: ``auto`` (torch on CUDA or MPS if there is one, else torch on CPU if
+    installed, else numpy; numpy for an MLX or JAX model, which never imports torch for its
+    merges), ``torch`` (CPU) or ``numpy``."""
     cache_bytes: int = 1 << 30
     max_sweep_rounds: int = 4
     max_divergences: int = 2
@@ -693,7 +694,12 @@ class Session:
             manifest=manifest,
             mailbox=self._mailbox,
             codec=FragmentCodec(
-                manifest, compute_backend(opts.compute), payload_key(self._run_auth)
+                manifest,
+                compute_backend(
+                    opts.compute,
+                    torch_model=self._model is None or framework(self._model) == "torch",
+                ),
+                payload_key(self._run_auth),
             ),
             run_auth=self._run_auth,
             hub=self._hub,

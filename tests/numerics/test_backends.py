@@ -18,6 +18,7 @@ from gm_core.records import FOLDS, Alignment, MergeRule, WireFormat
 from gm_shell.backends import Backend, NumpyBackend, backend, bits
 from gm_shell.backends.mlx_backend import MlxBackend, MlxBits
 from gm_shell.backends.torch_backend import TorchBackend, TorchBits
+from gm_shell.fragments import compute_backend
 
 PATTERN = "embed"
 REFERENCE = NumpyBackend()
@@ -28,6 +29,8 @@ BACKENDS: dict[str, Backend[Any]] = {
 }
 if torch.cuda.is_available():  # the GPU path, where there is one (bench/device_check.sh)
     BACKENDS["torch-cuda"] = TorchBackend(device="cuda", block=64, codec_block=64)
+if torch.backends.mps.is_available():  # Apple's GPU, where there is one
+    BACKENDS["torch-mps"] = TorchBackend(device="mps", block=64, codec_block=64)
 names = pytest.mark.parametrize("name", sorted(BACKENDS))
 cases = settings(max_examples=25, deadline=None)
 
@@ -42,6 +45,16 @@ def test_factory_and_protocol() -> None:
     assert isinstance(backend("mlx"), MlxBackend)
     with pytest.raises(ValueError, match="unknown backend"):
         backend("jax")
+
+
+def test_auto_is_torch_on_the_accelerator_there_is_and_numpy_for_other_frameworks() -> None:
+    chosen = compute_backend("auto")
+    assert isinstance(chosen, TorchBackend)
+    accelerator = "cuda" if torch.cuda.is_available() else "mps"
+    has_one = torch.cuda.is_available() or torch.backends.mps.is_available()
+    assert chosen.device.type == (accelerator if has_one else "cpu")
+    assert isinstance(compute_backend("auto", torch_model=False), NumpyBackend)
+    assert isinstance(compute_backend("torch", torch_model=False), TorchBackend)  # as asked
 
 
 @names

@@ -2,8 +2,8 @@
 
 Each node runs :func:`runtime_worker.child` in its own OS process, pointed at one
 run URL (a local folder or a bucket on a SeaweedFS server the fixtures started).
-Processes are forked from a fork server that imported torch once: importing it
-costs seconds of CPU per process here, which dominated every scenario; a forked
+Processes are forked from a fork server that imported torch and gm_shell once:
+importing them costs seconds of CPU per process here, which dominated every scenario; a forked
 child is as real a process as any (its own pid, memory, threads and sockets, and
 kill -9 / SIGSTOP act on it alone). The harness only does what an operator
 could: start processes, send them signals, drop a stop file, read their results
@@ -30,7 +30,12 @@ import runtime_worker
 from gm_shell.stores import MailboxOptions
 
 FORKS = multiprocessing.get_context("forkserver")
-FORKS.set_forkserver_preload(["torch", "runtime_worker"])
+# Only installed packages: Python 3.11's fork server imports its preloads on the
+# interpreter's own sys.path (it ignores the parent's), where this folder's modules are not
+# found (a failed preload is skipped in silence: runtime_worker here was, and every child
+# imported gm_shell, 1.5 s of CPU, again). torch._dynamo: the first torch.optim optimizer
+# (and DDP) of a process imports it, 4-6 s of CPU here, which every group rank paid.
+FORKS.set_forkserver_preload(["torch", "torch._dynamo", "gm_shell"])
 
 FAST = {
     "poll_s": 0.1,

@@ -18,29 +18,46 @@ def start(script: str, url: str, node: str, steps: int, *more: str) -> subproces
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.parametrize(
+    "steps",
+    [
+        200,  # the default suite: a short run of the example's code path
+        pytest.param(600, marks=pytest.mark.slow),  # the example's own length
+    ],
+)
 def test_the_three_framework_example_runs_torch_mlx_and_jax_learners_to_one_model(
-    tmp_path: Path,
+    tmp_path: Path, steps: int
 ) -> None:
-    """examples/three_frameworks.py starts the torch, MLX and JAX example learners on one run;
-    the committed model, loaded into each framework, predicts the same and far better."""
+    """examples/three_frameworks.py starts the torch, MLX and JAX example learners on one run:
+    each takes part in its rounds and its loss goes down; the committed model, loaded into a
+    fresh model of each framework, is the same round, predicts the same and far better."""
     url = f"file://{tmp_path / 'bucket'}"
     argv = [sys.executable, str(EXAMPLES / "three_frameworks.py"), "--mailbox", url, "--json"]
-    done = subprocess.run(
-        [*argv, "--steps", "300"], capture_output=True, text=True, timeout=300, check=False
-    )
+    argv += ["--steps", str(steps)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=steps + 240, check=False)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     figures = json.loads(done.stdout.strip().splitlines()[-1])
+    frameworks = ("torch", "mlx", "jax")
     assert figures["round"] > 0
-    mse = [figures[f"committed_mse_{f}"] for f in ("torch", "mlx", "jax")]
+    assert figures["rounds"] == dict.fromkeys(frameworks, figures["round"]), figures
+    mse = [figures[f"committed_mse_{f}"] for f in frameworks]
     assert max(mse) - min(mse) <= 1e-4 * max(mse), figures
-    assert all(figures[f"untrained_mse_{f}"] > 10 * mse[0] for f in ("torch", "mlx", "jax"))
-    manifest = json.loads((tmp_path / "bucket" / "manifest.json").read_text())
+    assert all(figures[f"untrained_mse_{f}"] > 10 * mse[0] for f in frameworks), figures
+    nodes = {"torch-0", "mlx-1", "jax-2"}
+    assert figures["losses"].keys() == nodes
+    for node, losses in figures["losses"].items():  # the first step's and the last step's
+        assert len(losses) >= 2, (node, losses)
+        assert losses[-1] < 0.25 * losses[0], (node, losses)
+    bucket = tmp_path / "bucket"
+    manifest = json.loads((bucket / "manifest.json").read_text())
     assert [t["name"] for t in manifest["schema"]] == [
         "fc1.weight",
         "fc1.bias",
         "fc2.weight",
         "fc2.bias",
     ]
+    records = [json.loads(p.read_text()) for p in sorted((bucket / "rounds").glob("*.json"))]
+    assert {p["learner"] for r in records for p in r["participants"]} == nodes
 
 
 def test_a_torch_example_node_started_again_with_resume_goes_on_from_its_step(

@@ -233,3 +233,30 @@ def test_models_sharded_over_ranks_are_refused_by_name(tmp_path: Path) -> None:
         assert "error" in dtensor, dtensor
         assert "error" in dtensor, dtensor
         assert "is sharded: this process holds" in dtensor["error"]
+
+
+MLX_LEARNER = """
+import sys
+import mlx.nn as nn
+from gm_shell import DiLoCo, Session, SessionOptions
+options = SessionOptions(poll_s=0.05, renew_s=0.5)
+algorithm = DiLoCo(sync_every=4, fragments=1, quorum=1)
+with Session(nn.Linear(4, 2), algorithm=algorithm, mailbox=sys.argv[1], node="m",
+             options=options, run_key=None) as session:
+    for _ in range(12):
+        session.step(samples=1)
+print(session.checkpoint.round, "torch" in sys.modules)
+"""
+
+
+def test_an_mlx_learner_closes_its_rounds_without_importing_torch(tmp_path: Path) -> None:
+    """``compute="auto"`` merges with numpy where the model is not torch's: the MLX node
+    closes rounds (role both) and its process never imports torch."""
+    url = f"file://{tmp_path / 'bucket'}"
+    done = subprocess.run(
+        [sys.executable, "-c", MLX_LEARNER, url], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    last_round, imported_torch = done.stdout.split()
+    assert int(last_round) >= 1
+    assert imported_torch == "False"
