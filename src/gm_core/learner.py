@@ -350,7 +350,8 @@ def _close(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerSta
     if state.phase in (Phase.CLOSING, Phase.CLOSED):
         return state
     if state.phase is not Phase.RUNNING:
-        return attrs.evolve(state, phase=Phase.CLOSING, close_by_s=now_s)
+        # It never held the model: nothing to align (no anchors yet) and nothing to flush.
+        return attrs.evolve(state, phase=Phase.CLOSING, close_by_s=now_s, fetched={})
     state = attrs.evolve(
         state, phase=Phase.CLOSING, close_by_s=now_s + state.options.close_timeout_s
     )

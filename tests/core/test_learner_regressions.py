@@ -132,3 +132,34 @@ def test_a_commit_that_lifts_a_stall_without_a_fetch_publishes_at_the_held_step(
     captures = [x for x in cmds if isinstance(x, Capture)]
     assert [x.round for x in captures] == [held]
     assert state.outgoing[held].step == at == learner.schedule_step(state, held)
+
+
+def test_a_learner_closed_while_booting_with_a_record_fetched_closes() -> None:
+    """Found by the long swarm (seed 100285): a learner asked to close while booting, after
+    its probe brought a record but before it had loaded the model, tried to align that
+    record with anchors it did not have yet, and ``advance`` raised ``IndexError``."""
+    roles = {"n0": frozenset({L, C}), "n1": frozenset({L})}
+    config = AlgorithmConfig(sync_every=4, fragments=2, quorum=1)
+    c = cl.start(cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C), "n0")
+    while not cl.records(c):  # round 0 committed: a booting learner aligns it next
+        if c.inflight:
+            c = cl.deliver(c, 0)
+            continue
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        c = cl.train(c, "n0", 1) if cl.can_train(c, "n0") else c
+        c = cl.tick(c, 0.25)
+    c = cl.start(c, "n1")
+    for _ in range(1000):
+        state = c.nodes["n1"].learner
+        assert state is not None
+        if state.phase is learner.Phase.BOOTING and state.fetched:
+            break
+        mine = [i for i, f in enumerate(c.inflight) if f.node == "n1"]
+        c = cl.deliver(c, mine[0])
+    else:
+        raise AssertionError("n1 never held a record while booting")
+    c = cl.close(c, "n1")
+    state = c.nodes["n1"].learner
+    assert state is not None
+    assert state.phase in (learner.Phase.CLOSING, learner.Phase.CLOSED)
