@@ -33,7 +33,8 @@ also lets arrivals be deleted (its writer deletes the arrivals it listed), so a
 generation leaves one small object behind.
 
 Every key and marker read from the bucket is judged, never trusted: a key under the
-barrier's folder that is not one the builders produce is rejected ``BAD_KEY`` and
+barrier's folder that is not one the builders produce (in an authenticated run: not
+named with the run key, :func:`arrival_key`) is rejected ``BAD_KEY`` and
 ignored; a marker that does not decode, contradicts its key, or names the wrong
 number of parties is rejected by name (``BAD_MARKER``, ``PARTIES_MISMATCH``). A
 garbage marker voids its generation for every party alike (they all move on to the
@@ -49,6 +50,7 @@ from collections.abc import Iterable
 import attrs
 
 from gm_core import keys
+from gm_core.auth import Envelope
 from gm_core.commands import Command, Delete, Get, List, Notify, PutOnce, WakeAt
 from gm_core.events import (
     Event,
@@ -174,6 +176,10 @@ class BarrierSpec:
     timeout_s: float
     poll_s: float
     first: int = 0
+    envelope: Envelope | None = None
+    """The run's envelope: in an authenticated run, arrivals and markers have keyed names
+    (:func:`arrival_key`), so nobody without the run key can arrive or release; None, or
+    an open run's, names them plainly."""
 
     def __attrs_post_init__(self) -> None:
         # Caller misuse raises; bucket contents never reach here.
@@ -287,7 +293,7 @@ def _arrive(state: BarrierState, generation: int) -> Transition:
     if generation >= keys.ROUND_LIMIT:
         # Only a bucket stuffed with generations gets here: give up by timing out now.
         return _finish(state, TimedOut(generation=None, arrived=(), by=state.spec.party))
-    key = keys.barrier_arrival(state.spec.name, generation, state.spec.party)
+    key = arrival_key(state.spec, generation, state.spec.party)
     state = attrs.evolve(state, phase=Phase.ARRIVING, generation=generation, arrived=())
     return _issue(state, PutOnce(req=0, key=key, data=ARRIVAL_BODY))
 
@@ -305,13 +311,13 @@ def _listed(state: BarrierState, event: Listed) -> Transition:
         else:
             state = _reject(state, key, Verdict.BAD_KEY, f"not a key of generation {generation}")
     state = attrs.evolve(state, arrived=tuple(sorted(arrived)))
-    marker_key = keys.barrier_marker(spec.name, generation)
+    key = marker_key(spec, generation)
     if marker:
         return _read_marker(state)
     if is_full(len(arrived), spec.parties):
         data = encode(ReleasedMarker(generation=generation, members=_members(state)))
         state = attrs.evolve(state, phase=Phase.MARKING)
-        return _issue(state, PutOnce(req=0, key=marker_key, data=data))
+        return _issue(state, PutOnce(req=0, key=key, data=data))
     return _wait(attrs.evolve(state, phase=Phase.LISTING), event.now_s)
 
 
@@ -344,9 +350,7 @@ def _put(state: BarrierState, event: PutDone) -> Transition:
         marker = ReleasedMarker(generation=generation, members=_members(state))
         state, cmds = _decide(state, marker, event.now_s)
         # The marker now speaks for the generation: the arrivals it read are no longer needed.
-        arrivals = tuple(
-            keys.barrier_arrival(state.spec.name, generation, p) for p in state.arrived
-        )
+        arrivals = tuple(arrival_key(state.spec, generation, p) for p in state.arrived)
         req = state.next_req
         return attrs.evolve(state, next_req=req + 1), [*cmds, Delete(req=req, keys=arrivals)]
     arrived = state.arrived
@@ -356,7 +360,7 @@ def _put(state: BarrierState, event: PutDone) -> Transition:
 def _got(state: BarrierState, event: GotObject) -> Transition:
     generation = state.generation
     assert generation is not None
-    key = keys.barrier_marker(state.spec.name, generation)
+    key = marker_key(state.spec, generation)
     if event.data is None:  # listed but not readable yet (or deleted by a peer): look again
         if state.phase is Phase.BREAKING:
             return _finish(state, _timed_out(state))
@@ -376,7 +380,7 @@ def _decide(state: BarrierState, marker: Marker, now_s: float) -> Transition:
         return _finish(state, TimedOut(generation=generation, arrived=marker.arrived, by=marker.by))
     if len(marker.members) != spec.parties:
         detail = f"{len(marker.members)} members, this party waits for {spec.parties}"
-        key = keys.barrier_marker(spec.name, generation)
+        key = marker_key(spec, generation)
         state = _reject(state, key, Verdict.PARTIES_MISMATCH, detail)
         return _finish(state, Mismatched(generation=generation, members=marker.members))
     if spec.party in marker.members:
@@ -390,7 +394,7 @@ def _move_on(state: BarrierState, now_s: float) -> Transition:
     assert generation is not None
     if state.phase is Phase.BREAKING or now_s >= state.deadline_s:
         return _finish(state, _timed_out(state))
-    stray = keys.barrier_arrival(state.spec.name, generation, state.spec.party)
+    stray = arrival_key(state.spec, generation, state.spec.party)
     req = state.next_req
     state, cmds = _arrive(attrs.evolve(state, next_req=req + 1), generation + 1)
     return state, [Delete(req=req, keys=(stray,)), *cmds]
@@ -404,13 +408,13 @@ def _break(state: BarrierState) -> Transition:
     arrived = tuple(sorted({*state.arrived, spec.party}))
     data = encode(BrokenMarker(generation=generation, arrived=arrived, by=spec.party))
     state = attrs.evolve(state, phase=Phase.BREAKING, arrived=arrived)
-    return _issue(state, PutOnce(req=0, key=keys.barrier_marker(spec.name, generation), data=data))
+    return _issue(state, PutOnce(req=0, key=marker_key(spec, generation), data=data))
 
 
 def _read_marker(state: BarrierState) -> Transition:
     generation = state.generation
     assert generation is not None
-    key = keys.barrier_marker(state.spec.name, generation)
+    key = marker_key(state.spec, generation)
     phase = Phase.BREAKING if state.phase is Phase.BREAKING else Phase.READING
     return _issue(attrs.evolve(state, phase=phase), Get(req=0, key=key))
 
@@ -447,21 +451,42 @@ def _timed_out(state: BarrierState) -> TimedOut:
 
 def _judged(
     state: BarrierState, listed: Iterable[str]
-) -> Iterable[tuple[str, keys.ParsedKey | None]]:
-    """Each listed key with what it parses as (None: not a key the builders produce)."""
-    name = state.spec.name
+) -> Iterable[tuple[str, keys.BarrierArrivalKey | keys.BarrierMarkerKey | None]]:
+    """Each listed key with what it parses as (None: not a key this barrier's parties
+    write — another barrier's, garbage, or in an authenticated run not named with the key)."""
+    spec = state.spec
     for key in listed:
         try:
             parsed: keys.ParsedKey | None = keys.parse(key)
         except (keys.BadKey, TypeError):
             parsed = None
-        if (
-            isinstance(parsed, keys.BarrierArrivalKey | keys.BarrierMarkerKey)
-            and parsed.name == name
-        ):
-            yield key, parsed
+        if isinstance(parsed, keys.BarrierArrivalKey) and parsed.name == spec.name:
+            named = arrival_key(spec, parsed.generation, parsed.party)
+        elif isinstance(parsed, keys.BarrierMarkerKey) and parsed.name == spec.name:
+            named = marker_key(spec, parsed.generation)
         else:
             yield key, None
+            continue
+        yield key, (parsed if key == named else None)
+
+
+def arrival_key(spec: BarrierSpec, generation: int, party: str) -> str:
+    """Where ``party`` arrives at ``generation``: a keyed name in an authenticated run."""
+    tag = _tag(spec, "barrier-arrival", f"{spec.name}/{generation}/{party}")
+    return keys.barrier_arrival(spec.name, generation, party, tag)
+
+
+def marker_key(spec: BarrierSpec, generation: int) -> str:
+    """Where ``generation``'s verdict is written: a keyed name in an authenticated run."""
+    tag = _tag(spec, "barrier-marker", f"{spec.name}/{generation}")
+    return keys.barrier_marker(spec.name, generation, tag)
+
+
+def _tag(spec: BarrierSpec, kind: str, subject: str) -> str | None:
+    envelope = spec.envelope
+    return (
+        None if envelope is None or envelope.auth is None else envelope.slot_name(kind, subject, 0)
+    )
 
 
 def _reject(state: BarrierState, key: str, verdict: Verdict, detail: str) -> BarrierState:

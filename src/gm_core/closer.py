@@ -55,6 +55,7 @@ from gm_core import (
     retention,
     schedule,
     timing,
+    tip,
     verdicts,
 )
 from gm_core.auth import Envelope, RunAuth, Unauthenticated
@@ -111,9 +112,11 @@ from gm_core.tape import (
     parse_head,
     parse_record,
     record_key,
+    rejected,
     skip,
     slot_of,
 )
+from gm_core.tip import TipCheck
 
 NEVER = float("inf")
 TICK_S = 1e-3
@@ -216,6 +219,8 @@ class CloserState:
     last: RoundRecord | None = None
     round: int = 0
     probe_round: int = -1
+    tip: TipCheck = attrs.field(factory=TipCheck)
+    """Booting: the tip found is adopted once it chains to the round before (§16.5.2)."""
     record_slots: SlotCursor = attrs.field(factory=SlotCursor)
     """The slot of a round's record key to read or write next (spec/protocol.md §16.4)."""
     claims: Mapping[int, str] = attrs.field(factory=dict)
@@ -413,17 +418,32 @@ def _tape_outcome(
     if purpose.name == "head":
         return attrs.evolve(state, probe_round=max(parse_head(state.envelope, event.data), 0))
     if event.data is None:
-        if state.last is None and state.probe_round > 0:
-            return attrs.evolve(state, probe_round=0)  # the hint led the tape: start over
-        return _enter(state, event.now_s, cmds)
+        return _past_tip(state, purpose.round, event.now_s, cmds)
     parsed = _parse(state, purpose, event.data)
     if isinstance(parsed, BadRecord):
         state = _skip(state, parsed, event.now_s, cmds)
-        if parsed.newer or state.phase is Phase.BLOCKED:
+        if parsed.stops or state.phase is Phase.BLOCKED:
             poll_at_s = event.now_s + state.options.poll_s
             return attrs.evolve(state, phase=Phase.BOOTING, poll_at_s=poll_at_s)
         return state
-    return attrs.evolve(state, last=parsed, probe_round=parsed.round + 1)
+    check, parsed = tip.taken(state.tip, state.manifest, state.last, parsed)
+    return attrs.evolve(state, last=parsed, tip=check, probe_round=parsed.round + 1)
+
+
+def _past_tip(state: CloserState, round_: int, now_s: float, cmds: list[Command]) -> CloserState:
+    """Booting, round ``round_`` holds no record: take part after the newest one, once it
+    is known to chain to the round before (:mod:`gm_core.tip`), else step back and check it."""
+    newest = state.last
+    check = None if newest is None else tip.step_back(state.tip, newest)
+    if newest is not None and check is not None:
+        return attrs.evolve(state, tip=check, last=None, probe_round=newest.round - 1)
+    refused = tip.orphan(state.tip, round_)
+    if refused is not None:
+        cmds.append(Notify(kind="record_rejected", round=refused[0], detail=refused[1]))
+    state = attrs.evolve(state, tip=TipCheck())
+    if state.last is None and state.probe_round > 0:
+        return attrs.evolve(state, probe_round=0)  # the hint led the tape: start over
+    return _enter(state, now_s, cmds)
 
 
 def _parse(state: CloserState, purpose: Purpose[Ask], data: bytes) -> RoundRecord | BadRecord:
@@ -436,13 +456,13 @@ def _parse(state: CloserState, purpose: Purpose[Ask], data: bytes) -> RoundRecor
 def _skip(state: CloserState, bad: BadRecord, now_s: float, cmds: list[Command]) -> CloserState:
     """``bad`` lies at a slot of a record key: go on at the slot above it, now.
 
-    Blocked instead when it is a newer format's record (skipping it would fork the tape
-    from the newer nodes') or when every slot holds an invalid object.
+    Blocked instead when it is a newer format's record or one side of a fork (skipping
+    it would split the tape between readers) or when every slot holds an invalid object.
     """
     if state.phase is not Phase.BLOCKED:
         detail = f"slot {bad.slot}: {bad.reason}"
-        cmds.append(Notify(kind="record_rejected", round=bad.round, detail=detail))
-    if bad.newer:
+        cmds.append(Notify(kind=rejected(bad), round=bad.round, detail=detail))
+    if bad.stops:
         return _blocked(state, bad, now_s, cmds)
     cursor = skip(state.record_slots, bad)
     if exhausted(cursor, bad.round):

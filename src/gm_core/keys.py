@@ -70,6 +70,7 @@ RESUME_NAME = "resume.bin"
 BARRIERS_PREFIX = "barriers/"
 BARRIER_PARTIES = "parties"
 BARRIER_MARKER = "released.json"
+_BARRIER_MARKER_DIR = "released"  # a keyed marker: released/{tag}.json
 QUEUE_PREFIX = "queue/"
 QUEUE_UNITS = "units"
 QUEUE_CLAIMS = "claims"
@@ -191,19 +192,23 @@ class ResumeKey:
 
 @attrs.frozen
 class BarrierArrivalKey:
-    """``barriers/{name}/{generation}/parties/{party}.json``."""
+    """``barriers/{name}/{generation}/parties/{party}.json``, or ``.../{party}/{tag}.json``
+    in an authenticated run (a keyed name only the run's nodes can compute)."""
 
     name: str
     generation: int
     party: str
+    tag: str | None = None
 
 
 @attrs.frozen
 class BarrierMarkerKey:
-    """``barriers/{name}/{generation}/released.json``."""
+    """``barriers/{name}/{generation}/released.json``, or ``.../released/{tag}.json`` in an
+    authenticated run."""
 
     name: str
     generation: int
+    tag: str | None = None
 
 
 @attrs.frozen
@@ -388,15 +393,19 @@ def barrier_generation_prefix(name: str, generation: int) -> str:
     return f"{barrier_prefix(name)}{number}/"
 
 
-def barrier_arrival(name: str, generation: int, party: str) -> str:
-    """Key of ``party``'s arrival at ``generation`` of the barrier ``name``."""
-    folder = barrier_generation_prefix(name, generation)
-    return f"{folder}{BARRIER_PARTIES}/{_id(party, 'party')}{_JSON}"
+def barrier_arrival(name: str, generation: int, party: str, tag: str | None = None) -> str:
+    """Key of ``party``'s arrival at ``generation`` of the barrier ``name`` (``tag``: its
+    keyed name in an authenticated run, :meth:`gm_core.auth.Envelope.slot_name`)."""
+    stem = f"{barrier_generation_prefix(name, generation)}{BARRIER_PARTIES}/{_id(party, 'party')}"
+    return f"{stem}{_JSON}" if tag is None else f"{stem}/{_slot_name(tag)}{_JSON}"
 
 
-def barrier_marker(name: str, generation: int) -> str:
+def barrier_marker(name: str, generation: int, tag: str | None = None) -> str:
     """Key of the create-once verdict (released or broken) on ``generation`` of ``name``."""
-    return f"{barrier_generation_prefix(name, generation)}{BARRIER_MARKER}"
+    folder = barrier_generation_prefix(name, generation)
+    if tag is None:
+        return f"{folder}{BARRIER_MARKER}"
+    return f"{folder}{_BARRIER_MARKER_DIR}/{_slot_name(tag)}{_JSON}"
 
 
 def queue_prefix(queue: str) -> str:
@@ -464,10 +473,10 @@ def build(parsed: ParsedKey) -> str:
             return claim(r, attempt)
         case ResumeKey(node=node):
             return resume(node)
-        case BarrierArrivalKey(name=name, generation=generation, party=party):
-            return barrier_arrival(name, generation, party)
-        case BarrierMarkerKey(name=name, generation=generation):
-            return barrier_marker(name, generation)
+        case BarrierArrivalKey(name=name, generation=generation, party=party, tag=tag):
+            return barrier_arrival(name, generation, party, tag)
+        case BarrierMarkerKey(name=name, generation=generation, tag=tag):
+            return barrier_marker(name, generation, tag)
         case QueueUnitsKey(queue=queue):
             return queue_units(queue)
         case QueueClaimKey(queue=queue, unit=unit, attempt=attempt):
@@ -593,18 +602,22 @@ def _parse_round(key: str, stem: str) -> RoundKey:
 
 
 def _parse_barrier(key: str, parts: list[str]) -> BarrierArrivalKey | BarrierMarkerKey:
-    if len(parts) not in (4, 5):
-        raise BadKey(key, f"expected 4 or 5 path segments, got {len(parts)}")
+    if len(parts) not in (4, 5, 6):
+        raise BadKey(key, f"expected 4 to 6 path segments, got {len(parts)}")
     name = _parse_id(key, parts[1], "barrier name")
     generation = _parse_number(key, parts[2], _ROUND_WIDTH, "generation")
-    if len(parts) == 4:
-        if parts[3] != BARRIER_MARKER:
-            raise BadKey(key, f"{parts[3]!r} is not {BARRIER_MARKER!r}")
+    if len(parts) == 4 and parts[3] == BARRIER_MARKER:
         return BarrierMarkerKey(name, generation)
-    if parts[3] != BARRIER_PARTIES:
-        raise BadKey(key, f"{parts[3]!r} is not {BARRIER_PARTIES!r}")
-    party = _parse_id(key, _strip(key, parts[4], _JSON), "party")
-    return BarrierArrivalKey(name, generation, party)
+    if len(parts) == 5 and parts[3] == _BARRIER_MARKER_DIR:
+        return BarrierMarkerKey(name, generation, _parse_slot(key, _strip(key, parts[4], _JSON)))
+    if len(parts) == 4 or parts[3] != BARRIER_PARTIES:
+        raise BadKey(key, f"{parts[3]!r} is not {BARRIER_PARTIES!r} or a marker")
+    if len(parts) == 5:
+        return BarrierArrivalKey(
+            name, generation, _parse_id(key, _strip(key, parts[4], _JSON), "party")
+        )
+    tag = _parse_slot(key, _strip(key, parts[5], _JSON))
+    return BarrierArrivalKey(name, generation, _parse_id(key, parts[4], "party"), tag)
 
 
 def _parse_queue(key: str, parts: list[str]) -> QueueUnitsKey | QueueClaimKey | QueueDoneKey:

@@ -58,6 +58,7 @@ from gm_core import (
     schedule,
     slots,
     timing,
+    tip,
 )
 from gm_core.auth import Envelope, RunAuth
 from gm_core.commands import (
@@ -106,9 +107,11 @@ from gm_core.tape import (
     parse_head,
     parse_record,
     record_key,
+    rejected,
     skip,
     slot_of,
 )
+from gm_core.tip import TipCheck
 
 NEVER = float("inf")
 MAX_PUBLISH_ATTEMPTS = 3
@@ -224,6 +227,8 @@ class LearnerState:
     fetched: Mapping[int, RoundRecord] = attrs.field(factory=dict)
     held: RoundRecord | None = None
     """The newest record adopted: in a chained run, the next one must name it (§16.5)."""
+    tip: TipCheck = attrs.field(factory=TipCheck)
+    """Joining: the tip found is adopted once it chains to the round before (§16.5.2)."""
     outgoing: Mapping[int, Outgoing] = attrs.field(factory=dict)
     retries: Mapping[int, Retry] = attrs.field(factory=dict)
     flushes: frozenset[int] = frozenset()
@@ -426,7 +431,7 @@ def _record_outcome(
         return attrs.evolve(state, probing=False, probe_at_s=now_s, seen_round=hint - 1)
     if event.data is None:
         if state.phase is Phase.BOOTING:
-            return _begin_loading(state, cmds)
+            return _past_tip(state, purpose.round, now_s, cmds)
         records = cadence.missed(state.records)
         idle_until_s = cadence.next_look_s(
             records, now_s, poll_s, longest_s=state.manifest.config.lease_timeout_s
@@ -437,6 +442,7 @@ def _record_outcome(
     parsed = parse_record(state.envelope, event.data, purpose.round, config, slot, prev)
     if isinstance(parsed, BadRecord):
         return _bad_record(state, parsed, now_s, cmds)
+    check, parsed = tip.taken(state.tip, state.manifest, state.held, parsed)
     # Booting only needs the newest record: keep memory bounded while probing forward.
     fetched = {} if state.phase is Phase.BOOTING else dict(state.fetched)
     fetched[parsed.round] = parsed
@@ -446,6 +452,7 @@ def _record_outcome(
         state,
         fetched=fetched,
         held=parsed,
+        tip=check,
         seen_round=parsed.round,
         probing=False,
         probe_at_s=now_s,
@@ -462,15 +469,15 @@ def _bad_record(
 ) -> LearnerState:
     """An invalid object at a slot of the next record's key: read the slot above it now.
 
-    A newer format's record stops the probe (skipping it would fork the tape from the
-    newer nodes'); a key whose every slot is invalid is reported once and read again
-    from slot 0 every lease timeout (only an operator can clear it).
+    A newer format's record, or one side of a fork, stops the probe (skipping it would
+    split the tape between readers); a key whose every slot is invalid is reported once
+    and read again from slot 0 every lease timeout (only an operator can clear it).
     """
     if bad.round != state.exhausted_round:  # a key already reported exhausted: quietly
         detail = f"slot {bad.slot}: {bad.reason}"
-        cmds.append(Notify(kind="record_rejected", round=bad.round, detail=detail))
+        cmds.append(Notify(kind=rejected(bad), round=bad.round, detail=detail))
     poll_later = attrs.evolve(state, probing=False, probe_at_s=now_s + state.options.poll_s)
-    if bad.newer:
+    if bad.stops:
         return poll_later
     cursor = skip(state.record_slots, bad)
     if exhausted(cursor, bad.round):
@@ -486,6 +493,27 @@ def _bad_record(
             exhausted_round=bad.round,
         )
     return attrs.evolve(state, probing=False, probe_at_s=now_s, record_slots=cursor)
+
+
+def _past_tip(state: LearnerState, round_: int, now_s: float, cmds: list[Command]) -> LearnerState:
+    """Booting, round ``round_`` holds no record: load the newest one, once it is known to
+    chain to the round before (:mod:`gm_core.tip`), else step back and check it."""
+    newest = state.fetched.get(state.seen_round)
+    check = None if newest is None else tip.step_back(state.tip, newest)
+    if newest is not None and check is not None:
+        return attrs.evolve(
+            state,
+            tip=check,
+            held=None,
+            fetched={},
+            seen_round=newest.round - 2,
+            probing=False,
+            probe_at_s=now_s,
+        )
+    refused = tip.orphan(state.tip, round_)
+    if refused is not None:
+        cmds.append(Notify(kind="record_rejected", round=refused[0], detail=refused[1]))
+    return _begin_loading(attrs.evolve(state, tip=TipCheck()), cmds)
 
 
 def _catch_up(state: LearnerState, record: RoundRecord) -> LearnerState:

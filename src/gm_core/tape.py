@@ -83,6 +83,15 @@ class BadRecord:
     slot: int = 0
     newer: bool = False
     """A newer format's record: it stops the probe instead of being skipped."""
+    fork: bool = False
+    """An authenticated record that does not chain to the one the node holds: a key
+    holder's misbehaviour or an overwrite (§16.5.3); it stops the probe too."""
+
+    @property
+    def stops(self) -> bool:
+        """Whether the probe stops here instead of skipping to the slot above: skipping a
+        newer writer's record or one side of a fork would split the tape between readers."""
+        return self.newer or self.fork
 
 
 @attrs.frozen
@@ -111,10 +120,16 @@ def exhausted(cursor: SlotCursor, round_: int) -> bool:
 def after(cursor: SlotCursor, parsed: RoundRecord | BadRecord) -> SlotCursor | None:
     """Where a probe of ``parsed``'s round reads next; None when ``parsed`` ends it (it is
     the round's record, a newer format's, or the last slot's invalid object)."""
-    if isinstance(parsed, RoundRecord) or parsed.newer:
+    if isinstance(parsed, RoundRecord) or parsed.stops:
         return None
     cursor = skip(cursor, parsed)
     return None if exhausted(cursor, parsed.round) else cursor
+
+
+def rejected(bad: BadRecord) -> str:
+    """The notice a node gives for ``bad``: ``fork`` (an authenticated record that does not
+    chain: operator action) or ``record_rejected``."""
+    return "fork" if bad.fork else "record_rejected"
 
 
 def record_key(envelope: Envelope, round_: int, slot: int) -> str:
@@ -167,6 +182,10 @@ def parse_record(
     reason = implausible(record, config)
     if reason is None and prev is not None and record.prev != prev:
         named = "nothing" if record.prev is None else record.prev[:16]
+        if envelope.auth is not None:  # only a key holder could write it
+            return bad(
+                reason=f"fork: it names {named} as its predecessor, not {prev[:16]}", fork=True
+            )
         reason = f"does not chain: it names {named} as its predecessor, not {prev[:16]}"
     return record if reason is None else bad(reason=reason)
 

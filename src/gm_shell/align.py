@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 Reading a run needs no lease and writes nothing: the head hint names a recent
 round, round records are probed forward from it one expected key at a time
-until one is missing (a GET that misses is cheap), and the newest record's
+until one is missing (a GET that misses is cheap) — in a chained run the tip is
+adopted only once it chains to the record before it, as a joining node does
+(:mod:`gm_core.tip`: a stray record far ahead is refused) — and the newest record's
 frontier names the committed payload of every fragment (or, for
 ``align(..., round=r)``, round ``r``'s record, read directly). Those ``P`` payloads
 are fetched, checked against their digests, decoded and written into the
@@ -27,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from gm_core import auth, keys
+from gm_core import auth, keys, tip
 from gm_core.auth import Envelope
 from gm_core.manifest import frozen_mismatch, schema_mismatch
 from gm_core.numerics.arrays import F32
@@ -59,29 +61,23 @@ class Checkpoint:
 
 
 async def newest_record(
-    mailbox: Mailbox, envelope: Envelope, config: AlgorithmConfig, known: int = -1
+    mailbox: Mailbox, envelope: Envelope, manifest: Manifest, held: RoundRecord | None = None
 ) -> tuple[RoundRecord | None, str]:
-    """The newest decodable record at or after round ``known`` (or the head hint)."""
-    start = max(parse_head(envelope, await read_json(mailbox, keys.head())), known, 0)
-    newest, stopped = await _walk(mailbox, envelope, config, start)
-    if newest is None and start > 0 and not stopped:
-        # the hint named a round not written
-        newest, stopped = await _walk(mailbox, envelope, config, 0)
-    return newest, stopped
-
-
-async def _walk(
-    mailbox: Mailbox, envelope: Envelope, config: AlgorithmConfig, start: int
-) -> tuple[RoundRecord | None, str]:
-    newest: RoundRecord | None = None
-    round_ = start
-    while True:
-        parsed = (await read_record(mailbox, envelope, config, round_)).record
-        if parsed is None:
-            return newest, ""
-        if isinstance(parsed, BadRecord):
-            return newest, f"round {round_}: {parsed.reason}"
-        newest, round_ = parsed, round_ + 1
+    """The newest record that chains to the tape (:mod:`gm_core.tip`), walking from the head
+    hint, or from ``held`` (a record the caller already adopted) when the hint is not ahead
+    of it; and why the walk stopped early at an unreadable record ("" when it did not)."""
+    hint = parse_head(envelope, await read_json(mailbox, keys.head()))
+    after_held = held is not None and hint <= held.round + 1
+    w = tip.Walk(round=held.round + 1, held=held) if after_held and held else tip.walk(hint)
+    while not w.done:
+        prev = tip.prev(w, manifest)
+        got = (await read_record(mailbox, envelope, manifest.config, w.round, prev)).record
+        if isinstance(got, BadRecord):
+            return w.held, f"round {w.round}: {got.reason}"
+        w = tip.missing(w) if got is None else tip.found(w, manifest, got)
+    for round_, why in w.refused:
+        LOG.warning("record of round %d refused: %s", round_, why)
+    return w.held, ""
 
 
 Fetch = Callable[[int, PayloadRef], Awaitable[F32]]
@@ -132,7 +128,7 @@ def align(
 
         async def read() -> tuple[RoundRecord | None, str, list[F32]]:
             if round is None:
-                record, stopped = await newest_record(box, envelope, manifest.config)
+                record, stopped = await newest_record(box, envelope, manifest)
             else:
                 record = await _record_of(box, mailbox, envelope, manifest.config, round)
                 stopped = ""

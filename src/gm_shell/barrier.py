@@ -38,6 +38,7 @@ import time
 from types import TracebackType
 
 from gm_core import barrier
+from gm_core.auth import Envelope
 from gm_core.commands import Command, Delete, Get, List, Notify, PutOnce, WakeAt
 from gm_core.events import Event, GotObject, Listed, PutDone, RequestFailed, Started, TimerFired
 from gm_shell.loopthread import LoopThread
@@ -184,6 +185,10 @@ class Barrier:
         mailbox_options: how to reach the bucket when ``mailbox`` is a URL.
         loop: the loop thread that drives ``mailbox`` (a session's: see
             :meth:`gm_shell.Session.barrier`); by default the barrier runs one of its own.
+        envelope: the run's envelope (set by :meth:`gm_shell.Session.barrier`): in an
+            authenticated run arrivals and verdicts get names only holders of the run key
+            can compute, so an outsider can neither arrive nor release. Without it the
+            names are plain: in an authenticated run, wait through the session's barrier.
     """
 
     def __init__(
@@ -197,6 +202,7 @@ class Barrier:
         poll_s: float = 1.0,
         mailbox_options: MailboxOptions | None = None,
         loop: LoopThread | None = None,
+        envelope: Envelope | None = None,
     ) -> None:
         # Checked now, so misuse raises here rather than at the first wait.
         barrier.BarrierSpec(
@@ -204,6 +210,7 @@ class Barrier:
         )
         self.name, self.party, self.parties = name, party, parties
         self.timeout_s, self.poll_s = timeout_s, poll_s
+        self._envelope = envelope
         self.generation: int | None = None
         """The generation this object was last released from (None: not yet)."""
         self._own_loop = loop is None
@@ -229,6 +236,7 @@ class Barrier:
             timeout_s=self.timeout_s if timeout_s is None else timeout_s,
             poll_s=self.poll_s,
             first=0 if self.generation is None else self.generation + 1,
+            envelope=self._envelope,
         )
         result = self._loop.run(wait_once(self._mailbox, spec))
         if isinstance(result, barrier.TimedOut):

@@ -249,6 +249,16 @@ class RecordRejected(Event):
 
 
 @attrs.frozen(kw_only=True)
+class Fork(Event):
+    """An authenticated record that does not name the record this node holds as its
+    predecessor: two tapes exist (an overwritten record, or a key holder's misbehaviour).
+    Nodes stop there instead of choosing a side; operator action (spec/protocol.md §16.5.3)."""
+
+    kind: ClassVar[str] = "fork"
+    level: ClassVar[int] = logging.ERROR
+
+
+@attrs.frozen(kw_only=True)
 class SlotsExhausted(Event):
     """Every slot of a round's record key holds an object this node cannot use: the run
     cannot commit that round until an operator removes them (spec/protocol.md §16.4.3)."""
@@ -448,6 +458,7 @@ _PLAIN: dict[str, type[Event]] = {
         PublishFailed,
         AlignFailed,
         RecordRejected,
+        Fork,
         SlotsExhausted,
         SnapshotSlotSkipped,
         SnapshotMalformed,

@@ -880,10 +880,10 @@ class Session:
         assert runtime.learner is not None
         assert self._replica is not None
         mailbox, manifest = self._mailbox, self.manifest
-        known, envelope = runtime.learner.aligned_round, runtime.learner.envelope
+        held, envelope = runtime.learner.held, runtime.learner.envelope
 
         async def read() -> tuple[Any, str, list[Any]]:
-            record, stopped = await newest_record(mailbox, envelope, manifest.config, known)
+            record, stopped = await newest_record(mailbox, envelope, manifest, held)
             return record, stopped, await load_frontier(manifest, record, runtime.commit)
 
         record, stopped, values = self._loop.run(read())
@@ -1077,9 +1077,10 @@ class Session:
 
         It runs on the session's own loop and mailbox (the lease stays renewed while it
         waits) and polls every :attr:`SessionOptions.poll_s`; close it, or the session, when
-        done. Every party passes the same ``name`` and ``parties``.
+        done. Every party passes the same ``name`` and ``parties``. In an authenticated run
+        its objects are named with the run key: only the run's nodes can arrive or release.
         """
-        if self._loop is None or self._mailbox is None:
+        if self._loop is None or self._mailbox is None or self.manifest is None:
             raise RuntimeError("barrier() needs a started session")
         return Barrier(
             name,
@@ -1089,6 +1090,7 @@ class Session:
             timeout_s=timeout_s,
             poll_s=self.options.poll_s,
             loop=self._loop,
+            envelope=for_run(self.manifest.run_id, self._run_auth),
         )
 
     def serve(self, duration_s: float | None = None) -> None:

@@ -42,11 +42,11 @@ from typing import TypeVar
 import attrs
 import cattrs
 
-from gm_core import auth, keys, schedule, timing
+from gm_core import auth, keys, schedule, timing, tip
 from gm_core.auth import Envelope, RunAuth
 from gm_core.completion import Summary, judge_summary
 from gm_core.records import AlgorithmConfig, Alignment, Manifest, Requests, RoundRecord
-from gm_core.tape import BadRecord, parse_head
+from gm_core.tape import BadRecord, expected_prev, parse_head
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.mailbox import Mailbox
 from gm_shell.reads import read_json
@@ -265,25 +265,36 @@ async def _written(
     return None if got.record is None and not got.skipped else got
 
 
+async def _probe(
+    read: Callable[[int], Awaitable[T | None]], seen: dict[int, T], round_: int
+) -> bool:
+    """Whether round ``round_``'s record is written (read once: kept in ``seen``)."""
+    got = seen.get(round_) or await read(round_)
+    if got is not None:
+        seen[round_] = got
+    return got is not None
+
+
 async def tape_length(
-    read: Callable[[int], Awaitable[T | None]], hint: int, seen: dict[int, T]
+    read: Callable[[int], Awaitable[T | None]],
+    hint: int,
+    seen: dict[int, T],
+    below: int = keys.ROUND_LIMIT,
 ) -> int:
     """How many records the tape holds (the newest round plus one); fills ``seen``.
 
     Gallops forward from the hint and bisects, relying on records being a prefix
     of the rounds. ``read`` reads one round's record (None: not written); each one
-    found goes into ``seen`` so the window does not read it again.
+    found goes into ``seen`` so the window does not read it again. Rounds from
+    ``below`` on count as not written (a stray record found there before).
     """
 
-    async def written(round_: int) -> bool:
-        got = await read(round_)
-        if got is not None:
-            seen[round_] = got
-        return got is not None
-
+    written = functools.partial(_probe, read, seen)
     present = -1  # a round known written (-1: none yet)
     absent: int | None = None  # a round known missing
-    if hint >= 0:
+    if hint >= below:
+        absent = below
+    elif hint >= 0:
         if await written(hint):
             present = hint
         else:
@@ -291,8 +302,8 @@ async def tape_length(
     stride = 1
     while absent is None:
         candidate = present + stride
-        if candidate >= keys.ROUND_LIMIT:
-            absent = keys.ROUND_LIMIT
+        if candidate >= below:
+            absent = below
         elif await written(candidate):
             present, stride = candidate, stride * 2
         else:
@@ -399,14 +410,19 @@ def _counts(counter: Counter[str]) -> tuple[Count, ...]:
 async def read_window(
     box: Mailbox,
     envelope: Envelope,
-    config: AlgorithmConfig,
+    manifest: Manifest,
     first: int,
     end: int,
     seen: dict[int, SlotRead],
 ) -> tuple[_Tally, list[Unreadable]]:
-    """Fold records ``first..end-1`` into a tally, in round order; name the unreadable."""
+    """Fold records ``first..end-1`` into a tally, in round order; name the unreadable.
+
+    In a chained run a record that does not name the one before it is what the nodes
+    skipped (spec/protocol.md §16.5): it is named unreadable, and its round read again
+    with the chain checked to find the record the nodes adopted."""
     tally = _Tally()
     unreadable: list[Unreadable] = []
+    config, held = manifest.config, None
     for start in range(first, end, READ_CHUNK):
         rounds = range(start, min(start + READ_CHUNK, end))
         fetched = await asyncio.gather(
@@ -417,6 +433,11 @@ async def read_window(
         )
         for round_, got in zip(rounds, fetched, strict=True):
             seen.pop(round_, None)
+            expected = expected_prev(manifest, held, round_)
+            if isinstance(got.record, RoundRecord) and expected not in (None, got.record.prev):
+                got = await read_record(box, envelope, config, round_, expected)
+                chain = [b for b in got.skipped if b.reason.startswith("does not chain")]
+                unreadable += [Unreadable(round=b.round, reason=b.reason) for b in chain]
             parsed = got.skipped[-1] if got.record is None and got.skipped else got.record
             if parsed is None:
                 # Below the tape's end, so it was written: something deleted it.
@@ -425,6 +446,7 @@ async def read_window(
                 unreadable.append(Unreadable(round=parsed.round, reason=parsed.reason))
             else:
                 tally.add(parsed)
+            held = parsed if isinstance(parsed, RoundRecord) else None
     return tally, unreadable
 
 
@@ -510,11 +532,16 @@ async def gather_status(
     envelope = auth.for_run(manifest.run_id, run_auth)
     hint = parse_head(envelope, await read_json(box, keys.head()))
     seen: dict[int, SlotRead] = {}
-    rounds = await tape_length(
-        functools.partial(_written, box, envelope, manifest.config), hint, seen
-    )
+    written = functools.partial(_written, box, envelope, manifest.config)
+    rounds = await tape_length(written, hint, seen)
+    strays: list[Unreadable] = []
+    # A chained run's tip with no record before it is a stray (gm_core.tip): look below it.
+    while manifest.chained and rounds > 1 and not await _probe(written, seen, rounds - 2):
+        strays.append(Unreadable(round=rounds - 1, reason=tip.STRAY.format(before=rounds - 2)))
+        rounds = await tape_length(written, -1, seen, below=rounds - 1)
     first = 0 if everything else max(rounds - last, 0)
-    tally, unreadable = await read_window(box, envelope, manifest.config, first, rounds, seen)
+    tally, unreadable = await read_window(box, envelope, manifest, first, rounds, seen)
+    unreadable += strays
     newest = tally.newest
     config = manifest.config
     if rounds == 0:

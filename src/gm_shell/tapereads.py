@@ -32,16 +32,17 @@ class SlotRead:
 
 
 async def read_record(
-    box: Mailbox, envelope: Envelope, config: AlgorithmConfig, round_: int
+    box: Mailbox, envelope: Envelope, config: AlgorithmConfig, round_: int, prev: str | None = None
 ) -> SlotRead:
-    """Probe round ``round_``'s record key slot by slot, as the machines do."""
+    """Probe round ``round_``'s record key slot by slot, as the machines do (with ``prev``,
+    a record that does not name it is skipped: :func:`gm_core.tape.expected_prev`)."""
     cursor, skipped = SlotCursor(), list[BadRecord]()
     while True:
         slot = slot_of(cursor, round_)
         data = await read_json(box, record_key(envelope, round_, slot))
         if data is None:
             return SlotRead(None, tuple(skipped))
-        parsed = parse_record(envelope, data, round_, config, slot)
+        parsed = parse_record(envelope, data, round_, config, slot, prev)
         going_on = after(cursor, parsed)
         if going_on is None:
             return SlotRead(parsed, tuple(skipped))

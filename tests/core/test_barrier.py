@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gm_core import barrier, keys
+from gm_core import auth, barrier, keys
+from gm_core.auth import Envelope
 from gm_core.barrier import BarrierSpec, BarrierState, Released, TimedOut, Verdict
 from gm_core.commands import Command, Delete, Get, List, Notify, PutOnce, WakeAt
 from gm_core.events import (
@@ -46,17 +47,21 @@ class World:
     results: list[tuple[str, barrier.Result, frozenset[str]]] = attrs.field(factory=list)
     """Each finished wait, with the keys ever created when it finished."""
     waits_left: dict[str, int] = attrs.field(factory=dict)
+    envelope: Envelope | None = None
 
-    def wait(self, party: str, first: int = 0) -> None:
-        spec = BarrierSpec(
+    def spec(self, party: str, first: int = 0) -> BarrierSpec:
+        return BarrierSpec(
             name=NAME,
             party=party,
             parties=self.parties,
             timeout_s=self.timeout_s,
             poll_s=POLL_S,
             first=first,
+            envelope=self.envelope,
         )
-        self.states[party] = barrier.initial(spec)
+
+    def wait(self, party: str, first: int = 0) -> None:
+        self.states[party] = barrier.initial(self.spec(party, first))
         self.feed(party, Started(now_s=self.now_s))
 
     def feed(self, party: str, event: Event) -> None:
@@ -149,7 +154,7 @@ def check_safety(world: World) -> None:
         assert party in result.members
         assert len(set(result.members)) == world.parties == len(result.members)
         for member in result.members:
-            assert keys.barrier_arrival(NAME, g, member) in created, (member, g)
+            assert barrier.arrival_key(world.spec(member), g, member) in created, (member, g)
         assert members_of.setdefault(g, result.members) == result.members
 
 
@@ -176,10 +181,17 @@ def drive(world: World, data: st.DataObject, steps: int, faults: bool, crashes: 
 PARTIES = st.integers(1, 4)
 
 
+KEYED = auth.for_run("run", auth.derive(bytes(range(32))))
+"""An authenticated run's envelope: arrivals and markers get keyed names."""
+OUTSIDER = auth.for_run("run", auth.derive(bytes(range(1, 33))))
+
+
 @settings(max_examples=150, deadline=None)
-@given(PARTIES, st.data())
-def test_everyone_is_released_together_once_all_arrived(parties: int, data: st.DataObject) -> None:
-    world = World(parties=parties, timeout_s=1e9)
+@given(PARTIES, st.sampled_from([None, KEYED]), st.data())
+def test_everyone_is_released_together_once_all_arrived(
+    parties: int, envelope: Envelope | None, data: st.DataObject
+) -> None:
+    world = World(parties=parties, timeout_s=1e9, envelope=envelope)
     names = [f"p{i}" for i in range(parties)]
     for name in data.draw(st.permutations(names)):
         world.wait(name)
@@ -319,6 +331,31 @@ def test_garbage_in_the_folder_is_rejected_by_name_and_survived(
     rejected = {r.verdict for s in world.states.values() for r in s.rejections}
     if junk:
         assert Verdict.BAD_KEY in rejected
+
+
+@pytest.mark.parametrize("envelope", [None, KEYED], ids=["open", "keyed"])
+def test_an_outsider_arrives_only_in_an_open_run(envelope: Envelope | None) -> None:
+    """Arrivals are judged by their keys alone (nobody reads them). In an open run anyone
+    can write one and count as a party; in an authenticated run an arrival, or a verdict,
+    counts only under the name the run key gives it, so the outsider's plain arrival and
+    one named with another key are rejected by name and the barrier waits for a real party."""
+    world = World(parties=3, timeout_s=30.0, envelope=envelope)
+    plain = keys.barrier_arrival(NAME, 0, "evil")
+    other_key = barrier.arrival_key(
+        attrs.evolve(world.spec("evil2"), envelope=OUTSIDER), 0, "evil2"
+    )
+    for key in (plain, other_key):
+        world.forge(key, barrier.ARRIVAL_BODY)
+    world.wait("p0")
+    world.wait("p1")
+    world.run_fair()
+    results = [world.result_of(p) for p in ("p0", "p1")]
+    if envelope is None:
+        assert results == [Released(generation=0, members=("evil", "p0", "p1"))] * 2
+        return
+    assert all(isinstance(r, TimedOut) and r.arrived == ("p0", "p1") for r in results), results
+    rejected = {r.key for s in world.states.values() for r in s.rejections}
+    assert {plain, other_key} <= rejected
 
 
 @given(st.binary(max_size=200), st.integers(0, 5))

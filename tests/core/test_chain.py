@@ -125,3 +125,31 @@ def test_expected_prev_names_the_held_record_or_nothing(seed: int) -> None:
     spaced = json.dumps(json.loads(codec.encode(first)), indent=2, sort_keys=False)
     assert tape.chain_digest(codec.decode(type(first), spaced.encode())) == second.prev
     assert keys.valid_digest(second.prev or "")
+
+
+def test_an_authenticated_record_that_does_not_chain_is_a_fork_and_stops_the_run() -> None:
+    """§16.5.3: only a key holder can write an authenticated record, so one that does not
+    name the record the nodes hold means two tapes (an overwrite, a member's misbehaviour).
+    Nodes report ``fork`` and stop at that round — nobody writes the slot above (which would
+    make the fork real for readers of the other side) — where in an open run the same
+    record is skipped (the test above)."""
+    run_key = bytes(range(32))
+    c = cl.create(CONFIG, ROLES, learner_options=FAST_L, closer_options=FAST_C, run_key=run_key)
+    for name in sorted(ROLES):
+        c = cl.start(c, name)
+    rng = random.Random(7)
+    c = committing(c, rng)
+    target = cl.records(c)[-1].round + 1
+    forged = forger.forged_record(c)
+    assert forged is not None
+    key, body = forged
+    envelope = auth.for_run(c.manifest.run_id, auth.derive(run_key))
+    c = cl.inject(c, key, envelope.seal(key, body))  # a key holder's record: it opens
+    for _ in range(400):
+        c = random_step(c, rng, sorted(ROLES))
+    assert cl.records(c)[-1].round == target - 1
+    assert c.store.get(tape.record_key(envelope, target, 1)) is None
+    forks = [n for _, n in c.notes if n.kind == "fork"]
+    assert forks
+    assert all(n.round == target and "fork: it names" in n.detail for n in forks)
+    assert not [n for _, n in c.notes if n.kind == "record_rejected" and n.round == target]

@@ -28,9 +28,10 @@ import numpy as np
 import pytest
 from runtime_worker import IN, TEACHER, torch_model
 
-from gm_core import codec, keys, schedule
-from gm_core.records import Head, Reason, Rejection, Requests, RoundRecord
-from gm_shell import DiLoCo, Session, SessionOptions, cli, status
+from gm_core import auth, codec, keys, schedule, tip
+from gm_core import tape as tape_rules
+from gm_core.records import Head, Manifest, Reason, Rejection, Requests, RoundRecord
+from gm_shell import DiLoCo, Session, SessionOptions, align, cli, status
 from gm_shell.accounting import PRICES_R2, PRICES_S3
 from gm_shell.mailbox import Mailbox
 from gm_shell.status import RunStatus, gather_status
@@ -367,6 +368,7 @@ def next_record(previous: RoundRecord, **changes: Any) -> RoundRecord:
         "outer": None,
         "update": None,
         "claim": 0,
+        "prev": None if previous.prev is None else tape_rules.chain_digest(previous),
     }
     return attrs.evolve(previous, **{**fields, **changes})
 
@@ -467,6 +469,59 @@ def test_an_unreadable_record_is_named_and_skipped(
     (folder / "rounds" / f"{middle:012d}.json").unlink()  # a hole below the end
     s = read(folder, last=5)
     assert next((u.round, u.reason) for u in s.unreadable) == (middle, "record is missing")
+
+
+def test_a_record_that_does_not_chain_is_named_and_the_one_the_nodes_adopted_shown(
+    tape: Tape, tmp_path: Path
+) -> None:
+    """A chained run (spec/protocol.md §16.5): a record at a round's slot 0 that does not name
+    the record before it is what the nodes skip; status names it and shows the record the
+    closer wrote at the slot above."""
+    folder = copy_of(tape, tmp_path)
+    records = records_on_disk(folder)
+    newest = records[-1]
+    assert newest.prev == tape_rules.chain_digest(records[-2])  # the run is chained
+    stray = next_record(newest, prev="0" * 64, closer="outsider")
+    append(folder, stray)
+    envelope = auth.for_run(
+        codec.decode(Manifest, (folder / "manifest.json").read_bytes()).run_id, None
+    )
+    real = next_record(newest)
+    write(folder, tape_rules.record_key(envelope, real.round, 1), codec.encode(real))
+
+    s = read(folder, last=3)
+    assert s.rounds == len(records) + 1
+    assert [u.round for u in s.unreadable] == [stray.round]
+    assert s.unreadable[0].reason.startswith("does not chain")
+    assert s.newest is not None
+    assert s.newest.round == stray.round
+    assert s.newest.closer == newest.next_closer
+
+
+def test_align_refuses_a_stray_record_far_ahead_that_the_head_names(
+    tape: Tape, tmp_path: Path
+) -> None:
+    """The issue-12 attack on a reader: a plausible copy of the newest record 40 rounds ahead
+    and a head naming it. ``align()`` loads the real newest commit, not the stray's."""
+    folder = copy_of(tape, tmp_path)
+    records = records_on_disk(folder)
+    newest = records[-1]
+    far = newest.round + 40
+    stray = attrs.evolve(
+        newest, round=far, step=schedule.step_of(far, H, P), fragment=far % P, closer="outsider"
+    )
+    write(folder, keys.round_record(far), codec.encode(stray))
+    write(folder, keys.head(), codec.encode(Head(round=far)))
+    model, _ = torch_model(seed=9)
+    checkpoint = align(model, mailbox=url(folder), run_key=None)
+    assert checkpoint.round == newest.round
+    assert checkpoint.versions == tuple(fs.version for fs in newest.frontier)
+    # gm status: the stray is named, the tape ends at the real newest record.
+    s = read(folder, last=3)
+    assert s.rounds == len(records)
+    assert [(u.round, u.reason) for u in s.unreadable] == [(far, tip.STRAY.format(before=far - 1))]
+    assert s.newest is not None
+    assert s.newest.round == newest.round
 
 
 def test_a_run_with_a_manifest_and_no_rounds_yet(

@@ -1,0 +1,186 @@
+"""A joining node adopts a tip only once it chains to the round before (spec/protocol.md
+§16.5.2, :mod:`gm_core.tip`).
+
+The attack of issue 12: a record far ahead of the tape with a head naming it. A joining
+learner used to load its model and a booting closer to commit a fork on top of it (a
+record with no predecessor). In a chained run both step back one round, find nothing
+there, refuse the stray by name and join the real tape from its start; in a run created
+before the chain the same stray is adopted (the contrast that shows the test can fail).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import attrs
+from fast_cluster import FAST_C, FAST_L, C, L, random_step
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gm_core import auth, codec, keys, schedule, tape, tip
+from gm_core import cluster as cl
+from gm_core.records import AlgorithmConfig, Head, Manifest, RoundRecord
+
+ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "joiner": frozenset({L})}
+CONFIG = AlgorithmConfig(sync_every=4, fragments=2, quorum=1)
+OPEN = auth.for_run("run", None)
+AHEAD = 40
+
+
+def running(chained: bool, seed: int) -> cl.Cluster:
+    """Two nodes that committed a few records; the joiner not started yet."""
+    c = cl.create(CONFIG, ROLES, learner_options=FAST_L, closer_options=FAST_C)
+    if not chained:
+        c = attrs.evolve(c, manifest=attrs.evolve(c.manifest, chained=False))
+    c = cl.start(cl.start(c, "n0"), "n1")
+    rng = random.Random(seed)
+    while len(cl.records(c)) < 3:
+        c = random_step(c, rng, ["n0", "n1"])
+    return c
+
+
+def stray(c: cl.Cluster) -> tuple[cl.Cluster, int]:
+    """A plausible record ``AHEAD`` rounds past the tape, and a head naming it."""
+    newest = cl.records(c)[-1]
+    far = newest.round + AHEAD
+    fragment = schedule.fragment_of(far, CONFIG.fragments)
+    record = attrs.evolve(
+        newest,
+        round=far,
+        step=schedule.step_of(far, CONFIG.sync_every, CONFIG.fragments),
+        fragment=fragment,
+        closer="outsider",
+    )
+    assert tape.implausible(record, CONFIG) is None
+    c = cl.inject(c, tape.record_key(OPEN, far, 0), codec.encode(record))
+    c = cl.tamper(c, keys.head(), OPEN.pack(keys.head(), Head(round=far)))
+    return c, far
+
+
+def joined_rounds(c: cl.Cluster, name: str) -> list[int]:
+    return [n.round for who, n in c.notes if who == name and n.kind == "joined"]
+
+
+def joining(chained: bool) -> tuple[cl.Cluster, int]:
+    """The joiner starts with the stray and its head in the bucket; the other nodes hang
+    (so the head still names the stray when the joiner reads it)."""
+    c, far = stray(running(chained, seed=3))
+    c = cl.start(c, "joiner")
+    for _ in range(60):
+        while ready := [i for i, f in enumerate(c.inflight) if f.node == "joiner"]:
+            c = cl.deliver(c, ready[0])
+        for name, machine in cl.due_timers(c):
+            if name == "joiner":
+                c = cl.fire(c, name, machine)
+        c = cl.tick(c, 0.25)
+    return c, far
+
+
+def test_a_joining_learner_refuses_a_stray_record_far_ahead() -> None:
+    c, far = joining(chained=True)
+    rounds = joined_rounds(c, "joiner")
+    assert rounds == [far - AHEAD]
+    refused = [n.detail for w, n in c.notes if w == "joiner" and n.kind == "record_rejected"]
+    assert any("no record of round" in d for d in refused), refused
+    learner = c.nodes["joiner"].learner
+    assert learner is not None
+    assert learner.held is not None
+    assert learner.held.round < far
+
+
+def restarted_closers(chained: bool) -> tuple[cl.Cluster, int]:
+    """Both closers crash and boot again with the stray and its head in the bucket."""
+    c, far = stray(running(chained, seed=5))
+    for name in ("n0", "n1"):
+        c = cl.start(cl.crash(c, name), name)
+    rng = random.Random(6)
+    for _ in range(600):
+        c = random_step(c, rng, ["n0", "n1"])
+    return c, far
+
+
+def test_booting_closers_refuse_it_and_the_tape_stays_whole() -> None:
+    c, _ = restarted_closers(chained=True)
+    rounds = [r.round for r in cl.records(c) if r.closer != "outsider"]
+    assert rounds == list(range(len(rounds)))
+    assert len(rounds) > 5
+    assert not cl.check(c)
+
+
+def test_without_the_chain_a_booting_closer_forks_on_top_of_the_stray() -> None:
+    c, far = restarted_closers(chained=False)
+    rounds = [r.round for r in cl.records(c)]
+    assert far + 1 in rounds
+    assert any(v.invariant == "contiguous_tape" for v in cl.check(c))
+
+
+def test_without_the_chain_the_joiner_adopts_the_stray() -> None:
+    c, far = joining(chained=False)
+    assert joined_rounds(c, "joiner") == [far]
+
+
+# --- the rule itself, on tapes made of plain values ------------------------------------------
+
+
+@functools.cache
+def real_run() -> tuple[Manifest, RoundRecord]:
+    c = running(chained=True, seed=1)
+    return c.manifest, cl.records(c)[0]
+
+
+def chain(manifest: Manifest, length: int) -> list[RoundRecord]:
+    """``length`` records that chain from the manifest (the walk reads only ``round`` and
+    ``prev``; the rest is a real record's)."""
+    base = real_run()[1]
+    records, prev = [], tape.chain_digest(manifest)
+    for r in range(length):
+        record = attrs.evolve(base, round=r, prev=prev, closer=f"c{r}")
+        records.append(record)
+        prev = tape.chain_digest(record)
+    return records
+
+
+def join(manifest: Manifest, written: dict[int, RoundRecord], hint: int) -> tuple[tip.Walk, int]:
+    """A one-shot reader's walk over ``written`` (a record that does not chain is skipped,
+    the slot above it empty). Returns the walk's end and the GETs it took."""
+    w, gets = tip.walk(hint), 0
+    while not w.done:
+        gets += 1
+        record = written.get(w.round)
+        expected = tip.prev(w, manifest)
+        if record is not None and (expected is None or record.prev == expected):
+            w = tip.found(w, manifest, record)
+        else:
+            gets += record is not None  # the empty slot above a record that does not chain
+            w = tip.missing(w)
+    return w, gets
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    length=st.integers(0, 30),
+    strays=st.dictionaries(st.integers(0, 60), st.booleans(), max_size=6),
+    hint=st.integers(-1, 60),
+)
+def test_a_joiner_adopts_a_tip_that_chains_to_the_tape(
+    length: int, strays: dict[int, bool], hint: int
+) -> None:
+    """Whatever strays lie about (each one names a random predecessor, or the real record
+    before it when it lies right after the tape) and whatever the hint names, the tip
+    adopted is the real tape's, or a stray that extends it by chaining to its tip."""
+    manifest = real_run()[0]
+    real = chain(manifest, length)
+    written = {r.round: r for r in real}
+    shape = chain(manifest, 1)[0]
+    for round_, extends in strays.items():
+        if round_ >= length:
+            named = tape.chain_digest(real[-1] if real else manifest)
+            prev = named if extends and round_ == length else "0" * 64
+            written[round_] = attrs.evolve(shape, round=round_, prev=prev, closer="stray")
+    end, gets = join(manifest, written, hint)
+    extended = strays.get(length, False)
+    assert (end.held.round if end.held else -1) == length - 1 + extended
+    assert gets <= 4 * (len(written) + 3)
+    # A stray the walk met that had no record before it is named (never the real tape's).
+    assert all(written[r].closer == "stray" for r, _ in end.refused)
