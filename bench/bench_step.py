@@ -183,7 +183,9 @@ def reference_loop(
     """The reference's Session.run over the same loop, or why it could not run.
 
     It polls every ``poll_s`` as gm does (its default, 1 s, would let it commit a round
-    only every few seconds, and skip the captures in between). Its due steps are those
+    only every few seconds, and skip the captures in between). Its model is a
+    ``numpy_adapter.ArrayAdapter``, whose snapshots copy the fragment's bytes as its torch
+    adapter does, so both sides copy the same 64 KiB at a due step. Its due steps are those
     at which its learner queued a snapshot (``Learner._publish``
     is wrapped to note the step; the wrapper adds a call to those steps only).
     """

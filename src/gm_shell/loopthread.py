@@ -131,9 +131,11 @@ def _yield_to_everyone() -> None:
     Waking a sleeping thread lets the kernel switch to it at once, away from the waker; the
     waker — the training thread at a due step — then waits for a CPU while it holds the
     GIL, which the woken thread wants first: on 2 loaded cores, a ``put`` that wakes a
-    normal forwarder took 4-12 ms at the p99, one that wakes a ``SCHED_IDLE`` forwarder
-    50 us, and the posts reached the loop as fast (median ~170 us either way; measured in
-    ``bench/README.md``). Linux only; elsewhere the forwarder keeps its priority.
+    normal forwarder took 1.5-12 ms at the p99, one that wakes a ``SCHED_IDLE`` forwarder
+    ~50 us, and the posts reached the loop as soon (median ~170 us either way; see
+    ``bench/README.md``). Linux only; elsewhere the forwarder keeps its priority. (A
+    ``SCHED_IDLE`` thread still runs on a busy machine, with the smallest share: a post it
+    is slow to pass on waits at most until the learner's next feed, which takes the notes.)
     """
     policy = getattr(os, "SCHED_IDLE", None)
     if policy is not None:
