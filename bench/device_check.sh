@@ -9,7 +9,10 @@
 #    a learner's capture and align against the CPU path (bit for bit);
 # 2. merge + outer step GB/s on the device against its copy bandwidth (goal >= 50%);
 # 3. capture and align per fragment on CUDA (staging) against the earlier tensor-by-tensor
-#    copies, with the pinned host copy of the same bytes as the bound.
+#    copies, with the pinned host copy of the same bytes as the bound;
+# 4. the side stream: this tree's staging against 8c5736f's (the transfers on the current
+#    stream), idle and with ~5 ms of matmuls queued before each align (which an align's
+#    transfer on the side stream overlaps; the align's time runs to the device's end).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -18,3 +21,5 @@ export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -m pytest -q -p no:cacheprovider tests/numerics/test_backends.py tests/runtime/test_device_path.py -k "cuda"
 "$PY" -m bench.bench_device --mib 256
 "$PY" -m bench.bench_staging --device cuda --sizes 16,256 --repeat 5
+"$PY" -m bench.bench_staging --device cuda --sizes 16,256 --repeat 5 --stage-before 8c5736f
+"$PY" -m bench.bench_staging --device cuda --sizes 16,256 --repeat 5 --stage-before 8c5736f --busy-ms 5
