@@ -35,6 +35,8 @@ adapter (:class:`GroupModel`), which first tells the group what it does:
   group's timeout: a stalled group waits as long as the session allows, then fails as one.
 - ``DONE`` (the next *check* step, the leader's aligned round, its divergence count and
   rank) or ``FAIL`` (what the leader raised): the end of a check.
+- ``UNIT`` (an index into a :class:`~gm_shell.SharedQueue`'s units, -1 for none left):
+  the unit the group trains next, with :meth:`Session.run` over a queue.
 
 Checks make ``step()`` collective-safe. At a check step the leader does what a single
 learner's ``step()`` does when its barrier is reached (captures, fold-ins, waits, a
@@ -64,12 +66,16 @@ block on the leader, whose session then *leaves* (its lease deleted, as for any
 exception); a follower holds nothing in the bucket. If the leader died, its lease times
 out. On NCCL a dead peer may only be noticed at the group's timeout (set one).
 
-Not supported with a group: ``resume=`` (the optimizer states are the ranks' own), a
-:class:`~gm_shell.SharedQueue` (its units are claimed by nodes), roles other than
-``both``/``learner``. :meth:`Session.run` over each rank's own data works: the leader
-marks the group's data done and looks whether the run is finished while its followers
-wait in ``close()`` (no heartbeat there: at most ``close_timeout_s`` plus two lease
-timeouts, far inside torch's default collective timeouts).
+Not supported with a group: ``resume=`` (the optimizer states are the ranks' own), roles
+other than ``both``/``learner``. :meth:`Session.run` over each rank's own data works: the
+leader marks the group's data done and looks whether the run is finished while its
+followers wait in ``close()`` (no heartbeat there: at most ``close_timeout_s`` plus two
+lease timeouts, far inside torch's default collective timeouts). So does
+:meth:`Session.run` over a :class:`~gm_shell.SharedQueue`: the group is one node of the
+queue; the leader claims each unit and tells its followers (``UNIT``, with heartbeats
+while it waits for one: the units left may be held by live peers for long), and every rank
+trains that unit's batches (``load`` gets the unit's value on every rank: a rank takes its
+own share of it, e.g. by ``dist.get_rank()``, as many batches on every rank).
 """
 
 from __future__ import annotations
@@ -77,8 +83,10 @@ from __future__ import annotations
 import enum
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -105,6 +113,7 @@ HEARTBEAT_S = 1.0
 
 WORD = 5
 """int64 fields of a command: the op and up to four arguments."""
+T = TypeVar("T")
 
 
 class Op(enum.IntEnum):
@@ -115,6 +124,7 @@ class Op(enum.IntEnum):
     DEFINE = 5
     FROZEN = 6
     HEARTBEAT = 7
+    UNIT = 8
 
 
 class GroupLeaderError(RuntimeError):
@@ -190,6 +200,8 @@ class Link:
         self._beat_at = time.monotonic()
         self.broken = False
         """A collective of this link raised: the group is gone, send nothing more."""
+        self.failed = False
+        """The followers were told of the leader's exception (once is all they hear)."""
 
     def send(self, op: Op, *args: int) -> None:
         import torch
@@ -235,10 +247,22 @@ class Link:
 
     def fail(self, error: BaseException) -> None:
         """Tell the followers what the leader raised (nothing if the group is gone)."""
-        if self.broken:
+        if self.broken or self.failed:
             return
+        self.failed = True
         self.send(Op.FAIL)
         self.objects(_failure(error))
+
+    def waiting(self, call: Callable[[], T]) -> T:
+        """``call()`` (on a thread of its own) while the followers hear heartbeats: the
+        leader blocks outside a check (a queue's next unit) and they wait in a collective."""
+        with ThreadPoolExecutor(1, thread_name_prefix="gm-group-wait") as pool:
+            future = pool.submit(call)
+            while True:
+                try:
+                    return future.result(timeout=HEARTBEAT_S)
+                except FutureTimeout:
+                    self.heartbeat()
 
 
 def _failure(error: BaseException) -> tuple[str, str, tuple[Any, ...]]:
@@ -371,6 +395,19 @@ class GroupFragment:
 
     def held(self, flat: F32) -> F32:
         return torch_held(self.layout, self._params, flat)
+
+
+def next_unit(link: Link) -> int:
+    """A follower's wait for the queue unit the leader trains next: its index in the
+    queue's units, -1 once none is left (:meth:`Link.waiting` keeps the wait live)."""
+    while True:
+        op, args = link.receive()
+        if op is Op.UNIT:
+            return args[0]
+        if op is Op.FAIL:
+            raise _rebuild(*link.objects())
+        if op is not Op.HEARTBEAT:
+            raise GroupLeaderError(f"the group's leader sent {op.name} where a unit was due")
 
 
 def follow(link: Link, model: GroupModel) -> Done:

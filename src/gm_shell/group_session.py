@@ -16,7 +16,7 @@ from typing import Any
 
 from gm_shell import group as groups
 from gm_shell.models import ModelAdapter
-from gm_shell.queue import SharedQueue
+from gm_shell.queue import Consumer, SharedQueue
 from gm_shell.session import Role, Session
 
 
@@ -128,19 +128,31 @@ class GroupSession(Session):
         """:meth:`Session.run` on every rank, each over its own data, as many batches on
         every rank (as DDP and FSDP need anyway): the leader marks the group's data done
         (``done/{node}.json``, or its rank's marker) and looks whether the run is finished
-        while its followers wait in :meth:`close`. Not with a :class:`SharedQueue` (its
-        units are claimed by nodes, not by ranks)."""
-        if isinstance(data, SharedQueue):
-            raise ValueError("a group learner trains its ranks' own data, not a SharedQueue")
+        while its followers wait in :meth:`close`. With a :class:`SharedQueue` the group is
+        one node of it: the leader claims each unit and names it to its followers, and
+        every rank trains ``data.load`` of that unit's value."""
         if self.leads:
-            super().run(step, data)
+            try:
+                super().run(step, data)
+            except BaseException as error:
+                self._link.fail(error)  # followers waiting for a unit (once told, a no-op)
+                raise
             return
         try:
-            self._train(step, data)
+            if isinstance(data, SharedQueue):
+                while (index := groups.next_unit(self._link)) >= 0:
+                    self._train(step, data.load(data.values[data.units[index]]))
+            else:
+                self._train(step, data)
         except BaseException:
             self._leave()
             raise
         self.close()
+
+    def _want(self, consumer: Consumer, data: SharedQueue[Any]) -> Any:
+        unit = self._link.waiting(lambda: Session._want(self, consumer, data))
+        self._link.send(groups.Op.UNIT, -1 if unit is None else data.units.index(unit.unit))
+        return unit
 
     @contextlib.contextmanager
     def pause(self) -> Iterator[None]:

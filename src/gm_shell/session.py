@@ -993,7 +993,7 @@ class Session:
         consumer = Consumer(self._mailbox, self._loop, spec)
         try:
             while not self._elected.is_set():
-                unit = consumer.want()
+                unit = self._want(consumer, data)
                 if unit is None:
                     return False
                 steps, counted = self._train(step, data.load(data.values[unit.unit]))
@@ -1005,6 +1005,11 @@ class Session:
             return True
         finally:
             consumer.close()
+
+    def _want(self, consumer: Consumer, data: SharedQueue[Any]) -> Any:
+        """The next unit of ``data`` this node trains (an ``Assignment``), None once every
+        unit is done (a group's leader also tells its ranks)."""
+        return consumer.want()
 
     def _on_event(self, event: events.Event) -> None:
         if isinstance(event, events.Elected):

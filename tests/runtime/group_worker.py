@@ -5,16 +5,19 @@ single-process learner, or the run's dedicated closer. Started by
 ``spec`` (JSON-able): ``kind`` (``ddp``, ``fsdp``, ``single`` or ``closer``), the run
 ``url``, the ``node`` id, ``out`` (a folder of its own), ``algorithm`` and ``options``
 (:class:`DiLoCo` and :class:`SessionOptions` fields), ``steps``; for a group rank also
-``rank``, ``world``, ``pg`` (the file the group meets at) and ``pg_timeout_s``.
+``rank``, ``world``, ``pg`` (the file the group meets at) and ``pg_timeout_s``; optional:
+``queue`` (``units`` and ``batches`` per unit: :meth:`Session.run` over a SharedQueue of
+units ``u0``, ``u1``... instead of ``steps``), ``use_run`` (:meth:`Session.run` over
+``steps`` batches) and ``step_sleep_s``.
 
-Every rank appends one line per step it finished to ``out/trace`` (so the test can kill
-or stop processes at a known point) and, after the session closed, writes ``result.json``
-(its losses, the commit its session left the model at, or the exception it raised and
-at which step) and ``params.npz`` (every parameter in full, by canonical name: a DTensor
-is all-gathered, with its group, after the session closed); a group's leader (and a single
-learner) also ``frontier.npz``, the commit its session named, read back with
-:func:`gm_shell.align` at once (closers sweep payloads older than two cycles). A closer
-serves until ``out/stop`` appears.
+Every rank appends one line per step it finished to ``out/trace`` (the step, or the
+queue's unit and batch: so the test can kill or stop processes at a known point) and,
+after the session closed, writes ``result.json`` (its losses, the commit its session left
+the model at, or the exception it raised and at which step) and ``params.npz`` (every
+parameter in full, by canonical name: a DTensor is all-gathered, with its group, after the
+session closed); a group's leader (and a single learner) also ``frontier.npz``, the commit
+its session named, read back with :func:`gm_shell.align` at once (closers sweep payloads
+older than two cycles). A closer serves until ``out/stop`` appears.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import datetime
 import faulthandler
 import json
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -29,7 +33,7 @@ from typing import Any
 import numpy as np
 from runtime_worker import IN, TEACHER, torch_model
 
-from gm_shell import DiLoCo, Session, SessionOptions, align
+from gm_shell import DiLoCo, Session, SessionOptions, SharedQueue, align
 
 LR = 0.05
 
@@ -81,18 +85,26 @@ def child(spec: dict[str, Any]) -> None:
     outcome: dict[str, Any] = {"error": None}
     trace = (out / "trace").open("a", buffering=1)
 
-    def train(step: int) -> int:
+    def train(batch: Any) -> int:
         x = rng.normal(size=(16, IN)).astype(np.float32)
         loss = ((trained(torch.from_numpy(x)) - torch.from_numpy(x @ TEACHER)) ** 2).mean()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(float(loss.item()))
-        trace.write(f"{step}\n")
+        trace.write(f"{batch}\n")  # the step, or a queue's unit and batch
+        time.sleep(spec.get("step_sleep_s", 0.0))
         return 16
 
     try:
-        if spec.get("use_run"):  # Session.run: a done marker and a look for the run's end
+        if "queue" in spec:  # Session.run over a SharedQueue of the run's nodes
+            units, batches = spec["queue"]["units"], spec["queue"]["batches"]
+            queue = SharedQueue(
+                [f"u{i}" for i in range(units)], lambda u: (f"{u} {b}" for b in range(batches))
+            )
+            session.start()
+            session.run(train, queue)
+        elif spec.get("use_run"):  # Session.run: a done marker and a look for the run's end
             session.start()
             session.run(train, range(spec["steps"]))
         else:

@@ -235,6 +235,33 @@ def test_a_killed_rank_makes_its_group_leave_and_the_run_goes_on(run: Run) -> No
     assert len(open_tape(read_bucket(run.url, MailboxOptions()))) > rounds_then  # the run went on
 
 
+def test_a_group_trains_the_units_of_a_shared_queue_it_claims_as_one_node(run: Run) -> None:
+    """Session.run over a SharedQueue: the group's leader claims units and names each to
+    its follower, both ranks train every batch of the same units in the same order; with
+    a single learner on the same queue every unit is done, each by the node that held it."""
+    queue = {"units": 6, "batches": 8}
+    run.start("closer", "closer", node="closer")
+    run.group("ddp", "ddp", queue=queue, step_sleep_s=0.05)
+    Deadline(120).wait("the group training", lambda: run.steps("ddp.0") >= 1)
+    run.start("single", "single", node="single", queue=queue, step_sleep_s=0.05)
+    learners = ["ddp.0", "ddp.1", "single"]
+    codes = run.join(*learners, timeout_s=240)
+    (run.dir / "closer" / "stop").write_text("stop")
+    codes.update(run.join("closer", timeout_s=60))
+    assert codes == dict.fromkeys(codes, 0), codes
+    for name in learners:
+        assert run.result(name)["error"] is None, (name, run.result(name))
+    lines = {name: traced(run.dir / name / "trace") for name in learners}
+    assert lines["ddp.0"] == lines["ddp.1"]  # the same units, batches and order on both ranks
+    units = {name: {line.split()[0] for line in lines[name]} for name in ("ddp.0", "single")}
+    assert units["ddp.0"], units  # it trained before the single learner started
+    for name, trained in units.items():  # each unit it trained, to its end
+        assert len(lines[name]) == 8 * len(trained), (name, lines[name])
+    assert units["ddp.0"] | units["single"] == {f"u{i}" for i in range(6)}, units
+    for i in range(6):
+        assert list((run.bucket / f"queue/queue/units/u{i}/done").iterdir()), i
+
+
 def test_a_single_process_sees_no_group_without_torch_distributed() -> None:
     from gm_shell.group import AUTO, resolve
 
