@@ -37,6 +37,8 @@ adapter (:class:`GroupModel`), which first tells the group what it does:
   rank) or ``FAIL`` (what the leader raised): the end of a check.
 - ``UNIT`` (an index into a :class:`~gm_shell.SharedQueue`'s units, -1 for none left):
   the unit the group trains next, with :meth:`Session.run` over a queue.
+- ``RESUMED`` (the saved step and the ``resume=`` state the leader restored, as an
+  object): every follower loads it, once, when the group joins.
 
 Checks make ``step()`` collective-safe. At a check step the leader does what a single
 learner's ``step()`` does when its barrier is reached (captures, fold-ins, waits, a
@@ -66,11 +68,18 @@ block on the leader, whose session then *leaves* (its lease deleted, as for any
 exception); a follower holds nothing in the bucket. If the leader died, its lease times
 out. On NCCL a dead peer may only be noticed at the group's timeout (set one).
 
-Not supported with a group: ``resume=`` (the optimizer states are the ranks' own), roles
-other than ``both``/``learner``. :meth:`Session.run` over each rank's own data works: the
-leader marks the group's data done and looks whether the run is finished while its
-followers wait in ``close()`` (no heartbeat there: at most ``close_timeout_s`` plus two
-lease timeouts, far inside torch's default collective timeouts). So does
+``resume=`` works for replicated parameters (DDP): the leader saves and restores the
+state as a single learner does (its optimizer's state is every rank's), and hands what it
+restored to its followers (``RESUMED``), so every rank goes on from the same step and
+optimizer state. What is saved is the leader's: every rank loads it (a value that differs
+by rank does not belong in ``resume=``). Not for sharded parameters (FSDP2: each rank's
+optimizer state is its own shard; refused).
+Not supported with a group: roles other than ``both``/``learner``.
+
+:meth:`Session.run` over each rank's own data works: the leader marks the group's data
+done and looks whether the run is finished while its followers wait in ``close()`` (no
+heartbeat there: at most ``close_timeout_s`` plus two lease timeouts, far inside torch's
+default collective timeouts). So does
 :meth:`Session.run` over a :class:`~gm_shell.SharedQueue`: the group is one node of the
 queue; the leader claims each unit and tells its followers (``UNIT``, with heartbeats
 while it waits for one: the units left may be held by live peers for long), and every rank
@@ -125,6 +134,7 @@ class Op(enum.IntEnum):
     FROZEN = 6
     HEARTBEAT = 7
     UNIT = 8
+    RESUMED = 9
 
 
 class GroupLeaderError(RuntimeError):
@@ -163,6 +173,13 @@ def _spans_ranks(model: Any) -> bool:
         if not isinstance(inner, torch.nn.Module):
             break
         layer = inner
+    return sharded(model)
+
+
+def sharded(model: Any) -> bool:
+    """Whether ``model`` holds DTensor parameters (FSDP2's shards)."""
+    import torch
+
     return isinstance(model, torch.nn.Module) and any(
         _is_dtensor(p) for p in unwrap_torch(model).parameters()
     )
@@ -410,14 +427,21 @@ def next_unit(link: Link) -> int:
             raise GroupLeaderError(f"the group's leader sent {op.name} where a unit was due")
 
 
-def follow(link: Link, model: GroupModel) -> Done:
-    """A follower's side of a check: carry out the leader's commands until it is done."""
+def follow(
+    link: Link, model: GroupModel, resumed: Callable[[int, dict[str, Any]], None] | None = None
+) -> Done:
+    """A follower's side of a check: carry out the leader's commands until it is done
+    (``resumed`` takes the step and the state the leader restored, on ``RESUMED``)."""
     while True:
         op, args = link.receive()
         if op is Op.DONE:
             return Done(*args)
         if op is Op.FAIL:
             raise _rebuild(*link.objects())
+        if op is Op.RESUMED:
+            step, values = link.objects()
+            if resumed is not None:
+                resumed(step, values)
         if op is Op.GATHER:
             model.fragments[args[0]]._gather_full(None)
         elif op is Op.SCATTER:

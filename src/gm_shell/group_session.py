@@ -17,6 +17,7 @@ from typing import Any
 from gm_shell import group as groups
 from gm_shell.models import ModelAdapter
 from gm_shell.queue import Consumer, SharedQueue
+from gm_shell.resume import capture, restore
 from gm_shell.session import Role, Session
 
 
@@ -29,8 +30,11 @@ class GroupSession(Session):
         assert process_group is not None, "Session makes a GroupSession only for a group"
         if self.role not in (Role.BOTH, Role.LEARNER):
             raise ValueError(f"a group trains one learner: role {self.role} takes no group")
-        if self._resume is not None:
-            raise ValueError("resume= is not supported for a group learner (each rank's own)")
+        if self._resume is not None and groups.sharded(model):
+            raise ValueError(
+                "resume= is not supported for sharded parameters (FSDP2): each rank's "
+                "optimizer state is a shard of its own"
+            )
         self._link = groups.Link(process_group)
         self._group_model: groups.GroupModel | None = None
         self._next_check = 0
@@ -72,12 +76,27 @@ class GroupSession(Session):
 
     def _follow(self) -> None:
         assert self._group_model is not None
-        done = groups.follow(self._link, self._group_model)
+        done = groups.follow(self._link, self._group_model, self._resumed)
         changed = done.divergences != self._done.divergences
         if changed and done.divergences > 0 and self._on_diverged is not None:
             self._on_diverged()  # the leader reloaded: every rank resets its optimizer
         self._done = done
         self._next_check = done.next_check
+
+    def _start_resume(self, manifest: Any) -> None:
+        """The leader restores (or first saves) the group's state as a single learner does,
+        then hands it to its followers: replicated (DDP) ranks hold the same optimizer
+        state, and count steps from the same saved step."""
+        super()._start_resume(manifest)
+        if self._resume is not None:
+            self._link.send(groups.Op.RESUMED)
+            self._link.objects((self._step_base, capture(self._resume)))
+
+    def _resumed(self, step: int, values: dict[str, Any]) -> None:
+        """A follower takes the leader's restored state (see :meth:`_start_resume`)."""
+        if self._resume is not None:
+            restore(self._resume, values)
+        self._step_base = step
 
     def start(self) -> None:
         if self.leads:
@@ -164,7 +183,7 @@ class GroupSession(Session):
 
     @property
     def step_count(self) -> int:
-        return super().step_count if self.leads else self._count
+        return super().step_count if self.leads else self._step_base + self._count
 
     @property
     def round(self) -> int:

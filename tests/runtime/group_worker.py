@@ -8,7 +8,8 @@ single-process learner, or the run's dedicated closer. Started by
 ``rank``, ``world``, ``pg`` (the file the group meets at) and ``pg_timeout_s``; optional:
 ``queue`` (``units`` and ``batches`` per unit: :meth:`Session.run` over a SharedQueue of
 units ``u0``, ``u1``... instead of ``steps``), ``use_run`` (:meth:`Session.run` over
-``steps`` batches) and ``step_sleep_s``.
+``steps`` batches), ``step_sleep_s`` and ``resume`` (an Adam optimizer, saved and restored
+with the session: ``result.json`` then has the step count and Adam's steps at the start).
 
 Every rank appends one line per step it finished to ``out/trace`` (the step, or the
 queue's unit and batch: so the test can kill or stop processes at a known point) and,
@@ -70,7 +71,9 @@ def child(spec: dict[str, Any]) -> None:
             fully_shard(model)
         dist.barrier()  # the ranks enter the session together (a short timeout is tested)
     # torch.optim, not SGD by hand: FSDP2's parameters learn nothing from `p -= lr * p.grad`.
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    optimizer: Any = torch.optim.SGD(model.parameters(), lr=LR)
+    if spec.get("resume"):  # a stateful optimizer, saved and restored with the session
+        optimizer = torch.optim.Adam(model.parameters(), lr=LR / 10)
     rng = np.random.default_rng([abs(hash(spec["node"])) % 2**31, spec.get("rank", 0)])
     session = Session(
         trained,
@@ -80,6 +83,7 @@ def child(spec: dict[str, Any]) -> None:
         role="learner",
         options=SessionOptions(**spec["options"]),
         run_key=None,
+        resume={"optimizer": optimizer} if spec.get("resume") else None,
     )
     losses: list[float] = []
     outcome: dict[str, Any] = {"error": None}
@@ -109,10 +113,16 @@ def child(spec: dict[str, Any]) -> None:
             session.run(train, range(spec["steps"]))
         else:
             with session:
+                # Where this rank starts: its step count and its optimizer's (Adam's) steps.
+                outcome["start_step"] = session.step_count
+                counts = {float(s["step"]) for s in optimizer.state.values() if "step" in s}
+                outcome["optimizer_steps"] = sorted(counts)
                 for step in range(spec["steps"]):
                     session.step(samples=train(step))
+                outcome["step_count"] = session.step_count
     except Exception as error:
-        outcome = {"error": type(error).__name__, "message": str(error)[:500], "at": len(losses)}
+        failure = {"error": type(error).__name__, "message": str(error)[:500], "at": len(losses)}
+        outcome.update(failure)
     checkpoint = session.checkpoint
     outcome.update(
         losses=losses,

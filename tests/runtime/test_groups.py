@@ -80,10 +80,12 @@ class Run:
         process.start()
         self.procs[name] = process
 
-    def group(self, node: str, kind: str, **extra: Any) -> None:
+    def group(self, node: str, kind: str, *, name: str | None = None, **extra: Any) -> None:
+        """Node ``node``'s 2 ranks, processes ``{name}.0`` and ``{name}.1`` (name: the node)."""
+        name = name or node
         for rank in range(2):
-            pg = str(self.dir / f"{node}.pg")
-            self.start(f"{node}.{rank}", kind, node=node, rank=rank, world=2, pg=pg, **extra)
+            pg = str(self.dir / f"{name}.pg")
+            self.start(f"{name}.{rank}", kind, node=node, rank=rank, world=2, pg=pg, **extra)
 
     def steps(self, name: str) -> int:
         return len(traced(self.dir / name / "trace"))
@@ -260,6 +262,33 @@ def test_a_group_trains_the_units_of_a_shared_queue_it_claims_as_one_node(run: R
     assert units["ddp.0"] | units["single"] == {f"u{i}" for i in range(6)}, units
     for i in range(6):
         assert list((run.bucket / f"queue/queue/units/u{i}/done").iterdir()), i
+
+
+def test_a_ddp_group_started_again_with_resume_goes_on_from_its_step_on_every_rank(
+    run: Run,
+) -> None:
+    """resume= with a DDP group: the leader saves the group's state on closing; started
+    again (new processes, same node), every rank counts on from the saved step and its
+    Adam optimizer holds the saved state (its step count), not a fresh one."""
+    run.start("closer", "closer", node="closer")
+    run.group("ddp", "ddp", steps=12, resume=True)
+    first = ["ddp.0", "ddp.1"]
+    assert run.join(*first, timeout_s=180) == dict.fromkeys(first, 0)
+    run.group("ddp", "ddp", name="again", steps=8, resume=True)
+    again = ["again.0", "again.1"]
+    codes = run.join(*again, timeout_s=180)
+    (run.dir / "closer" / "stop").write_text("stop")
+    assert codes == dict.fromkeys(again, 0), codes
+    for name in first:
+        result = run.result(name)
+        assert result["error"] is None, (name, result)
+        assert (result["start_step"], result["optimizer_steps"]) == (0, []), (name, result)
+        assert result["step_count"] == 12, (name, result)
+    for name in again:
+        result = run.result(name)
+        assert result["error"] is None, (name, result)
+        assert (result["start_step"], result["optimizer_steps"]) == (12, [12.0]), (name, result)
+        assert result["step_count"] == 20, (name, result)
 
 
 def test_a_single_process_sees_no_group_without_torch_distributed() -> None:
