@@ -75,16 +75,21 @@ def child(spec: dict[str, Any]) -> None:
     if spec.get("resume"):  # a stateful optimizer, saved and restored with the session
         optimizer = torch.optim.Adam(model.parameters(), lr=LR / 10)
     rng = np.random.default_rng([abs(hash(spec["node"])) % 2**31, spec.get("rank", 0)])
-    session = Session(
-        trained,
-        algorithm=DiLoCo(**spec["algorithm"]),
-        mailbox=spec["url"],
-        node=spec["node"],
-        role="learner",
-        options=SessionOptions(**spec["options"]),
-        run_key=None,
-        resume={"optimizer": optimizer} if spec.get("resume") else None,
-    )
+    try:
+        session = Session(
+            trained,
+            algorithm=DiLoCo(**spec["algorithm"]),
+            mailbox=spec["url"],
+            node=spec["node"],
+            role="learner",
+            options=SessionOptions(**spec["options"]),
+            run_key=None,
+            resume={"optimizer": optimizer} if spec.get("resume") else None,
+        )
+    except ValueError as error:  # refused as made (on every rank alike): no session
+        refused = {"error": "ValueError", "message": str(error)}
+        (out / "result.json").write_text(json.dumps(refused))
+        return
     losses: list[float] = []
     outcome: dict[str, Any] = {"error": None}
     trace = (out / "trace").open("a", buffering=1)
