@@ -789,6 +789,8 @@ def _aligned(
         return _rejoin(state)
     if purpose.kind is Ask.LOAD:
         loading = state.loading - {purpose.round}
+        if state.phase is not Phase.LOADING:
+            return attrs.evolve(state, loading=loading)  # closed meanwhile: it stays so
         phase = Phase.RUNNING if not loading else state.phase
         if not loading:
             cmds.append(Notify(kind="joined", round=state.aligned_round))
@@ -892,7 +894,24 @@ def _lost(state: LearnerState, message: str, now_s: float, cmds: list[Command]) 
 
 
 def _rejoin(state: LearnerState) -> LearnerState:
-    """Load the whole model again from the newest record, as a joining learner does."""
+    """Load the whole model again from the newest record, as a joining learner does.
+
+    Not while closing: a closing learner waits only to see its last rounds committed, and
+    the shell leaves the model at the newest commit itself; going back to joining would
+    end running, with the close forgotten (bench_queue saw ``close()`` stall so). It stops
+    waiting instead: what is still out is judged by the closer without it.
+    """
+    if state.phase in (Phase.CLOSING, Phase.CLOSED):
+        return attrs.evolve(
+            state,
+            aligning=None,
+            fetched={},
+            outgoing={},
+            retries={},
+            flushes=frozenset(),
+            loading=frozenset(),
+            pending={r: p for r, p in state.pending.items() if p.kind not in (Ask.LOAD, Ask.ALIGN)},
+        )
     return attrs.evolve(
         state,
         phase=Phase.BOOTING,
