@@ -50,7 +50,6 @@ from gm_core import (
     codec,
     election,
     fallback,
-    follow,
     keys,
     liveness,
     retention,
@@ -117,7 +116,6 @@ from gm_core.tape import (
     skip,
     slot_of,
 )
-from gm_core.tip import TipCheck
 
 NEVER = float("inf")
 TICK_S = 1e-3
@@ -160,7 +158,6 @@ class Ask(enum.StrEnum):
     SWEEP = "sweep"
     RELEASE = "release"
     LEASE_GC = "lease_gc"
-    FOLLOW = "follow"
 
 
 class Stage(enum.StrEnum):
@@ -220,9 +217,9 @@ class CloserState:
     phase: Phase = Phase.IDLE
     last: RoundRecord | None = None
     round: int = 0
-    probe_round: int = -1
-    tip: TipCheck = attrs.field(factory=TipCheck)
-    """Booting: the tip found is adopted once it chains to the round before (§16.5.2)."""
+    walk: tip.Walk | None = None
+    """Booting: the search for the tape's tip (None until the head hint is read; the tip is
+    adopted once it chains to the round before, §16.5.2)."""
     record_slots: SlotCursor = attrs.field(factory=SlotCursor)
     """The slot of a round's record key to read or write next (spec/protocol.md §16.4)."""
     claims: Mapping[int, str] = attrs.field(factory=dict)
@@ -270,8 +267,6 @@ class CloserState:
     """The sequence number of the lease written last."""
     lease_at_s: float = 0.0
     swept_below: int = 0
-    followed: int = -1
-    """The newest round whose ``follow`` marker this node wrote (:func:`_maybe_follow`)."""
     own_base: Requests = attrs.field(factory=Requests)
     own_draft: Requests | None = None
     wake_s: float = NEVER
@@ -340,7 +335,7 @@ def _start(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
         return state
     state, req = _busy(state, Purpose(kind=Ask.TAPE, name="head"))
     cmds.append(Get(req=req, key=keys.head()))
-    return attrs.evolve(state, phase=Phase.BOOTING, probe_round=-2, lease_at_s=now_s)
+    return attrs.evolve(state, phase=Phase.BOOTING, walk=None, lease_at_s=now_s)
 
 
 def _stop(state: CloserState, cmds: list[Command]) -> CloserState:
@@ -398,7 +393,7 @@ def _outcome(
             return _commit_outcome(state, purpose, event, cmds)
         case Ask.CHECK:
             return _check_outcome(state, purpose, event, cmds)
-        case Ask.HEAD | Ask.OWN_LEASE | Ask.SWEEP | Ask.RELEASE | Ask.LEASE_GC | Ask.FOLLOW:
+        case Ask.HEAD | Ask.OWN_LEASE | Ask.SWEEP | Ask.RELEASE | Ask.LEASE_GC:
             return state  # best effort: a failure is retried by the next sweep or renewal
         case unknown:
             assert_never(unknown)
@@ -416,13 +411,14 @@ def _tape_outcome(
         # hint is only a shortcut, so probe the tape from its start instead.
         return attrs.evolve(
             state,
-            probe_round=max(state.probe_round, 0),
+            walk=state.walk or tip.walk(-1),
             poll_at_s=event.now_s + state.options.poll_s,
         )
     if purpose.name == "head":
-        return attrs.evolve(state, probe_round=max(parse_head(state.envelope, event.data), 0))
+        return attrs.evolve(state, walk=tip.walk(parse_head(state.envelope, event.data)))
+    walk = state.walk or tip.walk(-1)  # a record is read only once the walk began
     if event.data is None:
-        return _past_tip(state, purpose.round, event.now_s, cmds)
+        return _walked(state, tip.missing(walk), event.now_s, cmds)
     parsed = _parse(state, purpose, event.data)
     if isinstance(parsed, BadRecord):
         state = _skip(state, parsed, event.now_s, cmds)
@@ -430,24 +426,19 @@ def _tape_outcome(
             poll_at_s = event.now_s + state.options.poll_s
             return attrs.evolve(state, phase=Phase.BOOTING, poll_at_s=poll_at_s)
         return state
-    check, parsed = tip.taken(state.tip, state.manifest, state.last, parsed)
-    return attrs.evolve(state, last=parsed, tip=check, probe_round=parsed.round + 1)
+    return _walked(state, tip.found(walk, state.manifest, parsed), event.now_s, cmds)
 
 
-def _past_tip(state: CloserState, round_: int, now_s: float, cmds: list[Command]) -> CloserState:
-    """Booting, round ``round_`` holds no record: take part after the newest one, once it
-    is known to chain to the round before (:mod:`gm_core.tip`), else step back and check it."""
-    newest = state.last
-    check = None if newest is None else tip.step_back(state.tip, newest)
-    if newest is not None and check is not None:
-        return attrs.evolve(state, tip=check, last=None, probe_round=newest.round - 1)
-    refused = tip.orphan(state.tip, round_)
-    if refused is not None:
-        cmds.append(Notify(kind="record_rejected", round=refused[0], detail=refused[1]))
-    state = attrs.evolve(state, tip=TipCheck())
-    if state.last is None and state.probe_round > 0:
-        return attrs.evolve(state, probe_round=0)  # the hint led the tape: start over
-    return _enter(state, now_s, cmds)
+def _walked(state: CloserState, walk: tip.Walk, now_s: float, cmds: list[Command]) -> CloserState:
+    """Booting, the search for the tip moved on: probe its next round, or take part after
+    the tip (:mod:`gm_core.tip`)."""
+    state = attrs.evolve(state, walk=walk, last=walk.held)
+    if not walk.done:
+        return state
+    for round_, why in walk.refused:
+        cmds.append(Notify(kind="record_rejected", round=round_, detail=why))
+    # The finished walk is forgotten: closers that booted alike are in the same state.
+    return _enter(attrs.evolve(state, walk=None), now_s, cmds)
 
 
 def _parse(state: CloserState, purpose: Purpose[Ask], data: bytes) -> RoundRecord | BadRecord:
@@ -922,15 +913,6 @@ def _lapsed(state: CloserState, now_s: float) -> frozenset[str]:
     )
 
 
-def _reported(state: CloserState) -> frozenset[str]:
-    """Learners whose snapshot this round has been judged (a garbage object judges nobody)."""
-    return frozenset(
-        e.learner
-        for e in state.entries.values()
-        if e.stage in (Stage.ACCEPTED, Stage.REJECTED) and not e.invalid
-    )
-
-
 def _accepted(state: CloserState) -> list[Entry]:
     return sorted(
         (e for e in state.entries.values() if e.stage is Stage.ACCEPTED), key=lambda e: e.learner
@@ -940,7 +922,11 @@ def _accepted(state: CloserState) -> list[Entry]:
 def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     """Start the merge once quorum (or every live learner) is in and grace has run out."""
     cfg = state.manifest.config
-    judged = _reported(state)
+    judged = frozenset(
+        e.learner
+        for e in state.entries.values()
+        if e.stage in (Stage.ACCEPTED, Stage.REJECTED) and not e.invalid
+    )
     # A snapshot this round proves its learner alive: its lease is no longer looked at.
     live = _live(state, now_s) | judged
     lapsed = _lapsed(state, now_s) - judged
@@ -958,25 +944,6 @@ def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> Close
     if now_s < state.close_at_s and not everyone:
         return state
     return _merge(state, now_s, accepted, cmds)
-
-
-def _maybe_follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
-    """Tell the learners still awaited that ``follow`` others have published this round, once
-    (:mod:`gm_core.follow`): they publish it at once instead of on their own schedule."""
-    cfg = state.manifest.config
-    if cfg.follow == 0 or state.followed >= state.round:
-        return state
-    judged = _reported(state)
-    live = _live(state, now_s) | judged
-    need = follow.threshold(cfg.follow, len(live))
-    accepted = len(_accepted(state))
-    if need is None or accepted < need or live <= judged:
-        return state
-    key = keys.follow(state.round)
-    state, req = issue(state, Purpose(kind=Ask.FOLLOW, round=state.round))
-    data = state.envelope.seal(key, follow.encode(state.round, accepted))
-    cmds.append(PutOnce(req=req, key=key, data=data))
-    return attrs.evolve(state, followed=state.round)
 
 
 def _merge(
@@ -1328,9 +1295,6 @@ def _sweep(state: CloserState, record: RoundRecord, cmds: list[Command]) -> Clos
             cmds.append(DeletePrefix(req=req, prefix=prefix))
         state, req = issue(state, Purpose(kind=Ask.SWEEP, round=round_))
         cmds.append(DeletePrefix(req=req, prefix=keys.payload_prefix(round_)))
-        if state.manifest.config.follow:
-            state, req = issue(state, Purpose(kind=Ask.SWEEP, round=round_))
-            cmds.append(Delete(req=req, keys=(keys.follow(round_),)))
     swept_below = retention.new_swept_below(
         committed_round=record.round,
         fragments=fragments,
@@ -1360,9 +1324,9 @@ def _pump(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
 
 
 def _boot_probe(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
-    if Ask.TAPE in state.busy or state.probe_round < 0 or now_s < state.poll_at_s:
+    if Ask.TAPE in state.busy or state.walk is None or now_s < state.poll_at_s:
         return state
-    return _read_record(state, Ask.TAPE, state.probe_round, cmds)
+    return _read_record(state, Ask.TAPE, state.walk.round, cmds)
 
 
 def _read_record(state: CloserState, ask: Ask, round_: int, cmds: list[Command]) -> CloserState:
@@ -1438,7 +1402,6 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
         for learner in unreported:
             state = _look_at_lease(state, Ask.LEASE, learner, cmds)
         state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
-    state = _maybe_follow(state, now_s, cmds)
     return _maybe_close(state, now_s, cmds)
 
 

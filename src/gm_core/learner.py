@@ -52,7 +52,6 @@ from gm_core import (
     auth,
     cadence,
     fallback,
-    follow,
     keys,
     liveness,
     retention,
@@ -112,7 +111,6 @@ from gm_core.tape import (
     skip,
     slot_of,
 )
-from gm_core.tip import TipCheck
 
 NEVER = float("inf")
 MAX_PUBLISH_ATTEMPTS = 3
@@ -134,7 +132,6 @@ class Ask(enum.StrEnum):
     PRIOR = "prior"
     LEASE = "lease"
     RELEASE = "release"
-    FOLLOW = "follow"
 
 
 class Phase(enum.StrEnum):
@@ -229,8 +226,9 @@ class LearnerState:
     fetched: Mapping[int, RoundRecord] = attrs.field(factory=dict)
     held: RoundRecord | None = None
     """The newest record adopted: in a chained run, the next one must name it (§16.5)."""
-    tip: TipCheck = attrs.field(factory=TipCheck)
-    """Joining: the tip found is adopted once it chains to the round before (§16.5.2)."""
+    walk: tip.Walk = attrs.field(factory=lambda: tip.walk(-1))
+    """Booting: the search for the tape's tip (galloping from the head hint; the tip is
+    adopted once it chains to the round before, §16.5.2)."""
     outgoing: Mapping[int, Outgoing] = attrs.field(factory=dict)
     retries: Mapping[int, Retry] = attrs.field(factory=dict)
     flushes: frozenset[int] = frozenset()
@@ -239,10 +237,6 @@ class LearnerState:
     """Commits in a row that rejected this learner's delta as non-finite (:func:`_diverged`)."""
     reloaded_from: int = 0
     """Rounds below this were captured before the last reload (:func:`_poisoned`)."""
-    follow_round: int = -1
-    """A round whose ``follow`` marker was found: published at the next exact step count."""
-    follow_probing: bool = False
-    follow_at_s: float = 0.0
     silent_through: int = -1
     """Renew no lease until a record of this round is seen (see :func:`_retry_due`)."""
     loading: frozenset[int] = frozenset()
@@ -411,8 +405,6 @@ def _outcome(
             return _aligned(state, purpose, event, cmds)
         case Ask.PRIOR:
             return _prior_outcome(state, purpose, event, cmds)
-        case Ask.FOLLOW:
-            return _follow_outcome(state, purpose.round, event, cmds)
         case Ask.LEASE:
             if isinstance(event, RequestFailed):
                 cmds.append(Notify(kind="lease_failed", round=state.seen_round, detail=event.error))
@@ -436,10 +428,11 @@ def _record_outcome(
         return poll_later
     if purpose.kind is Ask.HEAD:
         hint = parse_head(state.envelope, event.data)
-        return attrs.evolve(state, probing=False, probe_at_s=now_s, seen_round=hint - 1)
+        return attrs.evolve(state, probing=False, probe_at_s=now_s, walk=tip.walk(hint))
+    booting = state.phase is Phase.BOOTING
     if event.data is None:
-        if state.phase is Phase.BOOTING:
-            return _past_tip(state, purpose.round, now_s, cmds)
+        if booting:
+            return _walked(state, tip.missing(state.walk), now_s, cmds)
         records = cadence.missed(state.records)
         idle_until_s = cadence.next_look_s(
             records, now_s, poll_s, longest_s=state.manifest.config.lease_timeout_s
@@ -450,9 +443,11 @@ def _record_outcome(
     parsed = parse_record(state.envelope, event.data, purpose.round, config, slot, prev)
     if isinstance(parsed, BadRecord):
         return _bad_record(state, parsed, now_s, cmds)
-    check, parsed = tip.taken(state.tip, state.manifest, state.held, parsed)
-    # Booting only needs the newest record: keep memory bounded while probing forward.
-    fetched = {} if state.phase is Phase.BOOTING else dict(state.fetched)
+    if booting:  # only the tip matters: keep memory bounded while searching for it
+        records = cadence.restart(state.records, now_s)
+        state = attrs.evolve(state, records=records, idle_until_s=now_s)
+        return _walked(state, tip.found(state.walk, state.manifest, parsed), now_s, cmds)
+    fetched = dict(state.fetched)
     fetched[parsed.round] = parsed
     live = state.phase in (Phase.RUNNING, Phase.CLOSING)
     records = (cadence.seen if live else cadence.restart)(state.records, now_s)
@@ -460,7 +455,6 @@ def _record_outcome(
         state,
         fetched=fetched,
         held=parsed,
-        tip=check,
         seen_round=parsed.round,
         probing=False,
         probe_at_s=now_s,
@@ -503,25 +497,19 @@ def _bad_record(
     return attrs.evolve(state, probing=False, probe_at_s=now_s, record_slots=cursor)
 
 
-def _past_tip(state: LearnerState, round_: int, now_s: float, cmds: list[Command]) -> LearnerState:
-    """Booting, round ``round_`` holds no record: load the newest one, once it is known to
-    chain to the round before (:mod:`gm_core.tip`), else step back and check it."""
-    newest = state.fetched.get(state.seen_round)
-    check = None if newest is None else tip.step_back(state.tip, newest)
-    if newest is not None and check is not None:
-        return attrs.evolve(
-            state,
-            tip=check,
-            held=None,
-            fetched={},
-            seen_round=newest.round - 2,
-            probing=False,
-            probe_at_s=now_s,
-        )
-    refused = tip.orphan(state.tip, round_)
-    if refused is not None:
-        cmds.append(Notify(kind="record_rejected", round=refused[0], detail=refused[1]))
-    return _begin_loading(attrs.evolve(state, tip=TipCheck()), cmds)
+def _walked(state: LearnerState, walk: tip.Walk, now_s: float, cmds: list[Command]) -> LearnerState:
+    """Booting, the search for the tip moved on: probe its next round, or load the tip."""
+    state = attrs.evolve(state, walk=walk, held=walk.held, probing=False, probe_at_s=now_s)
+    if not walk.done:
+        return state
+    for round_, why in walk.refused:
+        cmds.append(Notify(kind="record_rejected", round=round_, detail=why))
+    newest = walk.held
+    seen = -1 if newest is None else newest.round
+    fetched = {} if newest is None else {seen: newest}
+    # The finished walk is forgotten: nodes that joined alike are in the same state.
+    state = attrs.evolve(state, seen_round=seen, fetched=fetched, walk=tip.walk(-1))
+    return _begin_loading(state, cmds)
 
 
 def _catch_up(state: LearnerState, record: RoundRecord) -> LearnerState:
@@ -535,10 +523,6 @@ def _catch_up(state: LearnerState, record: RoundRecord) -> LearnerState:
 def _begin_loading(state: LearnerState, cmds: list[Command]) -> LearnerState:
     """The newest record is known: overwrite every fragment from its frontier."""
     newest = state.fetched.get(state.seen_round)
-    if newest is None and state.seen_round >= 0:
-        # The head hint named a round we could not read: probe the tape from its start.
-        # (Reached from a probe's outcome: the probe is over, so probing must be too.)
-        return attrs.evolve(state, seen_round=-1, fetched={}, probing=False)
     frontier = frontier_of(state.manifest, newest)
     cfg = state.manifest.config
     loading = set()
@@ -789,8 +773,6 @@ def _aligned(
         return _rejoin(state)
     if purpose.kind is Ask.LOAD:
         loading = state.loading - {purpose.round}
-        if state.phase is not Phase.LOADING:
-            return attrs.evolve(state, loading=loading)  # closed meanwhile: it stays so
         phase = Phase.RUNNING if not loading else state.phase
         if not loading:
             cmds.append(Notify(kind="joined", round=state.aligned_round))
@@ -894,24 +876,7 @@ def _lost(state: LearnerState, message: str, now_s: float, cmds: list[Command]) 
 
 
 def _rejoin(state: LearnerState) -> LearnerState:
-    """Load the whole model again from the newest record, as a joining learner does.
-
-    Not while closing: a closing learner waits only to see its last rounds committed, and
-    the shell leaves the model at the newest commit itself; going back to joining would
-    end running, with the close forgotten (bench_queue saw ``close()`` stall so). It stops
-    waiting instead: what is still out is judged by the closer without it.
-    """
-    if state.phase in (Phase.CLOSING, Phase.CLOSED):
-        return attrs.evolve(
-            state,
-            aligning=None,
-            fetched={},
-            outgoing={},
-            retries={},
-            flushes=frozenset(),
-            loading=frozenset(),
-            pending={r: p for r, p in state.pending.items() if p.kind not in (Ask.LOAD, Ask.ALIGN)},
-        )
+    """Load the whole model again from the newest record, as a joining learner does."""
     return attrs.evolve(
         state,
         phase=Phase.BOOTING,
@@ -920,7 +885,7 @@ def _rejoin(state: LearnerState) -> LearnerState:
         fallen={},
         aligning=None,
         fetched={},
-        seen_round=state.seen_round - 1,
+        walk=tip.walk(state.seen_round),
         pending={r: p for r, p in state.pending.items() if p.kind not in (Ask.LOAD, Ask.ALIGN)},
     )
 
@@ -1045,9 +1010,8 @@ def _pump(
     if state.phase is Phase.CLOSING:
         state = _flush_due(state, cmds)
     if state.phase is Phase.RUNNING and exact_step:
-        state = _publish_due(_followed(state), cmds)
+        state = _publish_due(state, cmds)
     state = _poll(state, now_s, cmds)
-    state = _poll_follow(state, now_s, cmds)
     state = _renew(state, now_s, cmds)
     if state.phase is Phase.CLOSING:
         state = _maybe_release(state, now_s, cmds)
@@ -1063,62 +1027,6 @@ def _publish_due(state: LearnerState, cmds: list[Command]) -> LearnerState:
         state = _publish(state, round_, final=False, cmds=cmds)
         state = attrs.evolve(state, next_round=round_ + 1)
     return state
-
-
-def _following(state: LearnerState) -> int | None:
-    """The round whose ``follow`` marker to look for: the one this learner heads for, while
-    it is not due yet, not committed, and publishing it would keep within ``in_flight``."""
-    cfg = state.manifest.config
-    round_ = state.next_round
-    if (
-        cfg.follow == 0
-        or state.phase is not Phase.RUNNING
-        or round_ <= state.seen_round
-        or round_ > state.aligned_round + cfg.in_flight
-        or state.step >= schedule_step(state, round_)
-    ):
-        return None
-    return round_
-
-
-def _poll_follow(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
-    """GET the ``follow`` marker of the round this learner heads for, once a poll."""
-    round_ = _following(state)
-    if round_ is None or round_ == state.follow_round or state.follow_probing:
-        return state
-    if now_s < state.follow_at_s:
-        return state
-    state, req = issue(state, Purpose(kind=Ask.FOLLOW, round=round_))
-    cmds.append(Get(req=req, key=keys.follow(round_)))
-    return attrs.evolve(state, follow_probing=True, follow_at_s=now_s + state.options.poll_s)
-
-
-def _follow_outcome(
-    state: LearnerState, round_: int, event: Event, cmds: list[Command]
-) -> LearnerState:
-    """A valid marker for the round still ahead: publish it at the next exact step count."""
-    state = attrs.evolve(state, follow_probing=False)
-    if not isinstance(event, GotObject) or event.data is None or _following(state) != round_:
-        return state
-    body = state.envelope.open(keys.follow(round_), event.data)
-    accepted = follow.decode(body, round_) if isinstance(body, bytes) else None
-    if accepted is None:
-        return state  # not the run's marker: publish on schedule
-    cmds.append(Notify(kind="following", round=round_, detail=f"accepted={accepted}"))
-    return attrs.evolve(state, follow_round=round_)
-
-
-def _followed(state: LearnerState) -> LearnerState:
-    """At an exact step count: a round whose marker was found becomes due now, its schedule
-    position moving up to the round's step (offsets only grow, as in :func:`_catch_up`)."""
-    round_ = state.follow_round
-    if round_ < 0:
-        return state
-    state = attrs.evolve(state, follow_round=-1)
-    if _following(state) != round_:
-        return state  # published on schedule meanwhile, committed, or held by in_flight
-    lag = schedule_step(state, round_) - state.step
-    return attrs.evolve(state, offset=state.offset + lag)
 
 
 def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
@@ -1210,11 +1118,11 @@ def _probe_at_s(state: LearnerState) -> float:
 def _poll(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
     if not _can_poll(state) or now_s < _probe_at_s(state):
         return state
-    round_ = max(state.seen_round + 1, 0)  # -1 while the head hint is unknown: tape start
+    round_ = state.walk.round if state.phase is Phase.BOOTING else state.seen_round + 1
     slot = slot_of(state.record_slots, round_)
     state, req = issue(state, Purpose(kind=Ask.RECORD, round=round_, name=str(slot)))
     cmds.append(Get(req=req, key=record_key(state.envelope, round_, slot)))
-    return attrs.evolve(state, probing=True, seen_round=max(state.seen_round, round_ - 1))
+    return attrs.evolve(state, probing=True)
 
 
 def _renew(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
@@ -1289,8 +1197,8 @@ def _pace(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
                     limit = out.step + cfg.overlap_steps
                     barrier = min(barrier, limit)
                     stalled = stalled or state.step >= limit
-    if any(now_s >= x.at_s for x in state.retries.values()) or state.follow_round >= 0:
-        barrier = state.step + 1  # a retry or a followed round waits for an exact step count
+    if any(now_s >= x.at_s for x in state.retries.values()):
+        barrier = state.step + 1  # a retry waits for an exact step count (see _retry_due)
     pace = Pace(
         next_step=max(barrier, state.step + 1) if not stalled else state.step, stalled=stalled
     )
@@ -1303,7 +1211,6 @@ def _pace(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
         _renew_at_s(state),
         *(min(x.at_s, x.since_s + timeout_s) for x in state.retries.values()),
         state.close_by_s if state.phase is Phase.CLOSING else NEVER,
-        state.follow_at_s if _following(state) is not None and not state.follow_probing else NEVER,
     )
     if state.phase is Phase.CLOSED:
         wake = NEVER

@@ -22,6 +22,10 @@ and the probe starts over from the tape's start. Every step back lowers the roun
 of the record under check, and round 0 always chains to the manifest, so the check
 ends; its cost is one round's reads per record an outsider placed below the tip.
 
+Finding the tip is one search for every reader (:class:`Walk`): from the head
+hint it gallops and bisects, so a hint that lags, or an outsider's garbage head,
+costs ``O(log n)`` reads instead of a walk over the tape.
+
 This is protection from accidents and strays in an open run, where an outsider who
 reads the real tip can extend it with correctly chained records; in an authenticated
 run only key holders write records at all.
@@ -87,13 +91,27 @@ STRAY = "does not chain: no record of round {before} precedes it (a stray record
 
 @attrs.frozen
 class Walk:
-    """A one-shot reader's walk to the tip (``align()``, ``Session.close``): the machines'
-    joining rule as a value. Read round :attr:`round`'s record checked against
-    :func:`prev`, then feed :func:`found` or :func:`missing` until :attr:`done`."""
+    """Finding the tape's tip from a hint: the joining rule as a value, for the machines
+    (a joining learner, a booting closer) and the one-shot readers (``align()``,
+    ``Session.close``) alike.
+
+    Read round :attr:`round`'s record checked against :func:`prev`, then feed
+    :func:`found` or :func:`missing` until :attr:`done`; :attr:`held` is then the tip
+    (None: the tape is empty). From a record found, the walk gallops (the next probes
+    are 1, 1, 2, 4, ... rounds further) until a round holds nothing, then bisects the
+    last gap: records are a prefix of the rounds, so a tip ``n`` rounds past the hint
+    costs ``O(log n)`` reads — a hint that lags, or is garbage (the walk starts at
+    round 0), costs logarithmic time, never a walk over the tape. The tip is adopted
+    as :class:`TipCheck` says; a stray it refuses bounds the search below it.
+    """
 
     round: int
     held: RoundRecord | None = None
     check: TipCheck = attrs.field(factory=TipCheck)
+    absent: int | None = None
+    """The lowest round known to hold no usable record: the tip is below it."""
+    stride: int = 0
+    """How far past :attr:`held` the next probe goes while no gap is known."""
     refused: tuple[tuple[int, str], ...] = ()
     """Tips refused as strays: (round, why)."""
     done: bool = False
@@ -110,20 +128,30 @@ def prev(w: Walk, manifest: Manifest) -> str | None:
 
 
 def found(w: Walk, manifest: Manifest, record: RoundRecord) -> Walk:
-    """The round's record, valid and chained as :func:`prev` asked: on to the next round."""
+    """The round's record, valid and chained as :func:`prev` asked: probe further."""
     check, held = taken(w.check, manifest, w.held, record)
-    return attrs.evolve(w, round=held.round + 1, held=held, check=check)
+    if held is not record:  # the tip under check chains to its predecessor: adopt it
+        return _probe(attrs.evolve(w, held=held, check=check, absent=None, stride=0))
+    stride = max(w.stride * 2, 1) if w.absent is None else w.stride
+    return _probe(attrs.evolve(w, held=held, check=check, stride=stride))
 
 
 def missing(w: Walk) -> Walk:
-    """The round holds no usable record: the walk is past the tip, steps back to check it,
-    or starts over from the tape's start when the tip has no predecessor."""
-    held = w.held
-    back = None if held is None else step_back(w.check, held)
-    if held is not None and back is not None:
-        return attrs.evolve(w, round=held.round - 1, held=None, check=back)
+    """The round holds no usable record: search below it, or check the tip found."""
     stray = orphan(w.check, w.round)
-    refused = w.refused if stray is None else (*w.refused, stray)
-    if held is None and w.round > 0:
-        return Walk(round=0, refused=refused)
-    return attrs.evolve(w, check=TipCheck(), refused=refused, done=True)
+    if stray is not None:  # the tip under check has no predecessor: search below it
+        return _probe(Walk(round=0, absent=stray[0], refused=(*w.refused, stray)))
+    return _probe(attrs.evolve(w, absent=w.round if w.absent is None else min(w.absent, w.round)))
+
+
+def _probe(w: Walk) -> Walk:
+    """The next round to read, or the tip's check once the gap is closed."""
+    present = -1 if w.held is None else w.held.round
+    if w.absent is None:
+        return attrs.evolve(w, round=present + max(w.stride, 1))
+    if w.absent - present > 1:
+        return attrs.evolve(w, round=(present + w.absent) // 2)
+    back = None if w.held is None else step_back(w.check, w.held)
+    if w.held is not None and back is not None:
+        return Walk(round=w.held.round - 1, check=back, refused=w.refused)
+    return attrs.evolve(w, check=TipCheck(), done=True)

@@ -36,15 +36,15 @@ from gm_core.store_model import ModelStore
 from gm_shell import check_cli
 
 PINNED = {
-    "one node, one fault": 7_651,
-    "one node, one crash": 5_268,
-    "learner and closer apart": 3_926,
+    "one node, one fault": 7_627,
+    "one node, one crash": 5_247,
+    "learner and closer apart": 4_043,
     "two learners, one closes": 1_879,
     "two closers race for round 0": 1_760,
     "two closers race, one fault": 15_884,
     "three closers contend for round 0": 48_931,
     "three nodes, two fragments": 47_990,
-    "the closer crashes and restarts across two rounds": 48_871,
+    "the closer crashes and restarts across two rounds": 49_249,
     "a learner dies for good, quorum 2": 11_903,
     "one node two rounds in flight": 14_691,
     "one closer, a learner gives a round up": 4_477,

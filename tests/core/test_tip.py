@@ -184,3 +184,26 @@ def test_a_joiner_adopts_a_tip_that_chains_to_the_tape(
     assert gets <= 4 * (len(written) + 3)
     # A stray the walk met that had no record before it is named (never the real tape's).
     assert all(written[r].closer == "stray" for r, _ in end.refused)
+
+
+@settings(max_examples=50, deadline=None)
+@given(length=st.integers(1, 5000), hint=st.integers(-1, 6000))
+def test_the_search_costs_a_few_reads_whatever_the_hint(length: int, hint: int) -> None:
+    """Galloping from the hint and bisecting the last gap: a current hint costs a read of
+    its record, one of the round after it and the tip's check (the record before it, and
+    the round after it again); a garbage or lagging hint (an outsider rewrote the head)
+    costs ``O(log n)`` (a hint past the tape: the log of the round it names), never a walk
+    over the tape."""
+    manifest = real_run()[0]
+    written = {r.round: r for r in long_chain(manifest, length)}
+    end, gets = join(manifest, written, hint)
+    assert end.held is not None
+    assert end.held.round == length - 1
+    if hint == length - 1:
+        assert gets <= 4 + (length == 1)
+    assert gets <= 2 * max(length, hint + 1).bit_length() + 8
+
+
+@functools.cache
+def long_chain(manifest: Manifest, length: int) -> list[RoundRecord]:
+    return chain(manifest, length)  # cached: a prefix of the longest one would do as well
