@@ -1,7 +1,7 @@
 """A shared queue against static ranks when half the learners are twice as slow (issue 13).
 
 Run: ``.venv/bin/python bench/bench_queue.py [--units 96] [--batches 4] [--step-s 0.05]
-[--repeats 1] [--in-flight 2] [--json FILE] [--log FILE]``
+[--repeats 1] [--in-flight 2] [--grace-seconds S] [--follow N] [--json FILE] [--log FILE]``
 
 Four learner processes (``both`` nodes, ``Session.run``) consume one dataset of ``--units``
 units of ``--batches`` batches through a ``file://`` bucket; two take ``--step-s`` per step,
@@ -53,7 +53,13 @@ def worker(spec: dict[str, Any]) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     teacher = torch.from_numpy(_teacher())
     algorithm = DiLoCo(
-        sync_every=8, fragments=2, quorum=1, in_flight=spec["in_flight"], lease_timeout_s=4.0
+        sync_every=8,
+        fragments=2,
+        quorum=1,
+        in_flight=spec["in_flight"],
+        lease_timeout_s=4.0,
+        grace_seconds=spec["grace_seconds"],
+        follow=spec["follow"],
     )
     options = SessionOptions(poll_s=0.05, close_timeout_s=60.0, join_timeout_s=120.0)
     times: list[float] = []
@@ -110,6 +116,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             step_s = args.step_s * (2 if n % 2 else 1)
             spec = {"url": url, "node": f"n{n}", "mode": mode, "step_s": step_s}
             spec |= {"units": args.units, "batches": args.batches, "in_flight": args.in_flight}
+            spec |= {"grace_seconds": args.grace_seconds, "follow": args.follow}
             procs.append(
                 subprocess.Popen(
                     [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
@@ -147,6 +154,10 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.05)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--in-flight", type=int, default=2)
+    parser.add_argument(
+        "--grace-seconds", type=float, help="a fixed grace window (default: the adaptive one)"
+    )
+    parser.add_argument("--follow", type=int, default=0, help="DiLoCo(follow=N)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--log", type=Path, help="append the nodes' logs here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)

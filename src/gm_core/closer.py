@@ -50,6 +50,7 @@ from gm_core import (
     codec,
     election,
     fallback,
+    follow,
     keys,
     liveness,
     retention,
@@ -158,6 +159,7 @@ class Ask(enum.StrEnum):
     SWEEP = "sweep"
     RELEASE = "release"
     LEASE_GC = "lease_gc"
+    FOLLOW = "follow"
 
 
 class Stage(enum.StrEnum):
@@ -267,6 +269,8 @@ class CloserState:
     """The sequence number of the lease written last."""
     lease_at_s: float = 0.0
     swept_below: int = 0
+    followed: int = -1
+    """The newest round whose ``follow`` marker this node wrote (:func:`_maybe_follow`)."""
     own_base: Requests = attrs.field(factory=Requests)
     own_draft: Requests | None = None
     wake_s: float = NEVER
@@ -393,7 +397,7 @@ def _outcome(
             return _commit_outcome(state, purpose, event, cmds)
         case Ask.CHECK:
             return _check_outcome(state, purpose, event, cmds)
-        case Ask.HEAD | Ask.OWN_LEASE | Ask.SWEEP | Ask.RELEASE | Ask.LEASE_GC:
+        case Ask.HEAD | Ask.OWN_LEASE | Ask.SWEEP | Ask.RELEASE | Ask.LEASE_GC | Ask.FOLLOW:
             return state  # best effort: a failure is retried by the next sweep or renewal
         case unknown:
             assert_never(unknown)
@@ -913,6 +917,15 @@ def _lapsed(state: CloserState, now_s: float) -> frozenset[str]:
     )
 
 
+def _reported(state: CloserState) -> frozenset[str]:
+    """Learners whose snapshot this round has been judged (a garbage object judges nobody)."""
+    return frozenset(
+        e.learner
+        for e in state.entries.values()
+        if e.stage in (Stage.ACCEPTED, Stage.REJECTED) and not e.invalid
+    )
+
+
 def _accepted(state: CloserState) -> list[Entry]:
     return sorted(
         (e for e in state.entries.values() if e.stage is Stage.ACCEPTED), key=lambda e: e.learner
@@ -922,11 +935,7 @@ def _accepted(state: CloserState) -> list[Entry]:
 def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     """Start the merge once quorum (or every live learner) is in and grace has run out."""
     cfg = state.manifest.config
-    judged = frozenset(
-        e.learner
-        for e in state.entries.values()
-        if e.stage in (Stage.ACCEPTED, Stage.REJECTED) and not e.invalid
-    )
+    judged = _reported(state)
     # A snapshot this round proves its learner alive: its lease is no longer looked at.
     live = _live(state, now_s) | judged
     lapsed = _lapsed(state, now_s) - judged
@@ -944,6 +953,25 @@ def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> Close
     if now_s < state.close_at_s and not everyone:
         return state
     return _merge(state, now_s, accepted, cmds)
+
+
+def _maybe_follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """Tell the learners still awaited that ``follow`` others have published this round, once
+    (:mod:`gm_core.follow`): they publish it at once instead of on their own schedule."""
+    cfg = state.manifest.config
+    if cfg.follow == 0 or state.followed >= state.round:
+        return state
+    judged = _reported(state)
+    live = _live(state, now_s) | judged
+    need = follow.threshold(cfg.follow, len(live))
+    accepted = len(_accepted(state))
+    if need is None or accepted < need or live <= judged:
+        return state
+    key = keys.follow(state.round)
+    state, req = issue(state, Purpose(kind=Ask.FOLLOW, round=state.round))
+    data = state.envelope.seal(key, follow.encode(state.round, accepted))
+    cmds.append(PutOnce(req=req, key=key, data=data))
+    return attrs.evolve(state, followed=state.round)
 
 
 def _merge(
@@ -1295,6 +1323,9 @@ def _sweep(state: CloserState, record: RoundRecord, cmds: list[Command]) -> Clos
             cmds.append(DeletePrefix(req=req, prefix=prefix))
         state, req = issue(state, Purpose(kind=Ask.SWEEP, round=round_))
         cmds.append(DeletePrefix(req=req, prefix=keys.payload_prefix(round_)))
+        if state.manifest.config.follow:
+            state, req = issue(state, Purpose(kind=Ask.SWEEP, round=round_))
+            cmds.append(Delete(req=req, keys=(keys.follow(round_),)))
     swept_below = retention.new_swept_below(
         committed_round=record.round,
         fragments=fragments,
@@ -1402,6 +1433,7 @@ def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSta
         for learner in unreported:
             state = _look_at_lease(state, Ask.LEASE, learner, cmds)
         state = attrs.evolve(state, leases_at_s=now_s + _probe_s(state))
+    state = _maybe_follow(state, now_s, cmds)
     return _maybe_close(state, now_s, cmds)
 
 

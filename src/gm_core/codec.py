@@ -441,6 +441,7 @@ ADDED_FIELDS: Mapping[type, Mapping[str, Any]] = {
         "grace_seconds": None,
         "carry_above": 0.6,
         "overwrite_below": 0.4,
+        "follow": 0,
     },
     Manifest: {"auth": None, "chained": False},
     RoundRecord: {"live": [], "prev": None},
@@ -614,6 +615,7 @@ def _check_config(path: Path, config: AlgorithmConfig) -> None:
             "must satisfy -1 <= overwrite_below <= carry_above <= 1,"
             f" got {config.overwrite_below} and {config.carry_above}",
         )
+    _non_negative((*path, "follow"), config.follow)
     _at_least((*path, "sync_every"), config.sync_every, 1)
     _at_least((*path, "fragments"), config.fragments, 1)
     _at_least((*path, "quorum"), config.quorum, 1)

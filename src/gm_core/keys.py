@@ -22,6 +22,7 @@ Keys are relative to the run prefix (the mailbox prepends it)::
     queue/{q}/units/{unit}/done/{attempt:04d}.json    create-once: that attempt finished the unit
     done/{node}.json                           create-once: the node's own data ran out
     finished.json                              create-once: the run is finished (its summary)
+    follow/{round:012d}.json                   create-once: enough learners published the round
 
 Numbers are zero-padded to a fixed width so that the byte order of keys, which is
 what every object store lists in, equals numeric order: the newest round is the last
@@ -76,6 +77,7 @@ QUEUE_UNITS = "units"
 QUEUE_CLAIMS = "claims"
 QUEUE_DONE = "done"
 DONE_PREFIX = "done/"
+FOLLOW_PREFIX = "follow/"
 FINISHED = "finished.json"
 
 _ROUND_WIDTH = 12
@@ -248,6 +250,13 @@ class FinishedKey:
     """``finished.json``."""
 
 
+@attrs.frozen
+class FollowKey:
+    """``follow/{round}.json``."""
+
+    round: int
+
+
 ParsedKey = (
     ManifestKey
     | HeadKey
@@ -264,6 +273,7 @@ ParsedKey = (
     | QueueDoneKey
     | DoneKey
     | FinishedKey
+    | FollowKey
 )
 
 
@@ -450,6 +460,12 @@ def finished() -> str:
     return FINISHED
 
 
+def follow(r: int) -> str:
+    """Key of the create-once marker that ``follow`` learners have published round ``r``
+    (:mod:`gm_core.follow`)."""
+    return f"{FOLLOW_PREFIX}{_round(r)}{_JSON}"
+
+
 def build(parsed: ParsedKey) -> str:
     """The key a parsed value stands for; the inverse of :func:`parse`."""
     match parsed:
@@ -487,6 +503,8 @@ def build(parsed: ParsedKey) -> str:
             return done(node)
         case FinishedKey():
             return finished()
+        case FollowKey(round=r):
+            return follow(r)
         case _:
             assert_never(parsed)
 
@@ -572,6 +590,9 @@ def parse(key: str) -> ParsedKey:
     if folder == DONE_PREFIX[:-1]:
         _, name = _segments(key, parts, 2)
         return DoneKey(_parse_id(key, _strip(key, name, _JSON), "node"))
+    if folder == FOLLOW_PREFIX[:-1]:
+        _, name = _segments(key, parts, 2)
+        return FollowKey(_parse_number(key, _strip(key, name, _JSON), _ROUND_WIDTH, "round"))
     raise BadKey(key, f"unknown folder {folder!r}")
 
 

@@ -52,6 +52,7 @@ from gm_core import (
     auth,
     cadence,
     fallback,
+    follow,
     keys,
     liveness,
     retention,
@@ -132,6 +133,7 @@ class Ask(enum.StrEnum):
     PRIOR = "prior"
     LEASE = "lease"
     RELEASE = "release"
+    FOLLOW = "follow"
 
 
 class Phase(enum.StrEnum):
@@ -237,6 +239,10 @@ class LearnerState:
     """Commits in a row that rejected this learner's delta as non-finite (:func:`_diverged`)."""
     reloaded_from: int = 0
     """Rounds below this were captured before the last reload (:func:`_poisoned`)."""
+    follow_round: int = -1
+    """A round whose ``follow`` marker was found: published at the next exact step count."""
+    follow_probing: bool = False
+    follow_at_s: float = 0.0
     silent_through: int = -1
     """Renew no lease until a record of this round is seen (see :func:`_retry_due`)."""
     loading: frozenset[int] = frozenset()
@@ -405,6 +411,8 @@ def _outcome(
             return _aligned(state, purpose, event, cmds)
         case Ask.PRIOR:
             return _prior_outcome(state, purpose, event, cmds)
+        case Ask.FOLLOW:
+            return _follow_outcome(state, purpose.round, event, cmds)
         case Ask.LEASE:
             if isinstance(event, RequestFailed):
                 cmds.append(Notify(kind="lease_failed", round=state.seen_round, detail=event.error))
@@ -773,6 +781,8 @@ def _aligned(
         return _rejoin(state)
     if purpose.kind is Ask.LOAD:
         loading = state.loading - {purpose.round}
+        if state.phase is not Phase.LOADING:
+            return attrs.evolve(state, loading=loading)  # closed meanwhile: it stays so
         phase = Phase.RUNNING if not loading else state.phase
         if not loading:
             cmds.append(Notify(kind="joined", round=state.aligned_round))
@@ -876,7 +886,24 @@ def _lost(state: LearnerState, message: str, now_s: float, cmds: list[Command]) 
 
 
 def _rejoin(state: LearnerState) -> LearnerState:
-    """Load the whole model again from the newest record, as a joining learner does."""
+    """Load the whole model again from the newest record, as a joining learner does.
+
+    Not while closing: a closing learner waits only to see its last rounds committed, and
+    the shell leaves the model at the newest commit itself; going back to joining would
+    end running, with the close forgotten (bench_queue saw ``close()`` stall so). It stops
+    waiting instead: what is still out is judged by the closer without it.
+    """
+    if state.phase in (Phase.CLOSING, Phase.CLOSED):
+        return attrs.evolve(
+            state,
+            aligning=None,
+            fetched={},
+            outgoing={},
+            retries={},
+            flushes=frozenset(),
+            loading=frozenset(),
+            pending={r: p for r, p in state.pending.items() if p.kind not in (Ask.LOAD, Ask.ALIGN)},
+        )
     return attrs.evolve(
         state,
         phase=Phase.BOOTING,
@@ -1010,8 +1037,9 @@ def _pump(
     if state.phase is Phase.CLOSING:
         state = _flush_due(state, cmds)
     if state.phase is Phase.RUNNING and exact_step:
-        state = _publish_due(state, cmds)
+        state = _publish_due(_followed(state), cmds)
     state = _poll(state, now_s, cmds)
+    state = _poll_follow(state, now_s, cmds)
     state = _renew(state, now_s, cmds)
     if state.phase is Phase.CLOSING:
         state = _maybe_release(state, now_s, cmds)
@@ -1027,6 +1055,62 @@ def _publish_due(state: LearnerState, cmds: list[Command]) -> LearnerState:
         state = _publish(state, round_, final=False, cmds=cmds)
         state = attrs.evolve(state, next_round=round_ + 1)
     return state
+
+
+def _following(state: LearnerState) -> int | None:
+    """The round whose ``follow`` marker to look for: the one this learner heads for, while
+    it is not due yet, not committed, and publishing it would keep within ``in_flight``."""
+    cfg = state.manifest.config
+    round_ = state.next_round
+    if (
+        cfg.follow == 0
+        or state.phase is not Phase.RUNNING
+        or round_ <= state.seen_round
+        or round_ > state.aligned_round + cfg.in_flight
+        or state.step >= schedule_step(state, round_)
+    ):
+        return None
+    return round_
+
+
+def _poll_follow(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+    """GET the ``follow`` marker of the round this learner heads for, once a poll."""
+    round_ = _following(state)
+    if round_ is None or round_ == state.follow_round or state.follow_probing:
+        return state
+    if now_s < state.follow_at_s:
+        return state
+    state, req = issue(state, Purpose(kind=Ask.FOLLOW, round=round_))
+    cmds.append(Get(req=req, key=keys.follow(round_)))
+    return attrs.evolve(state, follow_probing=True, follow_at_s=now_s + state.options.poll_s)
+
+
+def _follow_outcome(
+    state: LearnerState, round_: int, event: Event, cmds: list[Command]
+) -> LearnerState:
+    """A valid marker for the round still ahead: publish it at the next exact step count."""
+    state = attrs.evolve(state, follow_probing=False)
+    if not isinstance(event, GotObject) or event.data is None or _following(state) != round_:
+        return state
+    body = state.envelope.open(keys.follow(round_), event.data)
+    accepted = follow.decode(body, round_) if isinstance(body, bytes) else None
+    if accepted is None:
+        return state  # not the run's marker: publish on schedule
+    cmds.append(Notify(kind="following", round=round_, detail=f"accepted={accepted}"))
+    return attrs.evolve(state, follow_round=round_)
+
+
+def _followed(state: LearnerState) -> LearnerState:
+    """At an exact step count: a round whose marker was found becomes due now, its schedule
+    position moving up to the round's step (offsets only grow, as in :func:`_catch_up`)."""
+    round_ = state.follow_round
+    if round_ < 0:
+        return state
+    state = attrs.evolve(state, follow_round=-1)
+    if _following(state) != round_:
+        return state  # published on schedule meanwhile, committed, or held by in_flight
+    lag = schedule_step(state, round_) - state.step
+    return attrs.evolve(state, offset=state.offset + lag)
 
 
 def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
@@ -1197,8 +1281,8 @@ def _pace(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
                     limit = out.step + cfg.overlap_steps
                     barrier = min(barrier, limit)
                     stalled = stalled or state.step >= limit
-    if any(now_s >= x.at_s for x in state.retries.values()):
-        barrier = state.step + 1  # a retry waits for an exact step count (see _retry_due)
+    if any(now_s >= x.at_s for x in state.retries.values()) or state.follow_round >= 0:
+        barrier = state.step + 1  # a retry or a followed round waits for an exact step count
     pace = Pace(
         next_step=max(barrier, state.step + 1) if not stalled else state.step, stalled=stalled
     )
@@ -1211,6 +1295,7 @@ def _pace(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerStat
         _renew_at_s(state),
         *(min(x.at_s, x.since_s + timeout_s) for x in state.retries.values()),
         state.close_by_s if state.phase is Phase.CLOSING else NEVER,
+        state.follow_at_s if _following(state) is not None and not state.follow_probing else NEVER,
     )
     if state.phase is Phase.CLOSED:
         wake = NEVER

@@ -204,6 +204,11 @@ class AlgorithmConfig:
     """Under ``adaptive`` alignment, a fragment overwrites from a commit whose cosine is below
     this on; in between it keeps its mode. ``-1 <= overwrite_below <= carry_above <= 1``.
     Both added after format 1, with these defaults as their absent values."""
+    follow: int = 0
+    """A learner heading for a round that is not yet due publishes it at once, with the steps
+    it has, once the round's leader has accepted this many other learners' snapshots in it
+    (capped by the other live learners; :mod:`gm_core.follow`); 0 never. Added after format
+    1: a manifest without it never publishes early."""
 
 
 @attrs.frozen(kw_only=True)

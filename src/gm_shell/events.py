@@ -151,6 +151,19 @@ class AlignmentChanged(Event):
 
 
 @attrs.frozen(kw_only=True)
+class Following(Event):
+    """With ``follow`` set, the leader had accepted that many other learners' snapshots of
+    ``round`` before this learner reached it: this learner publishes it at its next step.
+
+    Attributes:
+        accepted: the snapshots the leader had accepted.
+    """
+
+    kind: ClassVar[str] = "following"
+    accepted: int = 0
+
+
+@attrs.frozen(kw_only=True)
 class AlignFailed(Event):
     """A commit could not be folded in; the learner re-joins from the newest commit."""
 
@@ -510,6 +523,8 @@ def from_notify(note: Notify, node: str, at_s: float) -> Event:
     if note.kind == "alignment_changed":
         mode = note.detail.split(" ")[1] if note.detail.count(" ") >= 1 else ""
         return make(AlignmentChanged, fragment=numbers.get("fragment", 0), mode=mode)
+    if note.kind == "following":
+        return make(Following, accepted=numbers.get("accepted", 0))
     if note.kind == "took_over":
         return make(TookOver, claim=numbers.get("claim", 0))
     if note.kind == "superseded":

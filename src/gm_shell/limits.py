@@ -15,8 +15,8 @@ keys (a round's snapshots, the leases, the claims) costs a node at most
 
 The caps are generous for the largest record a correct writer can produce:
 
-- a **snapshot**, **claim**, **lease** or **head** has a fixed set of fields whose
-  values are bounded (ids of at most 64 characters, 64-bit numbers, one payload
+- a **snapshot**, **claim**, **lease**, **head** or **follow** marker has a fixed set of
+  fields whose values are bounded (ids of at most 64 characters, 64-bit numbers, one payload
   reference): well under 1 KiB encoded (``tests/mailbox/test_bounded.py`` encodes the
   largest of each), so 64 KiB leaves room for a signature and later fields;
 - a **round record** grows with the number of fragments (its frontier) and of
@@ -32,7 +32,7 @@ from typing import Final
 from gm_core import codec, keys
 
 SMALL_RECORD_BYTES: Final = 64 << 10
-"""Cap of snapshots, claims, leases and the head hint."""
+"""Cap of snapshots, claims, leases, the head hint and follow markers."""
 
 
 def json_limit(key: str) -> int:
@@ -45,7 +45,8 @@ def json_limit(key: str) -> int:
         parsed = keys.parse(key)
     except keys.BadKey:
         return codec.MAX_RECORD_BYTES
-    if isinstance(parsed, keys.SnapshotKey | keys.ClaimKey | keys.LeaseKey | keys.HeadKey):
+    small = keys.SnapshotKey | keys.ClaimKey | keys.LeaseKey | keys.HeadKey | keys.FollowKey
+    if isinstance(parsed, small):
         return SMALL_RECORD_BYTES
     return codec.MAX_RECORD_BYTES
 

@@ -153,6 +153,12 @@ class DiLoCo:
         overwrite_below: with ``adaptive``, a fragment overwrites from a commit whose cosine
             is below this on; in between it keeps what it did, and every fragment starts by
             carrying. ``-1 <= overwrite_below <= carry_above <= 1``.
+        follow: a learner that has not reached a round's step yet publishes the round at
+            once, with the steps it has, once the closer has accepted this many other
+            learners' snapshots in it (at most the other live learners): slow learners keep
+            the run's pace instead of holding rounds open. 0 (the default) never does; the
+            reference package's default is ``quorum - 1``. Costs a slow learner one GET
+            per poll while it waits for a round, and the closer one PUT per round.
         mixing: with ``blend``, the weight of the commit (1.0 behaves as overwrite).
         merge: how a closer combines accepted deltas: ``mean`` (weighted by
             tokens²/steps), ``rda`` (mean norm times mean direction), or, against
@@ -222,6 +228,7 @@ class DiLoCo:
     grace_seconds: float | None = None
     carry_above: float = 0.6
     overwrite_below: float = 0.4
+    follow: int = 0
     lease_timeout_s: float = 30.0
     takeover_floor_s: float = 10.0
     unit: Unit = attrs.field(default=Unit.SAMPLES, converter=Unit)

@@ -665,6 +665,8 @@ def format_status(s: RunStatus) -> str:
     if c.alignment is Alignment.ADAPTIVE:
         mixing = f" carry_above={c.carry_above:g} overwrite_below={c.overwrite_below:g}"
     overlap = "" if c.overlap_steps is None else f" overlap_steps={c.overlap_steps}"
+    if c.follow:
+        overlap += f" follow={c.follow}"
     out.append(
         f"config   H={c.sync_every} P={c.fragments} quorum={c.quorum} in_flight={c.in_flight}"
         f"{overlap} merge={c.merge.value} alignment={c.alignment.value}{mixing}"

@@ -109,6 +109,7 @@ def configs(fragments: st.SearchStrategy[int] = FRAGMENT_COUNTS) -> st.SearchStr
         outlier_norm_factor=st.none() | st.floats(1, 1e6),
         outlier_cosine=st.none() | st.floats(-1, 1),
         grace_seconds=st.none() | st.floats(0, codec.MAX_GRACE_SECONDS),
+        follow=st.integers(0, 8) | counts,
     ).flatmap(_with_thresholds)
 
 
@@ -606,6 +607,23 @@ def test_a_manifest_written_before_adaptive_alignment_has_its_default_thresholds
     got = codec.decode(Manifest, dumps(doc))
     defaults = attrs.evolve(manifest.config, carry_above=0.6, overwrite_below=0.4)
     assert got == attrs.evolve(manifest, config=defaults)
+
+
+@given(manifests())
+def test_a_manifest_written_before_follow_never_publishes_early(manifest: Manifest) -> None:
+    doc = document(manifest)
+    assert isinstance(doc, dict)
+    assert isinstance(doc["config"], dict)
+    doc["config"].pop("follow", None)
+    got = codec.decode(Manifest, dumps(doc))
+    assert got == attrs.evolve(manifest, config=attrs.evolve(manifest.config, follow=0))
+
+
+def test_a_negative_follow_is_refused() -> None:
+    doc = document(MANIFEST.config)
+    assert isinstance(doc, dict)
+    doc["follow"] = -1
+    assert refused(AlgorithmConfig, dumps(doc)).path == "follow"
 
 
 @pytest.mark.parametrize(

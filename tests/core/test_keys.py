@@ -18,6 +18,7 @@ from gm_core.keys import (
     ClaimKey,
     DoneKey,
     FinishedKey,
+    FollowKey,
     HeadKey,
     LeaseKey,
     ManifestKey,
@@ -69,6 +70,7 @@ parsed_keys: st.SearchStrategy[ParsedKey] = st.one_of(
     st.builds(QueueDoneKey, ids, ids, attempts),
     st.builds(DoneKey, ids),
     st.just(FinishedKey()),
+    st.builds(FollowKey, rounds),
 )
 
 # Pieces that look like parts of keys, so that fuzzing reaches deep into the parser.

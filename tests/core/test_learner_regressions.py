@@ -16,9 +16,15 @@ import attrs
 from fast_cluster import FAST_C, FAST_L, C, L
 
 from gm_core import cluster as cl
-from gm_core import codec, learner, schedule, tape
-from gm_core.commands import Align, Capture, Get
-from gm_core.events import GotObject, RequestFailed, TimerFired
+from gm_core import codec, keys, learner, schedule, tape
+from gm_core.commands import Align, Capture, Delete, Get
+from gm_core.events import (
+    CloseRequested,
+    Deleted,
+    GotObject,
+    RequestFailed,
+    TimerFired,
+)
 from gm_core.records import AlgorithmConfig
 
 T = TypeVar("T")
@@ -163,3 +169,77 @@ def test_a_learner_closed_while_booting_with_a_record_fetched_closes() -> None:
     state = c.nodes["n1"].learner
     assert state is not None
     assert state.phase in (learner.Phase.CLOSING, learner.Phase.CLOSED)
+
+
+def closing_while_aligning() -> tuple[learner.LearnerState, int, float]:
+    """A learner asked to close (Session.close: the queue ran out) with an alignment in flight."""
+
+    def found(c: cl.Cluster) -> tuple[learner.LearnerState, int, float] | None:
+        align, _ = n1_requests(c)
+        state = c.nodes["n1"].learner
+        assert state is not None
+        if align and state.phase is learner.Phase.RUNNING and state.aligned_round >= 2:
+            return state, align[0], c.now_s
+        return None
+
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=2)
+    state, req, now_s = drive_until(config, {"n0": 1, "n1": 1}, found)[0]
+    state, _ = learner.advance(state, CloseRequested(now_s=now_s))
+    assert state.phase is learner.Phase.CLOSING
+    return state, req, now_s
+
+
+def test_a_closing_learner_whose_alignment_fails_still_closes() -> None:
+    """bench_queue (in_flight=8): a node whose queue ran out asked its learner to close while
+    a commit's payload was already swept; the failed alignment sent the learner back to
+    joining, which ended RUNNING, and ``close()`` raised StalledError after 90 s. Closing, a
+    learner has nothing to align for (the shell leaves the model at the newest commit): it
+    stops waiting and releases its lease."""
+    state, req, now_s = closing_while_aligning()
+    state, cmds = learner.advance(state, RequestFailed(now_s=now_s, req=req, error="swept"))
+    assert state.phase is learner.Phase.CLOSING
+    (release,) = [x for x in cmds if isinstance(x, Delete)]
+    assert release.keys == (keys.lease("n1"),)
+    state, _ = learner.advance(state, Deleted(now_s=now_s, req=release.req))
+    assert state.phase is learner.Phase.CLOSED
+
+
+def test_a_join_that_completes_after_close_does_not_train_again() -> None:
+    """A learner asked to close while it loads the model again (an alignment failed before):
+    the load's outcome must not set it running (it would renew the lease it released, and
+    no ``finished.json`` could be written while it looks live)."""
+
+    def found(c: cl.Cluster) -> tuple[int, cl.Cluster] | None:
+        align, _ = n1_requests(c)
+        state = c.nodes["n1"].learner
+        assert state is not None
+        if align and state.phase is learner.Phase.RUNNING and state.aligned_round >= 2:
+            index = next(
+                i
+                for i, f in enumerate(c.inflight)
+                if f.node == "n1" and isinstance(f.command, Align)
+            )
+            return index, c
+        return None
+
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=2)
+    (index, c), _ = drive_until(config, {"n0": 1, "n1": 1}, found)
+    c = cl.deliver(c, index, cl.Fault.FAIL)  # back to joining
+    for _ in range(5000):
+        if c.nodes["n1"].learner.phase is learner.Phase.LOADING:  # type: ignore[union-attr]
+            break
+        if c.inflight:
+            c = cl.deliver(c, 0)
+            continue
+        c = cl.tick(c, 0.25)
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+    else:
+        raise AssertionError("n1 never loaded again")
+    c = cl.close(c, "n1")
+    phases = []
+    while any(f.node == "n1" for f in c.inflight):
+        c = cl.deliver(c, next(i for i, f in enumerate(c.inflight) if f.node == "n1"))
+        phases.append(c.nodes["n1"].learner.phase)  # type: ignore[union-attr]
+    assert learner.Phase.RUNNING not in phases
+    assert phases[-1] is learner.Phase.CLOSED

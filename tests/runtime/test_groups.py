@@ -269,11 +269,16 @@ def test_a_ddp_group_started_again_with_resume_goes_on_from_its_step_on_every_ra
 ) -> None:
     """resume= with a DDP group: the leader saves the group's state on closing; started
     again (new processes, same node), every rank counts on from the saved step and its
-    Adam optimizer holds the saved state (its step count), not a fresh one."""
+    Adam optimizer holds the saved state (its step count), not a fresh one. An FSDP2
+    group is refused resume= by name on both ranks."""
     run.start("closer", "closer", node="closer")
     run.group("ddp", "ddp", steps=12, resume=True)
-    first = ["ddp.0", "ddp.1"]
-    assert run.join(*first, timeout_s=180) == dict.fromkeys(first, 0)
+    run.group("fsdp", "fsdp", steps=4, resume=True)
+    first, sharded = ["ddp.0", "ddp.1"], ["fsdp.0", "fsdp.1"]
+    assert run.join(*first, *sharded, timeout_s=180) == dict.fromkeys(first + sharded, 0)
+    for name in sharded:
+        assert run.result(name)["error"] == "ValueError", run.result(name)
+        assert "sharded parameters (FSDP2)" in run.result(name)["message"]
     run.group("ddp", "ddp", name="again", steps=8, resume=True)
     again = ["again.0", "again.1"]
     codes = run.join(*again, timeout_s=180)

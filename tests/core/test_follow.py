@@ -1,0 +1,132 @@
+"""Publishing early (``follow``, issue 13 item 6): a learner behind the others publishes a
+round once the leader has accepted ``follow`` other learners' snapshots in it.
+
+The pure parts (:mod:`gm_core.follow`: the threshold and the marker's codec) are
+property-tested; the machines are driven on the model cluster, where every invariant is
+checked: a slow learner under a long fixed grace window holds every round open without
+``follow``, and keeps the fast learners' pace with it.
+"""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+import pytest
+from fast_cluster import FAST_C, FAST_L, C, L
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gm_core import cluster as cl
+from gm_core import follow, keys
+from gm_core.records import AlgorithmConfig
+
+
+@given(st.integers(-3, 10), st.integers(0, 10))
+def test_the_threshold_is_follow_capped_by_the_other_live_learners(f: int, live: int) -> None:
+    got = follow.threshold(f, live)
+    if f <= 0 or live < 2:
+        assert got is None
+    else:
+        assert got is not None
+        assert 1 <= got <= live - 1
+        assert got == min(f, live - 1)
+
+
+@given(st.integers(0, keys.ROUND_LIMIT - 1), st.integers(1, 2**40))
+def test_a_marker_reads_back_at_its_own_round_only(round_: int, accepted: int) -> None:
+    body = follow.encode(round_, accepted)
+    assert follow.decode(body, round_) == accepted
+    assert follow.decode(body, round_ + 1) is None
+
+
+@given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+def test_any_bytes_decode_or_are_refused(body: bytes) -> None:
+    got = follow.decode(body, 3)
+    assert got is None or (isinstance(got, int) and got >= 1)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"accepted":0,"format":1,"round":3}',
+        b'{"accepted":2,"format":2,"round":3}',
+        b'{"accepted":true,"format":1,"round":3}',
+        b'{"accepted":2,"format":1,"round":3,"x":0}',
+        b'{"accepted":2,"format":1,"round":"3"}',
+        b"[]",
+        b" " * 300,
+    ],
+)
+def test_garbage_markers_are_refused(body: bytes) -> None:
+    assert follow.decode(body, 3) is None
+
+
+# --- on the model cluster -------------------------------------------------------------------
+
+ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L}), "n2": frozenset({L})}
+CONFIG = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=3, grace_seconds=60.0)
+"""A fixed grace window far longer than the run: a round closes once every live learner is in."""
+
+
+def run(config: AlgorithmConfig, ticks: int = 120, garbage: tuple[int, ...] = ()) -> cl.Cluster:
+    """n0 and n1 train a step every tick, n2 one every fourth; ``garbage`` rounds' marker keys
+    hold an outsider's bytes from the start."""
+    rng = random.Random(3)
+    c = cl.create(config, ROLES, learner_options=FAST_L, closer_options=FAST_C)
+    for round_ in garbage:
+        c = cl.inject(c, keys.follow(round_), b'{"accepted":1,"format":1,"round":-1}')
+    for name in sorted(ROLES):
+        c = cl.start(c, name)
+    for tick in range(ticks):
+        while c.inflight:
+            c = cl.deliver(c, rng.randrange(len(c.inflight)))
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        for name in ("n0", "n1") if tick % 4 else ("n0", "n1", "n2"):
+            c = cl.train(c, name, 1)
+        c = cl.tick(c, 0.25)
+    assert cl.check(c) == []
+    return c
+
+
+def followed(c: cl.Cluster, name: str) -> list[int]:
+    return [x.round for n, x in c.notes if n == name and x.kind == "following"]
+
+
+def test_a_slow_learner_keeps_the_pace_of_the_others() -> None:
+    slow = cl.records(run(CONFIG))
+    c = run(attrs.evolve(CONFIG, follow=1))
+    fast = cl.records(c)
+    # Without follow every round waits for n2's steps; with it, n2 publishes each round as
+    # soon as n0 or n1 has, and the rounds go at their pace (the run is far shorter than
+    # its grace window, so no round closes by the window).
+    assert len(fast) >= 2 * len(slow)
+    assert all(len(r.participants) == 3 for r in fast[1:])
+    assert len(followed(c, "n2")) >= len(fast) // 2
+    assert not followed(c, "n0")  # nobody is ahead of the fast learners to follow
+    gap = CONFIG.sync_every // CONFIG.fragments
+    n2_steps = [p.steps for r in fast[1:] for p in r.participants if p.learner == "n2"]
+    assert max(n2_steps) < gap  # published early, with the steps it had
+    # Markers are swept with their rounds' snapshots.
+    markers = [k for k in c.store.objects if k.startswith(keys.FOLLOW_PREFIX)]
+    assert len(markers) < len(fast) // 2
+
+
+def test_follow_2_waits_for_both_fast_learners() -> None:
+    c = run(attrs.evolve(CONFIG, follow=2))
+    records = {r.round: r for r in cl.records(c)}
+    rounds = [r for r in followed(c, "n2") if r in records]
+    assert len(rounds) >= 3
+    for round_ in rounds:
+        assert {"n0", "n1"} <= {p.learner for p in records[round_].participants}
+
+
+def test_a_garbage_marker_publishes_nothing_early() -> None:
+    """An outsider's object at a round's marker key is not the leader's: that round waits
+    for n2's own schedule (the leader's write finds the key taken), the others do not."""
+    c = run(attrs.evolve(CONFIG, follow=1), garbage=(3, 4))
+    rounds = followed(c, "n2")
+    assert rounds
+    assert not {3, 4} & set(rounds)
+    assert {3, 4} < {r.round for r in cl.records(c)}  # closed once n2 came on schedule
