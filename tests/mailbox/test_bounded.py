@@ -26,7 +26,7 @@ import pytest
 from hostile_objects import declared_tensor, nested_header, sealed, zeros_frame
 from mailbox_targets import Target, local_target, server_target, store_params
 
-from gm_core import auth, codec, keys, plan
+from gm_core import auth, cluster, codec, keys, plan
 from gm_core.records import (
     AlgorithmConfig,
     Compression,
@@ -326,9 +326,9 @@ def test_one_shot_readers_refuse_an_oversized_manifest_and_record_by_name(tmp_pa
         with pytest.raises(RunError, match=r"manifest is unreadable: .* over the 4,194,304-byte"):
             await read_manifest(box, None)
         await box.put_once(keys.round_record(0), b" " * (codec.MAX_RECORD_BYTES + 1))
-        newest, stopped = await newest_record(
-            box, auth.for_run("r", None), AlgorithmConfig(sync_every=8, fragments=2)
-        )
+        config = AlgorithmConfig(sync_every=8, fragments=2)
+        manifest = cluster.create(config, {"n0": frozenset(cluster.Machine)}).manifest
+        newest, stopped = await newest_record(box, auth.for_run("r", None), manifest)
         assert newest is None
         assert stopped == ""  # skipped unread (slot 0, protocol §16.4): round 0 is not written
         assert box.stats.bytes_in == 0
