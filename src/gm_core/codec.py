@@ -609,10 +609,14 @@ def _check_config(path: Path, config: AlgorithmConfig) -> None:
             _at_least((*path, name), factor, 1.0)
     if config.outlier_cosine is not None and not -1.0 <= config.outlier_cosine <= 1.0:
         _fail((*path, "outlier_cosine"), f"must be in [-1, 1], got {config.outlier_cosine}")
-    if not -1.0 <= config.overwrite_below <= config.carry_above <= 1.0:
+    for name in ("carry_above", "overwrite_below"):  # each named where it is out of range
+        threshold = getattr(config, name)
+        if not -1.0 <= threshold <= 1.0:
+            _fail((*path, name), f"must be in [-1, 1], got {threshold}")
+    if config.overwrite_below > config.carry_above:
         _fail(
             (*path, "carry_above"),
-            "must satisfy -1 <= overwrite_below <= carry_above <= 1,"
+            "must satisfy overwrite_below <= carry_above,"
             f" got {config.overwrite_below} and {config.carry_above}",
         )
     _non_negative((*path, "follow"), config.follow)

@@ -627,17 +627,25 @@ def test_a_negative_follow_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    ("carry_above", "overwrite_below"), [(0.3, 0.5), (1.5, 0.4), (0.6, -1.01), (0.2, 0.2000001)]
+    ("carry_above", "overwrite_below", "path", "reason"),
+    [
+        (0.3, 0.5, "carry_above", "overwrite_below <= carry_above"),
+        (1.5, 0.4, "carry_above", "[-1, 1]"),
+        (0.6, -1.01, "overwrite_below", "[-1, 1]"),
+        (0.2, 0.2000001, "carry_above", "overwrite_below <= carry_above"),
+    ],
 )
 def test_adaptive_thresholds_out_of_order_or_range_are_refused(
-    carry_above: float, overwrite_below: float
+    carry_above: float, overwrite_below: float, path: str, reason: str
 ) -> None:
+    """A threshold out of [-1, 1] is named itself; two in range but out of order name
+    ``carry_above``."""
     doc = document(MANIFEST.config)
     assert isinstance(doc, dict)
     doc["carry_above"], doc["overwrite_below"] = carry_above, overwrite_below
     error = refused(AlgorithmConfig, dumps(doc))
-    assert error.path == "carry_above"
-    assert "overwrite_below <= carry_above" in error.reason
+    assert error.path == path
+    assert reason in error.reason
 
 
 def written_iff_meaningful(obj: Any, doc: JSON) -> None:
