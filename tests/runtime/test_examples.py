@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,9 +117,10 @@ def test_torchrun_ddp_and_fsdp2_example_groups_train_one_run(tmp_path: Path) -> 
     for group in groups.values():
         output = group.communicate(timeout=300)[0]
         assert group.returncode == 0, output[-3000:]
-        finals = sorted(line for line in output.splitlines() if " final: model at round " in line)
-        assert [line.split()[1] for line in finals] == ["0", "1"], output[-3000:]
-        rounds = {int(line.split()[-1]) for line in finals}
+        # Two ranks print to one pipe: their lines may run together, so match, not split.
+        finals = sorted(re.findall(r"rank (\d+) final: model at round (-?\d+)", output))
+        assert [rank for rank, _ in finals] == ["0", "1"], output[-3000:]
+        rounds = {int(round_) for _, round_ in finals}
         assert len(rounds) == 1, finals  # the ranks of a group end at one commit
         assert rounds.pop() > 0, finals
     manifest = json.loads((tmp_path / "bucket" / "manifest.json").read_text())
