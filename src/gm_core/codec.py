@@ -893,6 +893,19 @@ def decode(kind: type[T], data: bytes | bytearray | memoryview) -> T:
     return _decode_text(kind, text)
 
 
+def small_object(body: bytes, max_bytes: int, fields: frozenset[str]) -> dict[str, Any] | None:
+    """The JSON object in ``body`` when it is at most ``max_bytes`` long and has exactly
+    ``fields``; None for anything else (total: no input raises). For the small markers of
+    the coordination modules, whose field values each reader then checks itself."""
+    if len(body) > max_bytes:
+        return None
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    return doc if isinstance(doc, dict) and set(doc) == fields else None
+
+
 def declared_format(data: bytes) -> int | None:
     """The ``format`` a document declares, nothing else checked (None: it declares none).
 

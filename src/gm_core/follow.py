@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 from typing import Final
 
+from gm_core import codec
+
 FORMAT: Final = 1
 BODY_MAX_BYTES: Final = 256
 """A marker is a few dozen bytes; anything larger is refused unread."""
@@ -59,13 +61,8 @@ def decode(body: bytes, round_: int) -> int | None:
     exactly accepted/format/round, another format, a round other than the key's, a count
     that is not a positive integer.
     """
-    if len(body) > BODY_MAX_BYTES:
-        return None
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or set(doc) != {"accepted", "format", "round"}:
+    doc = codec.small_object(body, BODY_MAX_BYTES, frozenset({"accepted", "format", "round"}))
+    if doc is None:
         return None
     accepted, fmt, found = doc["accepted"], doc["format"], doc["round"]
     if type(fmt) is not int or fmt != FORMAT or type(found) is not int or found != round_:

@@ -67,7 +67,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from gm_core import keys, liveness
+from gm_core import codec, keys, liveness
 from gm_core.auth import Envelope, Unauthenticated
 from gm_core.commands import Command, Delete, Get, List, Notify, Probe, PutOnce, WakeAt
 from gm_core.completion import DoneMarker, decode_done, encode_done
@@ -877,13 +877,8 @@ def decode_claim(body: bytes, unit: str, attempt: int) -> str | None:
     exactly format/unit/attempt/node, another format, a unit or attempt other than the
     key's, a node that is neither an id nor ``""`` (given back).
     """
-    if len(body) > BODY_MAX_BYTES:
-        return None
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or set(doc) != {"format", "unit", "attempt", "node"}:
+    doc = codec.small_object(body, BODY_MAX_BYTES, frozenset({"format", "unit", "attempt", "node"}))
+    if doc is None:
         return None
     node = doc["node"]
     if (

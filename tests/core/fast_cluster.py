@@ -49,3 +49,19 @@ def drive(
         c = cl.tick(c, 0.25)
         assert not cl.check(c), cl.check(c)
     return c
+
+
+def paced(
+    c: cl.Cluster, ticks: int, rng: random.Random, fast: Sequence[str], slow: str, every: int
+) -> cl.Cluster:
+    """A fair schedule in which the ``fast`` learners train a step every tick and ``slow``
+    one every ``every`` ticks (requests delivered in a random order)."""
+    for tick in range(ticks):
+        while c.inflight:
+            c = cl.deliver(c, rng.randrange(len(c.inflight)))
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        for name in fast if tick % every else (*fast, slow):
+            c = cl.train(c, name, 1)
+        c = cl.tick(c, 0.25)
+    return c

@@ -13,7 +13,7 @@ import random
 
 import attrs
 import pytest
-from fast_cluster import FAST_C, FAST_L, C, L
+from fast_cluster import FAST_C, FAST_L, C, L, paced
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -78,14 +78,7 @@ def run(config: AlgorithmConfig, ticks: int = 120, garbage: tuple[int, ...] = ()
         c = cl.inject(c, keys.follow(round_), b'{"accepted":1,"format":1,"round":-1}')
     for name in sorted(ROLES):
         c = cl.start(c, name)
-    for tick in range(ticks):
-        while c.inflight:
-            c = cl.deliver(c, rng.randrange(len(c.inflight)))
-        for name, machine in cl.due_timers(c):
-            c = cl.fire(c, name, machine)
-        for name in ("n0", "n1") if tick % 4 else ("n0", "n1", "n2"):
-            c = cl.train(c, name, 1)
-        c = cl.tick(c, 0.25)
+    c = paced(c, ticks, rng, ("n0", "n1"), "n2", every=4)
     assert cl.check(c) == []
     return c
 

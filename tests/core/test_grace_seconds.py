@@ -12,7 +12,7 @@ import random
 
 import attrs
 import pytest
-from fast_cluster import FAST_C, FAST_L, C, L
+from fast_cluster import FAST_C, FAST_L, C, L, paced
 
 from gm_core import cluster as cl
 from gm_core.records import AlgorithmConfig
@@ -28,15 +28,7 @@ def run(config: AlgorithmConfig, ticks: int = 300) -> cl.Cluster:
     c = cl.create(config, ROLES, learner_options=FAST_L, closer_options=FAST_C)
     for name in sorted(ROLES):
         c = cl.start(c, name)
-    for tick in range(ticks):
-        while c.inflight:
-            c = cl.deliver(c, rng.randrange(len(c.inflight)))
-        for name, machine in cl.due_timers(c):
-            c = cl.fire(c, name, machine)
-        for name in ("n0", "n1") if tick % 16 else ("n0", "n1", "n2"):
-            c = cl.train(c, name, 1)
-        c = cl.tick(c, 0.25)
-    return c
+    return paced(c, ticks, rng, ("n0", "n1"), "n2", every=16)
 
 
 @pytest.mark.parametrize("seconds", [0.0, 3.0])
