@@ -30,6 +30,15 @@ Frozen parameters (a LoRA run's base model) are not in the schema: the manifest
 pins each by the digest of its values, and :func:`frozen_mismatch` names every
 frozen tensor a joining node holds differently — a different base would make its
 adapter deltas meaningless.
+
+Pinning (spec/protocol.md §16.5.2, trust on first use). Comparing config and schema
+cannot tell a forged manifest from the real one: a bucket writer who creates the
+manifest at a new prefix before its creator, with the run's config and schema and its
+own ``init``, is adopted by every node, creator included. :func:`digest` names one
+manifest exactly (SHA-256 of its canonical encoding, the value a chained run's round 0
+names as ``prev``); a node told the digest (``manifest_digest=``, printed when the run
+is created and by ``gm status``) refuses any other manifest (:func:`pin_mismatch`)
+before it trains or aligns anything.
 """
 
 from __future__ import annotations
@@ -39,6 +48,11 @@ import enum
 import attrs
 
 from gm_core.records import AlgorithmConfig, FrozenTensor, Manifest, TensorSpec, WireFormat
+from gm_core.tape import chain_digest
+
+DIGEST_CHARS = 64
+"""A manifest digest is 64 lowercase hex characters (SHA-256)."""
+_HEX = frozenset("0123456789abcdef")
 
 MAX_LISTED = 5
 """Differences of one kind named individually before the rest are only counted."""
@@ -191,3 +205,34 @@ def frozen_mismatch(mine: tuple[FrozenTensor, ...], theirs: tuple[FrozenTensor, 
             [n for n in run if n in ours and ours[n] != run[n]],
         ),
     ]
+
+
+def digest(manifest: Manifest) -> str:
+    """The digest that names ``manifest`` exactly: what a node pins (``manifest_digest=``)
+    and what a chained run's record of round 0 names as ``prev``."""
+    return chain_digest(manifest)
+
+
+def parse_digest(text: str) -> str:
+    """A manifest digest as a person copied it (case and surrounding spaces ignored);
+    raises ValueError naming what a digest looks like."""
+    cleaned = text.strip().lower()
+    if len(cleaned) != DIGEST_CHARS or not set(cleaned) <= _HEX:
+        raise ValueError(
+            f"a manifest digest is {DIGEST_CHARS} hex characters (the run's creator and "
+            f"`gm status` print it); got {len(cleaned)} characters"
+        )
+    return cleaned
+
+
+def pin_mismatch(pinned: str, manifest: Manifest) -> str | None:
+    """Why a node that pinned ``pinned`` (:func:`parse_digest`'s) refuses ``manifest``
+    (None: it is the pinned one)."""
+    found = digest(manifest)
+    if found == pinned:
+        return None
+    return (
+        f"the manifest here has digest {found}, this node pinned {pinned}: it is not the "
+        f"run this node was told to join (another run at this prefix, or a forged or "
+        f"replaced manifest); nothing was trained or loaded"
+    )

@@ -9,7 +9,7 @@ from gm_shell.pacer import StalledError
 from gm_shell.queue import QueueMismatchError, SharedQueue
 from gm_shell.ranks import RankLost, RanksDoneError
 from gm_shell.resume import ResumeError
-from gm_shell.run import RunError, RunMismatchError
+from gm_shell.run import ManifestPinError, RunError, RunMismatchError
 from gm_shell.runkey import OpenRunWarning, RunKeyError, keygen
 from gm_shell.session import DiLoCo, DivergedError, Role, Session, SessionOptions
 from gm_shell.stores import MailboxOptions
@@ -25,6 +25,7 @@ __all__ = [
     "DivergedError",
     "JaxParams",
     "MailboxOptions",
+    "ManifestPinError",
     "MergeRule",
     "OpenRunWarning",
     "Partition",

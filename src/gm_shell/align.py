@@ -41,7 +41,7 @@ from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, ModelError, adapt
 from gm_shell.reads import Reader, read_json
 from gm_shell.replica import Replica
-from gm_shell.run import RunError, RunMismatchError, read_manifest
+from gm_shell.run import RunError, RunMismatchError, pinned_digest, read_manifest
 from gm_shell.runkey import FROM_ENV, RunKey
 from gm_shell.runkey import resolve as resolve_run_key
 from gm_shell.stores import MailboxOptions
@@ -96,6 +96,7 @@ def align(
     round: int | None = None,
     options: MailboxOptions | None = None,
     run_key: RunKey = FROM_ENV,
+    manifest_digest: str | None = None,
 ) -> Checkpoint:
     """Load the run's committed parameters into ``model`` (torch, MLX or JAX) and return.
 
@@ -103,13 +104,16 @@ def align(
     still be in the bucket: closers keep the newest two cycles). The run's synchronized
     parameters are loaded whatever ``requires_grad`` says; its frozen ones must be the
     model's already (the same base), which is checked. ``run_key`` as for
-    :class:`~gm_shell.Session` (the run's key; default from ``GM_RUN_KEY``).
+    :class:`~gm_shell.Session` (the run's key; default from ``GM_RUN_KEY``);
+    ``manifest_digest`` too (any other manifest raises :class:`ManifestPinError` before
+    anything is loaded into ``model``).
     """
     run_auth = resolve_run_key(run_key, mailbox)
+    pinned = pinned_digest(manifest_digest)
     loop = LoopThread("gm-align")
     box = Mailbox.open(mailbox, options=options)
     try:
-        manifest = loop.run(read_manifest(box, run_auth))
+        manifest = loop.run(read_manifest(box, run_auth, pinned))
         if manifest is None:
             raise RunError(f"{mailbox}: no run here (manifest.json is absent)")
         envelope = auth.for_run(manifest.run_id, run_auth)

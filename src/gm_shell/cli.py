@@ -157,6 +157,12 @@ def _register_status(sub: Subparsers) -> None:
         "--prices", choices=("s3", "r2"), default="s3", help="request prices (default s3)"
     )
     p.add_argument("--endpoint", help="S3-compatible or Azure endpoint (else from the environment)")
+    p.add_argument(
+        "--manifest-digest",
+        type=_manifest_digest,
+        metavar="HEX",
+        help="refuse the run unless its manifest has this digest (status prints it)",
+    )
 
     def handler(args: argparse.Namespace) -> int:
         from gm_shell import status  # the mailbox and codec load only when status runs
@@ -176,6 +182,7 @@ def _register_status(sub: Subparsers) -> None:
                     everything=args.all,
                     prices=status.PRICES[args.prices],
                     run_auth=run_auth,
+                    pinned=args.manifest_digest,
                 )
             finally:
                 await box.aclose()
@@ -192,6 +199,15 @@ def _register_status(sub: Subparsers) -> None:
         return 0
 
     p.set_defaults(handler=handler)
+
+
+def _manifest_digest(text: str) -> str:
+    from gm_core.manifest import parse_digest
+
+    try:
+        return parse_digest(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 _REGISTRARS: tuple[Callable[[Subparsers], None], ...] = (

@@ -17,6 +17,12 @@ they imply — and reads ``manifest.json``:
 
 A closer-only node has no model and therefore no schema of its own: it adopts
 whatever run it finds, and there must be one.
+
+A node that pins the manifest's digest (``manifest_digest=``, trust on first use:
+spec/protocol.md §16.5.2) adopts only that manifest: any other is refused by
+:class:`ManifestPinError` when it is read, before anything is trained or loaded, and
+such a node never creates a run (the run it was told to join would not be the one it
+wrote).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import attrs
 
 from gm_core import auth, codec, keys, plan
 from gm_core.auth import RunAuth, Unauthenticated, Why
-from gm_core.manifest import manifest_mismatch
+from gm_core.manifest import manifest_mismatch, parse_digest, pin_mismatch
 from gm_core.numerics.arrays import F32
 from gm_core.records import (
     AlgorithmConfig,
@@ -51,6 +57,12 @@ class RunError(RuntimeError):
 
 class RunMismatchError(RunError):
     """This node's config or model differs from the run's; the message names each difference."""
+
+
+class ManifestPinError(RunError):
+    """The manifest in the bucket is not the one this node pinned (``manifest_digest=``):
+    another run at the prefix, or a forged or replaced manifest. Nothing was trained or
+    loaded; the message names both digests."""
 
 
 def draft_manifest(
@@ -76,11 +88,15 @@ def draft_manifest(
     )
 
 
-async def read_manifest(mailbox: Mailbox, run_auth: RunAuth | None) -> Manifest | None:
+async def read_manifest(
+    mailbox: Mailbox, run_auth: RunAuth | None, pinned: str | None = None
+) -> Manifest | None:
     """The run's manifest, or None if the run does not exist yet.
 
     Opened with this node's key (``run_auth``, None for an open node): a manifest this
-    node cannot verify, or one of the other mode, is refused with what to do.
+    node cannot verify, or one of the other mode, is refused with what to do. With
+    ``pinned`` (a :func:`gm_core.manifest.digest`), any other manifest raises
+    :class:`ManifestPinError`.
     """
     try:
         got = await mailbox.get(keys.manifest(), max_bytes=codec.MAX_RECORD_BYTES)
@@ -98,7 +114,15 @@ async def read_manifest(mailbox: Mailbox, run_auth: RunAuth | None) -> Manifest 
     problem = auth.mismatch(manifest.auth, run_auth)
     if problem is not None:
         raise RunError(f"{mailbox.url}: {problem}")
+    refused = None if pinned is None else pin_mismatch(pinned, manifest)
+    if refused is not None:
+        raise ManifestPinError(f"{mailbox.url}: {refused}")
     return manifest
+
+
+def pinned_digest(manifest_digest: str | None) -> str | None:
+    """``manifest_digest=`` as given by a caller, checked (ValueError names the form)."""
+    return None if manifest_digest is None else parse_digest(manifest_digest)
 
 
 def _refusal(verdict: Unauthenticated, data: bytes, run_auth: RunAuth | None) -> str:

@@ -70,6 +70,7 @@ from gm_core.advice import advise
 from gm_core.auth import RunAuth, for_run
 from gm_core.completion import DoneMarker, Plain, Queued, Ranked, Shape, encode_done
 from gm_core.events import Started
+from gm_core.manifest import digest as manifest_digest
 from gm_core.manifest import natural_format, wire_wider_than_params
 from gm_core.records import (
     EMBEDDING_PATTERN,
@@ -100,7 +101,14 @@ from gm_shell.ranks import RankHolder
 from gm_shell.replica import Replica
 from gm_shell.resume import Progress, Resumer, default_max_bytes
 from gm_shell.resume import digest_key as resume_digest_key
-from gm_shell.run import RunError, adopt, create, draft_manifest, read_manifest
+from gm_shell.run import (
+    RunError,
+    adopt,
+    create,
+    draft_manifest,
+    pinned_digest,
+    read_manifest,
+)
 from gm_shell.runkey import FROM_ENV, OpenRunWarning, RunKey, open_run_warning
 from gm_shell.runkey import resolve as resolve_run_key
 from gm_shell.runtime import Machine, Runtime, lease_epoch_us, now
@@ -312,6 +320,11 @@ def default_node_id() -> str:
     return cleaned if keys.valid_id(cleaned) else f"node-{uuid.uuid4().hex[:12]}"
 
 
+def _named(manifest: Manifest, mailbox: Mailbox) -> str:
+    """A run event's detail: where the run is and the manifest digest that pins it."""
+    return f"{mailbox.url} manifest {manifest_digest(manifest)}"
+
+
 class DivergedError(RuntimeError):
     """This learner's deltas were rejected as non-finite by several commits in a row,
     although its model was reloaded each time: training itself produces NaN or Inf."""
@@ -377,15 +390,23 @@ class Session:
             and ``model`` is a ``DistributedDataParallel`` module or holds DTensor parameters
             (FSDP2's ``fully_shard``); else, and with ``None``, each process is a learner of
             its own, as without torch.distributed. A group of one rank is no group.
+        manifest_digest: join only the run whose manifest has this digest (64 hex
+            characters; trust on first use: the node that creates a run logs it in its
+            ``run_created`` event, every node in ``run_adopted``, ``gm status`` prints it,
+            and :attr:`manifest_digest` holds it). Any other manifest at ``mailbox`` (a
+            forged one at a new prefix, a replaced one) is refused by
+            :class:`~gm_shell.ManifestPinError` before anything is trained; a pinned node
+            never creates a run.
 
     Raises:
-        ValueError: a bad node id, no model for a training role, or ``resume`` for a
-            closer or holding the model.
+        ValueError: a bad node id, no model for a training role, ``resume`` for a
+            closer or holding the model, or a malformed ``manifest_digest``.
         gm_shell.RunKeyError: (at :meth:`start`) no run key for a shared bucket, or a
             malformed one.
         gm_shell.ResumeError: ``resume`` was given and the node's saved state cannot be read
             (the message names the object and how to start afresh).
         gm_shell.RunMismatchError: the run exists with other settings or another model.
+        gm_shell.ManifestPinError: (at :meth:`start`) the manifest is not the pinned one.
         gm_shell.mailbox.MailboxError: the bucket cannot be used (the message says why
             and what to do).
         gm_shell.ranks.RanksDoneError: (at :meth:`start`) with ``ranks``, every rank is done.
@@ -419,8 +440,10 @@ class Session:
         run_key: RunKey = FROM_ENV,
         ranks: int | None = None,
         group: Any = AUTO,
+        manifest_digest: str | None = None,
     ) -> None:
         self.role = Role(role)
+        self._pinned = pinned_digest(manifest_digest)
         if model is None and self.role is not Role.CLOSER:
             raise ValueError(f"role {self.role} trains a model: pass one")
         if ranks is not None and self.role in (Role.CLOSER, Role.EITHER):
@@ -638,8 +661,8 @@ class Session:
                 frozen=adapter.frozen(),
                 run_auth=self._run_auth,
             )
-        theirs = self._loop.run(read_manifest(mailbox, self._run_auth))
-        waited = self.role is Role.CLOSER
+        theirs = self._loop.run(read_manifest(mailbox, self._run_auth, self._pinned))
+        waited = self.role is Role.CLOSER or self._pinned is not None
         if theirs is None and waited:
             theirs = self._wait_for_run()
         if theirs is None and draft is not None and adapter is not None and not waited:
@@ -647,28 +670,44 @@ class Session:
             values = [initial.read(f) for f in range(len(draft.plan.fragments))]
             created = self._loop.run(create(mailbox, draft, values, self._run_auth))
             if created is not None:
-                self._emit(events.RunCreated(node=self.node, round=-1, detail=mailbox.url))
+                self._emit(
+                    events.RunCreated(node=self.node, round=-1, detail=_named(created, mailbox))
+                )
                 for advice in advise(created.config):  # the node that chose the config hears it
                     events.LOG.warning("%s: this config wastes training: %s", self.node, advice)
                 return created
             theirs = self._loop.run(read_manifest(mailbox, self._run_auth))
+        if theirs is None and self._pinned is not None:
+            raise RunError(
+                f"{mailbox.url}: no run here; this node pinned manifest {self._pinned} "
+                "(manifest_digest=), so it joins that run and never creates one"
+            )
         if theirs is None:
             raise RunError(f"{mailbox.url}: no run here; start a node with a model to create it")
         if draft is not None and adapter is not None:
             draft = attrs.evolve(draft, config=self.algorithm.config(adapter.held(), theirs.config))
         manifest = adopt(draft, theirs, mailbox.url)
         if manifest.created_by != self.node:
-            self._emit(events.RunAdopted(node=self.node, round=-1, detail=mailbox.url))
+            self._emit(
+                events.RunAdopted(node=self.node, round=-1, detail=_named(manifest, mailbox))
+            )
         return manifest
 
+    @property
+    def manifest_digest(self) -> str | None:
+        """The digest of the run's manifest (None before :meth:`start`): what other nodes,
+        ``align()`` and ``gm status`` pin with ``manifest_digest=``."""
+        return None if self.manifest is None else manifest_digest(self.manifest)
+
     def _wait_for_run(self) -> Manifest | None:
-        """A closer never creates the run: it waits (``join_timeout_s``) for a learner to."""
+        """A closer (or a node pinned to a manifest) never creates the run: it waits
+        (``join_timeout_s``) for a learner to."""
         assert self._loop is not None
         assert self._mailbox is not None
         deadline = time.monotonic() + self.options.join_timeout_s
         while time.monotonic() < deadline:
             time.sleep(min(self.options.poll_s, max(deadline - time.monotonic(), 0.0)))
-            theirs = self._loop.run(read_manifest(self._mailbox, self._run_auth))
+            theirs = self._loop.run(read_manifest(self._mailbox, self._run_auth, self._pinned))
             if theirs is not None:
                 return theirs
         return None

@@ -45,6 +45,7 @@ import cattrs
 from gm_core import auth, keys, schedule, timing, tip
 from gm_core.auth import Envelope, RunAuth
 from gm_core.completion import Summary, judge_summary
+from gm_core.manifest import digest
 from gm_core.records import AlgorithmConfig, Alignment, Manifest, Requests, RoundRecord
 from gm_core.tape import BadRecord, expected_prev, parse_head
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
@@ -237,6 +238,9 @@ class RunStatus:
     """What ``finished.json`` says (None: the run is not finished, or it is unreadable)."""
     finished_problem: str = ""
     """Why a ``finished.json`` that is there was not believed."""
+    manifest_digest: str = ""
+    """The manifest's digest (:func:`gm_core.manifest.digest`): what a node pins with
+    ``manifest_digest=`` to join this run and no other (trust on first use)."""
 
 
 # --- reading -------------------------------------------------------------------------
@@ -515,10 +519,12 @@ async def gather_status(
     everything: bool = False,
     prices: PriceTable = PRICES_S3,
     run_auth: RunAuth | None = None,
+    pinned: str | None = None,
 ) -> RunStatus:
     """Read the manifest, find the newest round and summarize the last ``last`` records.
 
-    ``run_auth``: the run key's subkeys, needed to read an authenticated run.
+    ``run_auth``: the run key's subkeys, needed to read an authenticated run. ``pinned``:
+    a manifest digest; any other manifest raises :class:`~gm_shell.run.ManifestPinError`.
 
     Raises :class:`NoRunError` when there is no manifest, :class:`RunError` when it
     is unreadable, and :class:`~gm_shell.mailbox.MailboxError` when the store fails.
@@ -526,7 +532,7 @@ async def gather_status(
     if last < 1:
         raise ValueError(f"last must be >= 1, got {last}")
     before = box.stats
-    manifest = await read_manifest(box, run_auth)
+    manifest = await read_manifest(box, run_auth, pinned)
     if manifest is None:
         raise NoRunError(f"{box.url}: no run here (manifest.json is absent)")
     envelope = auth.for_run(manifest.run_id, run_auth)
@@ -557,6 +563,7 @@ async def gather_status(
         run_id=manifest.run_id,
         created_by=manifest.created_by,
         auth="open" if manifest.auth is None else f"key id {manifest.auth.key_id}",
+        manifest_digest=digest(manifest),
         config=config,
         tensors=len(manifest.schema),
         parameters=sum(math.prod(t.shape) for t in manifest.schema),
@@ -661,6 +668,7 @@ def format_status(s: RunStatus) -> str:
     out: list[str] = []
     out.append(f"run      {s.run_id} (created by {s.created_by})  {s.url}")
     out.append(f"auth     {_auth_line(s)}")
+    out.append(f"manifest {s.manifest_digest} (nodes pin it with manifest_digest=)")
     mixing = f" mixing={c.mixing:g}" if c.alignment is Alignment.BLEND else ""
     if c.alignment is Alignment.ADAPTIVE:
         mixing = f" carry_above={c.carry_above:g} overwrite_below={c.overwrite_below:g}"

@@ -7,15 +7,18 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from gm_core import plan
 from gm_core.manifest import (
     MAX_LISTED,
+    digest,
     frozen_mismatch,
     manifest_mismatch,
     natural_format,
+    parse_digest,
+    pin_mismatch,
     wire_schema,
     wire_wider_than_params,
 )
@@ -33,6 +36,7 @@ from gm_core.records import (
     Unit,
     WireFormat,
 )
+from gm_core.tape import chain_digest
 
 REF = PayloadRef(key="payloads/000000000000/" + "0" * 64 + ".st", size=1, digest="0" * 64)
 
@@ -261,3 +265,59 @@ def test_the_natural_format_never_widens_a_parameter(held_dtypes: list[str]) -> 
     assert (warning is None) == (fmt is WireFormat.F32)
     quantized = attrs.evolve(narrowest, delta_format=WireFormat.F4_E2M1)
     assert wire_wider_than_params(quantized, held) is None
+
+
+# --- pinning (spec/protocol.md §16.5.2) -------------------------------------------------
+
+hex_digests = st.text("0123456789abcdef", min_size=64, max_size=64)
+
+
+@given(configs, schemas())
+def test_a_pinned_manifest_is_adopted(
+    config: AlgorithmConfig, schema: tuple[TensorSpec, ...]
+) -> None:
+    m = manifest(config, schema)
+    assert pin_mismatch(digest(m), m) is None
+    assert digest(m) == chain_digest(m)  # what a chained run's round 0 names as prev
+
+
+OTHER_REF = PayloadRef(key="payloads/000000000000/" + "1" * 64 + ".st", size=1, digest="1" * 64)
+FORGERIES: dict[str, Any] = {
+    "run_id": "forged",
+    "created_by": "attacker",
+    "init": tuple(FragmentState(version=0, theta=OTHER_REF, momentum=None) for _ in range(2)),
+    "chained": False,
+}
+
+
+@given(configs, schemas(), st.sampled_from(sorted(FORGERIES)))
+def test_a_manifest_that_differs_in_anything_is_refused_naming_both_digests(
+    config: AlgorithmConfig, schema: tuple[TensorSpec, ...], field: str
+) -> None:
+    """Even what config and schema leave out (who created it, its initial model): a forger
+    who copies the run's config and schema and brings its own ``init`` is refused."""
+    real = manifest(config, schema, chained=True)
+    forged = attrs.evolve(real, **{field: FORGERIES[field]})
+    assert manifest_mismatch(real, forged) is None  # what adoption alone cannot see
+    problem = pin_mismatch(digest(real), forged)
+    assert problem is not None
+    assert digest(real) in problem
+    assert digest(forged) in problem
+
+
+@given(hex_digests, st.sampled_from(["", " ", "\n"]), st.booleans())
+def test_a_digest_is_read_as_a_person_copied_it(text: str, pad: str, upper: bool) -> None:
+    shown = text.upper() if upper else text
+    assert parse_digest(f"{pad}{shown}{pad}") == text
+
+
+def is_digest(text: str) -> bool:
+    cleaned = text.strip().lower()
+    return len(cleaned) == 64 and set(cleaned) <= set("0123456789abcdef")
+
+
+@given(st.text(max_size=70) | st.text("0123456789abcdefgG ", min_size=60, max_size=68))
+def test_anything_else_is_not_a_digest(text: str) -> None:
+    assume(not is_digest(text))
+    with pytest.raises(ValueError, match="64 hex characters"):
+        parse_digest(text)
