@@ -9,7 +9,9 @@ each repeat so a change of load falls on all of them; each figure the best of sh
 batches, the one other processes disturbed least): ``Envelope.seal`` and ``Envelope.open``
 (the gm/2 header and HMAC-SHA256 over the framed run id, object key and body: what every
 JSON object costs) next to the bare HMAC over the body, keyed BLAKE3, unkeyed BLAKE3 and
-plain SHA-256 over 2 KiB (a record), 64 KiB and 64 MiB; GB/s, µs per 2 KiB object, and
+plain SHA-256 over 2 KiB (a record), 64 KiB and 64 MiB, and with per-node keys
+(``seal signed``/``open signed``: the tag, then an Ed25519 signature by the writer and its
+check against the roster, spec/protocol.md §16.3); GB/s, µs per 2 KiB object, and
 ratios to unkeyed BLAKE3. Then the payload path, ``gm_shell.payload.content_hash`` keyed
 (an authenticated run's digests) against unkeyed (an open run's) over a 64 MiB payload.
 
@@ -24,7 +26,10 @@ authenticated side back to back, alternating which goes first):
   journaled store at 0 ms: round time (median interval between record writes), sequential
   requests on the path (waves) and requests per round.
 
-Every figure is printed per side as the median over repeats with the spread (min-max of the
+Three sides: open, a run key (``keyed``), and a run key with per-node keys (``signed``:
+every object the nodes write is signed, every one they read checked; the critical path's
+prefilled snapshots are signed by their learners). Every figure is printed per side as the
+median over repeats with the spread (min-max of the
 repeats) and the authenticated/open ratio; the spread of the open side is the noise floor a
 difference has to exceed.
 """
@@ -44,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import blake3
 
 from bench import bench_step, gm_runs
@@ -56,7 +62,9 @@ RUN_KEY = bytes(range(32))
 KEY_NAME = "snapshots/000000000042/learner-a.json"
 """An object key of the length a snapshot's has (the tag covers it)."""
 
-SIDES = ("open", "keyed")
+SIDES = ("open", "keyed", "signed")
+"""An open run, a run key, a run key and per-node keys (Ed25519)."""
+RUN_KEYS: dict[str, bytes | None] = {"open": None, "keyed": RUN_KEY, "signed": RUN_KEY}
 
 BATCH_S = 0.002
 """How long one timed batch of calls lasts (the best batch of a measurement counts)."""
@@ -77,19 +85,42 @@ def hashers(data: bytes) -> dict[str, Callable[[bytes], object]]:
     payload_key = run_auth.payload_key
     sealed = envelope.seal(KEY_NAME, data)
 
+    signer = signed_envelope("learner-a")
+    signed = signer.seal(KEY_NAME, data)
+
     def open_(_data: bytes) -> object:
         body = envelope.open(KEY_NAME, sealed)
+        assert not isinstance(body, auth.Unauthenticated), body
+        return body
+
+    def open_signed(_data: bytes) -> object:
+        body = signer.open(KEY_NAME, signed)
         assert not isinstance(body, auth.Unauthenticated), body
         return body
 
     return {
         "seal (HMAC-SHA256)": lambda data: envelope.seal(KEY_NAME, data),
         "open (HMAC-SHA256)": open_,
+        "seal signed (Ed25519)": lambda data: signer.seal(KEY_NAME, data),
+        "open signed (Ed25519)": open_signed,
         "HMAC-SHA256 alone": lambda data: hmac.digest(run_auth.tag_key, data, "sha256"),
         "BLAKE3 keyed": lambda data: blake3.blake3(data, key=payload_key).digest(),
         "BLAKE3": lambda data: blake3.blake3(data).digest(),
         "SHA-256": lambda data: hashlib.sha256(data).digest(),
     }
+
+
+def signed_envelope(node: str) -> auth.Envelope:
+    """The envelope of ``node`` (a learner) in a run with per-node keys: HMAC tag, then an
+    Ed25519 signature (gm_shell.nodekeys, the ``cryptography`` package)."""
+    from bench.gm_runs import bench_roster, node_key
+    from gm_shell import nodekeys
+
+    roster = bench_roster({node: ("learner",)})
+    signing = auth.Signing(
+        roster=roster, verify=nodekeys.verify, node=node, sign=nodekeys.signer(node_key(node))
+    )
+    return auth.for_run("bench-run-id", attrs.evolve(auth.derive(RUN_KEY), signing=signing))
 
 
 def seconds_per_call(fn: Callable[[bytes], object], data: bytes, budget_s: float) -> float:
@@ -186,17 +217,24 @@ def tagged(folder: Path) -> bool:
     return manifest.read_bytes().startswith(auth.MARKER)
 
 
-def step_side(folder: Path, steps: int, run_key: bytes | None) -> dict[str, Any]:
+def step_side(folder: Path, steps: int, side: str) -> dict[str, Any]:
     """``step()`` gaps on due steps (no commit waited for) of one run over ``file://``."""
     (gaps, kinds), rounds = bench_step.gm_loop(
-        steps, 8, 2, 0.01, 0.01, mailbox=f"file://{folder}", run_key=run_key
+        steps,
+        8,
+        2,
+        0.01,
+        0.01,
+        mailbox=f"file://{folder}",
+        run_key=RUN_KEYS[side],
+        signed=side == "signed",
     )
     due = [g for g, k in zip(gaps, kinds, strict=True) if k == "due"]
     figures = bench_step.summary(due) if due else {"median_us": None, "p99_us": None}
     return {**figures, "due_steps": len(due), "rounds": rounds, "tagged": tagged(folder)}
 
 
-def path_side(folder: Path, rounds: int, run_key: bytes | None) -> dict[str, Any]:
+def path_side(folder: Path, rounds: int, side: str) -> dict[str, Any]:
     """A closer's round over a ``LocalStore``: round time, waves, requests per round."""
     result = gm_runs.critical_path(
         latencies_ms=[0.0],
@@ -205,8 +243,9 @@ def path_side(folder: Path, rounds: int, run_key: bytes | None) -> dict[str, Any
         fragments=2,
         tensors=8,
         elements=65536,
-        run_key=run_key,
+        run_key=RUN_KEYS[side],
         folder=folder,
+        signed=side == "signed",
     )
     row = result["results"][0]
     return {
@@ -224,18 +263,17 @@ def runs(repeat: int, steps: int, rounds: int) -> dict[str, list[dict[str, Any]]
     out: dict[str, list[dict[str, Any]]] = {
         f"{part} {side}": [] for part in ("step", "path") for side in SIDES
     }
-    run_keys = {"open": None, "keyed": RUN_KEY}
     with tempfile.TemporaryDirectory(prefix="gm-bench-auth-") as tmp:
         root = Path(tmp)
         for i in range(repeat):
-            order = SIDES if i % 2 == 0 else SIDES[::-1]
+            order = SIDES[i % len(SIDES) :] + SIDES[: i % len(SIDES)]  # who goes first rotates
             for side in order:
                 where = root / f"step-{side}-{i}"
-                out[f"step {side}"].append(step_side(where, steps, run_keys[side]))
+                out[f"step {side}"].append(step_side(where, steps, side))
             for side in order:
                 where = root / f"path-{side}-{i}"
                 where.mkdir()
-                out[f"path {side}"].append(path_side(where, rounds, run_keys[side]))
+                out[f"path {side}"].append(path_side(where, rounds, side))
     return out
 
 
@@ -247,8 +285,10 @@ def print_runs(figures: dict[str, list[dict[str, Any]]]) -> None:
         ("path", "waves", "sequential requests per round"),
         ("path", "requests_per_round", "requests per round (closer)"),
     ]
-    print("\nOpen vs authenticated runs, file:// (median of repeats, min-max across repeats)")
-    print(f"  {'':<36}{'open':>9}{'spread':>17}{'keyed':>9}{'spread':>17}{'keyed/open':>12}")
+    print("\nOpen vs authenticated runs, file:// (median of repeats, min-max across repeats;")
+    print("  signed: per-node keys on top of the run key)")
+    head = "".join(f"{side:>9}{'spread':>17}" for side in SIDES)
+    print(f"  {'':<36}{head}{'keyed/open':>12}{'signed/keyed':>14}")
     for part, field, label in rows:
         per_side = {
             side: [r[field] for r in figures[f"{part} {side}"] if r.get(field) is not None]
@@ -262,9 +302,13 @@ def print_runs(figures: dict[str, list[dict[str, Any]]]) -> None:
             f"{med[s]:>9.1f}{f'{min(v):.1f}-{max(v):.1f}':>17}" for s, v in per_side.items()
         )
         ratio = med["keyed"] / med["open"] if med["open"] else float("nan")
-        print(f"  {label:<36}{cells}{ratio:>11.3f}x")
+        signed = med["signed"] / med["keyed"] if med["keyed"] else float("nan")
+        print(f"  {label:<36}{cells}{ratio:>11.3f}x{signed:>13.3f}x")
     due = {side: sum(r["due_steps"] for r in figures[f"step {side}"]) for side in SIDES}
-    print(f"  due steps sampled (no commit waited for): open {due['open']}, keyed {due['keyed']}")
+    print(
+        "  due steps sampled (no commit waited for): "
+        + ", ".join(f"{s} {n}" for s, n in due.items())
+    )
 
 
 def main() -> None:

@@ -44,6 +44,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 IN_FLIGHT = 2
@@ -88,6 +89,15 @@ Sample = tuple[list[int], list[str]]
 step at which the core stalled training until a commit was folded in)."""
 
 
+def _signed_solo(signed: bool) -> dict[str, Any]:
+    """The Session arguments of the lone node ``solo`` in a run with per-node keys."""
+    if not signed:
+        return {"node_key": None, "roster": None}
+    from bench.gm_runs import bench_roster, node_key
+
+    return {"node_key": node_key("solo"), "roster": bench_roster({"solo": ("learner", "closer")})}
+
+
 def gm_loop(
     steps: int,
     sync_every: int,
@@ -97,11 +107,13 @@ def gm_loop(
     *,
     mailbox: str = "memory://",
     run_key: bytes | None = None,
+    signed: bool = False,
 ) -> tuple[Sample, int]:
     """gm's gaps and what each step was, and the rounds committed.
 
     ``mailbox`` is the run's URL and ``run_key`` its key (None: an open run), so
-    bench_auth.py can run the same loop authenticated and open.
+    bench_auth.py can run the same loop authenticated and open; ``signed``: with per-node
+    keys too (the node signs everything it writes and checks every signature it reads).
 
     A lone learner on a fresh run never skips ahead, so round ``r`` is due at
     ``step_of(r)``; the core stalls that step while ``r > aligned + in_flight``, which
@@ -121,6 +133,7 @@ def gm_loop(
         node="solo",
         options=SessionOptions(poll_s=poll_s, compute="numpy"),
         run_key=run_key,
+        **_signed_solo(signed),
     )
     due = {schedule.step_of(r, sync_every, fragments): r for r in range(steps)}
     kinds: list[str] = []

@@ -23,6 +23,7 @@ record, exactly the objects a learner publishes), so that a closer alone can be 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import math
 import statistics
@@ -38,7 +39,8 @@ import torch
 from obstore.store import LocalStore, MemoryStore
 
 from gm_core import auth, keys, plan
-from gm_core.records import Manifest, Snapshot
+from gm_core.records import Manifest, Member, Roster, Snapshot
+from gm_shell import nodekeys
 from gm_shell.events import Committed, Event, Joined, TookOver
 from gm_shell.fragments import FragmentCodec, Role, payload_key
 from gm_shell.mailbox import Mailbox
@@ -57,6 +59,24 @@ except ModuleNotFoundError:
 
 LEARNERS = ("learner-a", "learner-b", "learner-c", "learner-d")
 SETUP = "setup"
+CLOSERS = ("closer",)
+"""The closer-only nodes of the critical-path runs (on the roster of a signed run)."""
+
+
+def node_key(node: str) -> bytes:
+    """A fixed Ed25519 private key per node id: the figures do not depend on it."""
+    return hashlib.sha256(b"gm bench node key " + node.encode()).digest()
+
+
+def bench_roster(roles: dict[str, tuple[str, ...]]) -> Roster:
+    """A roster of ``roles``' nodes with their :func:`node_key`, signed by a fixed authority."""
+    members = [
+        Member(node=n, roles=r, public_key=nodekeys.public_key(node_key(n)))
+        for n, r in sorted(roles.items())
+    ]
+    return nodekeys.make_roster(node_key("authority"), members)
+
+
 """The journal's name for the bench's own writes (run creation, prefilled snapshots)."""
 
 
@@ -120,10 +140,13 @@ class Bucket:
         *,
         store: MemoryStore | LocalStore | None = None,
         run_key: bytes | None = None,
+        roster: Roster | None = None,
     ) -> None:
         self.store = store if store is not None else MemoryStore()
         self.run_key = run_key
         self.run_auth = resolve(run_key, "memory://")
+        self.roster = roster
+        """Per-node keys (a run key too): every node signs with its :func:`node_key`."""
         self.journal = Journal()
         self.algorithm = algorithm
         self.model = torch_model(tensors, elements)
@@ -147,6 +170,7 @@ class Bucket:
             config=self.algorithm.config(),
             schema=adapter.schema(),
             run_auth=self.run_auth,
+            roster=self.roster,
         )
         replica = Replica(adapter, draft.plan)
         values = [replica.read(f) for f in range(len(draft.plan.fragments))]
@@ -161,7 +185,7 @@ class Bucket:
         earlier round has committed, and the step time is zero so the grace window stays shut.
         """
         fragments = FragmentCodec(manifest, payload_key=payload_key(self.run_auth))
-        envelope = auth.for_run(manifest.run_id, self.run_auth)
+        envelopes = {n: self.envelope(manifest, n, ("learner",)) for n in learners}
         cfg = manifest.config
         digest = plan.schema_digest(manifest.schema)
         gap = cfg.sync_every // cfg.fragments
@@ -187,7 +211,7 @@ class Bucket:
                 payload=ref,
             )
             key = keys.snapshot(round_, learner)
-            await mailbox.put_once(key, envelope.pack(key, snapshot))
+            await mailbox.put_once(key, envelopes[learner].pack(key, snapshot))
 
         async def all_of_them() -> None:
             for first in range(rounds.start, rounds.stop, 64):
@@ -197,6 +221,12 @@ class Bucket:
                 )
 
         asyncio.run(all_of_them())
+
+    def envelope(self, manifest: Manifest, node: str, roles: tuple[str, ...]) -> auth.Envelope:
+        """How ``node`` seals its objects in this run (signing them with per-node keys)."""
+        private = node_key(node) if self.roster is not None else None
+        signing = nodekeys.signing_for(manifest, node, private, roles)
+        return auth.for_run(manifest.run_id, nodekeys.with_signing(self.run_auth, signing))
 
     def closer(self, node: str, latency_s: float, poll_s: float, watcher: Watcher) -> Session:
         session = Session(
@@ -208,6 +238,7 @@ class Bucket:
             options=SessionOptions(poll_s=poll_s, compute="numpy"),
             callbacks=(watcher,),
             run_key=self.run_key,
+            node_key=node_key(node) if self.roster is not None else None,
         )
         session.start()
         return session
@@ -336,12 +367,16 @@ def critical_path(
     elements: int,
     run_key: bytes | None = None,
     folder: Path | None = None,
+    signed: bool = False,
 ) -> dict[str, Any]:
     """A closer alone closes ``rounds`` prefilled rounds at each latency (a fresh bucket each).
 
     ``run_key``: the run's key (None: open); ``folder``: where to put each bucket on disk
-    (a fresh sub-folder per latency; None: in memory).
+    (a fresh sub-folder per latency; None: in memory); ``signed``: per-node keys too
+    (every snapshot signed by its learner, every object the closer writes by it).
     """
+    roles = {**dict.fromkeys(LEARNERS, ("learner",)), **dict.fromkeys(CLOSERS, ("closer",))}
+    roster = bench_roster(roles) if signed else None
     results = []
     for latency_ms in latencies_ms:
         algorithm = DiLoCo(sync_every=sync_every, fragments=fragments, quorum=len(LEARNERS))
@@ -349,7 +384,7 @@ def critical_path(
         if folder is not None:
             where = Path(tempfile.mkdtemp(prefix=f"{latency_ms:g}ms-", dir=folder))
             store = LocalStore(where)
-        bucket = Bucket(algorithm, tensors, elements, store=store, run_key=run_key)
+        bucket = Bucket(algorithm, tensors, elements, store=store, run_key=run_key, roster=roster)
         try:
             manifest = bucket.create_run("closer")
             bucket.prefill(manifest, range(rounds), LEARNERS)

@@ -28,6 +28,20 @@ The mode is the node's configuration, never the bucket's word: a keyed node acce
 only objects tagged under its key, and an open node refuses tagged ones, so writing
 untagged objects cannot downgrade a run.
 
+Per-node keys (spec/protocol.md §16.3, optional on top of the run key). A run whose
+manifest carries a :class:`~gm_core.records.Roster` also needs every object signed by
+its writer: the header gains ``<signer> <signature>`` (Ed25519 over the same framed
+input as the tag, under the domain ``gm/2 signature``), and an object is the run's
+only when the signer is a member allowed to write its key (:func:`may_write`: only
+closers write records, claims, the head and follow markers; a learner writes only its
+own snapshots; every node only its own lease and done marker). The MAC comes first, so
+an outsider's object costs microseconds before any signature check. gm_core stays
+pure: the signature scheme is a pair of functions the shell passes in
+(:class:`Signing`; Ed25519 from ``cryptography`` in gm_shell.nodekeys), deterministic,
+so transitions stay functions of their inputs. The manifest itself is not signed: the
+roster is inside it (its integrity is the run key's tag, its authority's signature
+checked by the shell, and a pinnable digest).
+
 Why HMAC-SHA256 for the tags: it is in Python's standard library (gm_core's dependency
 set stays attrs, cattrs, numpy), and the objects it covers are at most
 :data:`gm_core.codec.MAX_RECORD_BYTES`, where a tag costs microseconds either way
@@ -41,11 +55,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+from collections.abc import Callable, Mapping
 
 import attrs
 
-from gm_core import codec
-from gm_core.records import AUTH_ALG, AuthInfo
+from gm_core import codec, keys
+from gm_core.records import AUTH_ALG, ROLE_CLOSER, ROLE_LEARNER, AuthInfo, Member, Roster
 
 KEY_BYTES = 32
 """A run key is this many random bytes (64 hex characters in ``GM_RUN_KEY``)."""
@@ -61,6 +76,9 @@ HEADER_MAX_BYTES = 512
 
 KEY_ID_CHARS = 16
 TAG_CHARS = 64
+SIGNATURE_CHARS = 128
+"""An Ed25519 signature, as hex in the header."""
+PUBLIC_KEY_BYTES = 32
 
 _TAG_CONTEXT = b"gm/2 2026 object tag"
 _PAYLOAD_CONTEXT = b"gm/2 2026 payload digest"
@@ -69,6 +87,8 @@ _NAME_CONTEXT = b"gm/2 2026 slot name"
 _RESUME_CONTEXT = b"gm/2 2026 resume digest"
 _DOMAIN = b"gm/2 object"
 _SLOT_DOMAIN = b"gm/2 slot"
+_SIGNATURE_DOMAIN = b"gm/2 signature"
+_ROSTER_DOMAIN = b"gm/2 roster"
 _OPEN_NAME_KEY = b"gm/2 open run: slot names are public"
 """An open run's slot names use this public key: the same code, no secret."""
 SLOT_NAME_CHARS = 16
@@ -88,6 +108,34 @@ class Why(enum.StrEnum):
     """The right key id and a tag that does not verify: forged or corrupted."""
     TAGGED = "tagged"
     """A tagged object in an open run: this node has no key to judge it."""
+    BAD_SIGNATURE = "bad_signature"
+    """Per-node keys: unsigned, or the signature does not verify under the signer's key."""
+    NOT_ALLOWED = "not_allowed"
+    """Per-node keys: the signer is not on the roster, or may not write this key."""
+
+
+Verify = Callable[[bytes, bytes, bytes], bool]
+"""``verify(public_key, message, signature)``: whether ``signature`` is the holder of
+``public_key``'s over ``message`` (Ed25519 in the shell; deterministic and total)."""
+
+Sign = Callable[[bytes], bytes]
+"""``sign(message)``: this node's signature over ``message`` (its private key inside)."""
+
+
+@attrs.frozen(kw_only=True)
+class Signing:
+    """Per-node keys in force for one run: its roster, how to verify, and how this node
+    signs (``node``/``sign`` None: a reader that writes nothing, like ``gm status``)."""
+
+    roster: Roster
+    verify: Verify = attrs.field(repr=False)
+    node: str | None = None
+    sign: Sign | None = attrs.field(default=None, repr=False)
+    members: Mapping[str, Member] = attrs.field(init=False, repr=False, eq=False)
+
+    @members.default
+    def _members(self) -> Mapping[str, Member]:
+        return {m.node: m for m in self.roster.members}
 
 
 @attrs.frozen(kw_only=True)
@@ -112,6 +160,8 @@ class RunAuth:
     """BLAKE3 key for the digest of a node's resume state (``nodes/{node}/resume.bin``): an
     outsider cannot write one that a restarting node loads (its optimizer, data position and
     local progress)."""
+    signing: Signing | None = None
+    """Per-node keys (None: the run key alone); set once the run's roster is known."""
 
 
 def derive(run_key: bytes) -> RunAuth:
@@ -159,11 +209,17 @@ class Envelope:
     run_id: str
 
     def seal(self, key: str, body: bytes) -> bytes:
-        """The bytes to store at ``key`` for ``body`` (the body itself in an open run)."""
+        """The bytes to store at ``key`` for ``body`` (the body itself in an open run);
+        signed too when this node signs (per-node keys)."""
         if self.auth is None:
             return body
         tag = _tag(self.auth, self.run_id, key, body)
-        return b"%s%s %s %s\n%s" % (MARKER, ALG.encode(), self.auth.key_id.encode(), tag, body)
+        header = b"%s%s %s %s" % (MARKER, ALG.encode(), self.auth.key_id.encode(), tag)
+        signing = self.auth.signing
+        if signing is not None and signing.sign is not None and signing.node is not None:
+            signature = signing.sign(signed_message(self.run_id, key, body)).hex()
+            header += b" %s %s" % (signing.node.encode(), signature.encode())
+        return b"%s\n%s" % (header, body)
 
     def pack(self, key: str, value: codec.Value) -> bytes:
         """``value`` encoded and sealed for ``key``."""
@@ -177,7 +233,10 @@ class Envelope:
                 detail = f"{key} is tagged (key id {claimed}); this node has no run key"
                 return Unauthenticated(why=Why.TAGGED, detail=detail)
             return data
-        return verify(self.auth, self.run_id, key, data)
+        body = verify(self.auth, self.run_id, key, data)
+        if isinstance(body, Unauthenticated) or self.auth.signing is None:
+            return body
+        return _signed(self.auth.signing, self.run_id, key, data, body)
 
     def slot_name(self, kind: str, subject: str, slot: int) -> str:
         """The name of slot ``slot`` of the create-once key ``kind``/``subject`` (§16.4.1).
@@ -199,7 +258,7 @@ def verify(run_auth: RunAuth, run_id: str, key: str, data: bytes) -> bytes | Una
     fields = _header_fields(data)
     if fields is None:
         return Unauthenticated(why=Why.MALFORMED_HEADER, detail=f"{key}: unreadable header")
-    alg, key_id, tag = fields
+    alg, key_id, tag = fields[:3]
     if alg != ALG:
         return Unauthenticated(why=Why.UNKNOWN_ALG, detail=f"{key}: algorithm {alg[:32]!r}")
     if key_id != run_auth.key_id:
@@ -209,6 +268,75 @@ def verify(run_auth: RunAuth, run_id: str, key: str, data: bytes) -> bytes | Una
     if not hmac.compare_digest(tag.encode(), _tag(run_auth, run_id, key, body)):
         return Unauthenticated(why=Why.BAD_TAG, detail=f"{key}: tag does not verify")
     return body
+
+
+def _signed(
+    signing: Signing, run_id: str, key: str, data: bytes, body: bytes
+) -> bytes | Unauthenticated:
+    """``body`` when the object's signer may write ``key`` and its signature verifies."""
+    fields = _header_fields(data)
+    if fields is None or len(fields) < 5:
+        return Unauthenticated(why=Why.BAD_SIGNATURE, detail=f"{key} is not signed")
+    signer, signature = fields[3], fields[4]
+    member = signing.members.get(signer)
+    if member is None:
+        detail = f"{key}: signer {signer} is not on the run's roster"
+        return Unauthenticated(why=Why.NOT_ALLOWED, detail=detail)
+    refused = may_write(member, key)
+    if refused is not None:
+        return Unauthenticated(why=Why.NOT_ALLOWED, detail=f"{key}: {refused}")
+    message = signed_message(run_id, key, body)
+    if not signing.verify(bytes.fromhex(member.public_key), message, bytes.fromhex(signature)):
+        detail = f"{key}: the signature does not verify under {signer}'s key"
+        return Unauthenticated(why=Why.BAD_SIGNATURE, detail=detail)
+    return body
+
+
+def may_write(member: Member, key: str) -> str | None:
+    """Why ``member`` may not write the object at ``key`` (None: it may), protocol §16.3.2.
+
+    The tape and the coordination of closers (records, claims, the head, follow markers)
+    are closers'; a snapshot is its learner's; a lease or a done marker is its node's.
+    Other objects of the run (barriers, queues, the finished marker) any member may
+    write. Payloads carry no header: the object naming them vouches for their digest.
+    """
+    try:
+        parsed = keys.parse(key)
+    except keys.BadKey:
+        return "not a key of the protocol"
+    match parsed:
+        case keys.RoundKey() | keys.ClaimKey() | keys.HeadKey() | keys.FollowKey():
+            if ROLE_CLOSER not in member.roles:
+                return f"{member.node} is not a closer (roles: {', '.join(member.roles)})"
+        case keys.SnapshotKey(learner=learner):
+            if ROLE_LEARNER not in member.roles:
+                return f"{member.node} is not a learner (roles: {', '.join(member.roles)})"
+            if learner != member.node:
+                return f"{member.node} may publish only its own snapshots, not {learner}'s"
+        case keys.LeaseKey(node=node) | keys.DoneKey(node=node):
+            if node != member.node:
+                return f"{member.node} may write only its own, not {node}'s"
+        case _:
+            pass
+    return None
+
+
+def signed_message(run_id: str, key: str, body: bytes) -> bytes:
+    """What a per-node signature covers: the tag's framed input under its own domain."""
+    return _frames((_SIGNATURE_DOMAIN, run_id.encode(), key.encode())) + body
+
+
+def roster_message(roster: Roster) -> bytes:
+    """What the roster's authority signs: every member's id, roles and key, in order."""
+    parts = [_ROSTER_DOMAIN, roster.authority.encode()]
+    for m in roster.members:
+        parts += [m.node.encode(), ",".join(m.roles).encode(), m.public_key.encode()]
+    return _frames(tuple(parts))
+
+
+def _frames(parts: tuple[bytes, ...]) -> bytes:
+    """``parts`` each preceded by its length (8 bytes, big-endian): no two inputs collide."""
+    return b"".join(len(part).to_bytes(8, "big") + part for part in parts)
 
 
 def _tag(run_auth: RunAuth, run_id: str, key: str, body: bytes) -> bytes:
@@ -232,7 +360,10 @@ def for_run(run_id: str, run_auth: RunAuth | None) -> Envelope:
 
 
 def for_manifest(run_auth: RunAuth | None) -> Envelope:
-    """The envelope of a manifest: sealed with no run id, which only its body names."""
+    """The envelope of a manifest: sealed with no run id, which only its body names, and
+    never signed (the roster that would judge a signature is inside it)."""
+    if run_auth is not None and run_auth.signing is not None:
+        run_auth = attrs.evolve(run_auth, signing=None)
     return Envelope(auth=run_auth, run_id="")
 
 
@@ -266,7 +397,8 @@ def mismatch(manifest_auth: AuthInfo | None, run_auth: RunAuth | None) -> str | 
 
 
 def _header_fields(data: bytes) -> list[str] | None:
-    """The header's fields after the marker, when it is a well-formed short ASCII line."""
+    """The header's fields after the marker, when it is a well-formed short ASCII line:
+    ``alg key_id tag``, then ``signer signature`` when the writer signs."""
     if not data.startswith(MARKER):
         return None
     end = data.find(b"\n", 0, HEADER_MAX_BYTES)
@@ -276,10 +408,12 @@ def _header_fields(data: bytes) -> list[str] | None:
     if not line.isascii():
         return None
     fields = line.decode("ascii").split(" ")
-    if len(fields) != 3:
+    if len(fields) not in (3, 5):
         return None
-    _, key_id, tag = fields
+    key_id, tag = fields[1], fields[2]
     if not _is_hex(key_id, KEY_ID_CHARS) or not _is_hex(tag, TAG_CHARS):
+        return None
+    if len(fields) == 5 and not (keys.valid_id(fields[3]) and _is_hex(fields[4], SIGNATURE_CHARS)):
         return None
     return fields
 

@@ -63,6 +63,7 @@ from gm_core import keys
 from gm_core.records import (
     AUTH_ALG,
     FORMAT_VERSION,
+    ROSTER_ROLES,
     AlgorithmConfig,
     AuthInfo,
     Claim,
@@ -72,11 +73,13 @@ from gm_core.records import (
     Head,
     Lease,
     Manifest,
+    Member,
     Participant,
     PayloadRef,
     Record,
     Rejection,
     Requests,
+    Roster,
     RoundRecord,
     Snapshot,
     TensorSpec,
@@ -103,6 +106,8 @@ Value = (
     | Rejection
     | Timing
     | Requests
+    | Roster
+    | Member
 )
 """Everything the codec reads and writes: the records and the values nested in them."""
 
@@ -125,6 +130,8 @@ KINDS: Final[tuple[type[Value], ...]] = (
     Rejection,
     Timing,
     Requests,
+    Roster,
+    Member,
 )
 
 
@@ -443,7 +450,7 @@ ADDED_FIELDS: Mapping[type, Mapping[str, Any]] = {
         "overwrite_below": 0.4,
         "follow": 0,
     },
-    Manifest: {"auth": None, "chained": False},
+    Manifest: {"auth": None, "chained": False, "roster": None},
     RoundRecord: {"live": [], "prev": None},
 }
 """Fields added after format 1, with the JSON value a record written before them means.
@@ -648,16 +655,32 @@ def _check_fragment_state(path: Path, state: FragmentState) -> None:
         _check_payload_ref((*path, "momentum"), state.momentum)
 
 
+_Item = TypeVar("_Item", TensorSpec, Member)
+
+
+def _each_once(
+    path: Path,
+    items: tuple[_Item, ...],
+    check: Callable[[Path, _Item], None],
+    field: str,
+    what: str,
+) -> set[str]:
+    """Check every item of ``items`` and that no two share ``field``; the values of it."""
+    seen: set[str] = set()
+    for index, item in enumerate(items):
+        check((*path, index), item)
+        name = getattr(item, field)
+        if name in seen:
+            _fail((*path, index, field), f"{what} {_short(name)} appears twice")
+        seen.add(name)
+    return seen
+
+
 def _check_manifest(path: Path, m: Manifest) -> None:
     _id((*path, "run_id"), m.run_id)
     _id((*path, "created_by"), m.created_by)
     _check_config((*path, "config"), m.config)
-    names: set[str] = set()
-    for index, spec in enumerate(m.schema):
-        _check_tensor_spec((*path, "schema", index), spec)
-        if spec.name in names:
-            _fail((*path, "schema", index, "name"), f"tensor {_short(spec.name)} appears twice")
-        names.add(spec.name)
+    names = _each_once((*path, "schema"), m.schema, _check_tensor_spec, "name", "tensor")
     fragments = m.config.fragments
     if len(m.plan.fragments) != fragments:
         _fail(
@@ -688,6 +711,10 @@ def _check_manifest(path: Path, m: Manifest) -> None:
         names.add(frozen.name)
     if m.auth is not None:
         _check_auth((*path, "auth"), m.auth)
+    if m.roster is not None:
+        if m.auth is None:
+            _fail((*path, "roster"), "per-node keys need a run key (the run is open)")
+        _check_roster((*path, "roster"), m.roster)
 
 
 _KEY_ID_RE = re.compile(r"[0-9a-f]{16}")
@@ -699,6 +726,31 @@ def _check_auth(path: Path, info: AuthInfo) -> None:
         _fail((*path, "alg"), f"unknown algorithm {_short(info.alg)} ({known})")
     if _KEY_ID_RE.fullmatch(info.key_id) is None:
         _fail((*path, "key_id"), "not 16 lowercase hex characters")
+
+
+_PUBLIC_KEY_RE = re.compile(r"[0-9a-f]{64}")
+_SIGNATURE_RE = re.compile(r"[0-9a-f]{128}")
+
+
+def _check_member(path: Path, m: Member) -> None:
+    _id((*path, "node"), m.node)
+    if not m.roles:
+        _fail((*path, "roles"), "must name at least one role")
+    for index, role in enumerate(m.roles):
+        if role not in ROSTER_ROLES or role in m.roles[:index]:
+            _fail((*path, "roles", index), f"{_short(role)} is not a role (or appears twice)")
+    if _PUBLIC_KEY_RE.fullmatch(m.public_key) is None:
+        _fail((*path, "public_key"), "not 64 lowercase hex characters")
+
+
+def _check_roster(path: Path, r: Roster) -> None:
+    if _PUBLIC_KEY_RE.fullmatch(r.authority) is None:
+        _fail((*path, "authority"), "not 64 lowercase hex characters")
+    if _SIGNATURE_RE.fullmatch(r.signature) is None:
+        _fail((*path, "signature"), "not 128 lowercase hex characters")
+    if not r.members:
+        _fail((*path, "members"), "must name at least one member")
+    _each_once((*path, "members"), r.members, _check_member, "node", "node")
 
 
 def _check_snapshot(path: Path, s: Snapshot) -> None:
@@ -835,6 +887,10 @@ def _validate(value: Value) -> None:
             _check_timing((), value)
         case Requests():
             _check_requests((), value)
+        case Roster():
+            _check_roster((), value)
+        case Member():
+            _check_member((), value)
         case _:
             typing.assert_never(value)
 

@@ -143,6 +143,41 @@ class AuthInfo:
     key_id: str
 
 
+ROLE_LEARNER = "learner"
+ROLE_CLOSER = "closer"
+ROSTER_ROLES = (ROLE_LEARNER, ROLE_CLOSER)
+"""The roles a roster can grant (spec/protocol.md §16.3.2)."""
+
+
+@attrs.frozen(kw_only=True)
+class Member:
+    """One node a run with per-node keys admits: its id, what it may write, its key.
+
+    ``public_key`` is the node's Ed25519 public key (64 lowercase hex characters); an
+    object signed by ``node`` is believed only under this key, and only at keys its
+    ``roles`` allow (``learner``: its own snapshots; ``closer``: records, claims, the
+    head and follow markers; every member: its own lease and done marker).
+    """
+
+    node: str
+    roles: tuple[str, ...]
+    public_key: str
+
+
+@attrs.frozen(kw_only=True)
+class Roster:
+    """Who may write a run with per-node keys: inline in its manifest (protocol §16.3.3).
+
+    ``authority`` is the Ed25519 public key that issued the roster and ``signature`` its
+    signature over the members (:func:`gm_core.auth.roster_message`): a node told the
+    authority's key (``GM_RUN_AUTHORITY``) joins only a run whose roster it signed.
+    """
+
+    authority: str
+    members: tuple[Member, ...]
+    signature: str
+
+
 EMBEDDING_PATTERN = r"embed|(?:^|\.)(?:wte|wpe|lm_head)(?:\.|$)"
 """Tensors merged by plain weighted mean under RDA (``re.search`` on the name): anything
 named ``embed`` (Llama ``embed_tokens``, BERT ``embeddings``), GPT-2's ``wte``/``wpe``,
@@ -253,6 +288,10 @@ class Manifest:
     record only when it chains to the one it holds (spec/protocol.md §16.5). Runs created
     by gm since session 9 are chained; added after format 1: a manifest without it is not,
     and its records are written as format 1 writes them."""
+    roster: Roster | None = None
+    """Per-node keys (spec/protocol.md §16.3): every object is also signed by its writer,
+    who must be a member allowed to write its key. None: the run key alone (or an open
+    run). Added after format 1; only authenticated runs may have one."""
 
 
 _COUNT_MAX = 2**63 - 1

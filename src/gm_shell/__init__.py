@@ -5,6 +5,7 @@ from gm_shell.align import Checkpoint, align
 from gm_shell.barrier import Barrier, BarrierMismatchError, BarrierTimeoutError
 from gm_shell.finished import RunFinishedError
 from gm_shell.jax_model import JaxParams
+from gm_shell.nodekeys import NodeKeyError
 from gm_shell.pacer import StalledError
 from gm_shell.queue import QueueMismatchError, SharedQueue
 from gm_shell.ranks import RankLost, RanksDoneError
@@ -27,6 +28,7 @@ __all__ = [
     "MailboxOptions",
     "ManifestPinError",
     "MergeRule",
+    "NodeKeyError",
     "OpenRunWarning",
     "Partition",
     "QueueMismatchError",

@@ -35,6 +35,7 @@ from gm_core.manifest import frozen_mismatch, schema_mismatch
 from gm_core.numerics.arrays import F32
 from gm_core.records import AlgorithmConfig, Manifest, PayloadRef, RoundRecord
 from gm_core.tape import BadRecord, frontier_of, parse_head
+from gm_shell import nodekeys
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError, payload_key
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
@@ -116,6 +117,7 @@ def align(
         manifest = loop.run(read_manifest(box, run_auth, pinned))
         if manifest is None:
             raise RunError(f"{mailbox}: no run here (manifest.json is absent)")
+        run_auth = nodekeys.reader(run_auth, manifest)
         envelope = auth.for_run(manifest.run_id, run_auth)
         adapter = _adapter_for(model, manifest, mailbox)
         reader = Reader(

@@ -50,6 +50,21 @@ def _register_version(sub: Subparsers) -> None:
 
 
 def _keygen(args: argparse.Namespace) -> int:
+    if args.node:
+        from gm_shell.extras import MissingExtraError
+        from gm_shell.nodekeys import keygen as node_keygen
+
+        try:
+            private, public = node_keygen()
+        except MissingExtraError as error:
+            print(f"gm keygen: {error}", file=sys.stderr)
+            return 1
+        print(private)
+        print(
+            f"public key: {public} (for the roster: gm roster --member ID:ROLES:{public})",
+            file=sys.stderr,
+        )
+        return 0
     from gm_shell.runkey import keygen
 
     print(keygen())
@@ -61,7 +76,51 @@ def _register_keygen(sub: Subparsers) -> None:
         "keygen",
         help="print a new run key (give every node it as GM_RUN_KEY; never put it in the bucket)",
     )
+    p.add_argument(
+        "--node",
+        action="store_true",
+        help="print a node's own Ed25519 private key instead (GM_NODE_KEY; its public key "
+        "goes to standard error, for `gm roster`), or an authority's",
+    )
     p.set_defaults(handler=_keygen)
+
+
+def _register_roster(sub: Subparsers) -> None:
+    """``gm roster``: the members of a run with per-node keys, signed by its authority."""
+    p = sub.add_parser(
+        "roster",
+        help="print a roster (per-node keys) signed by an authority key: give it to the "
+        "node that creates the run as GM_ROSTER_FILE",
+    )
+    p.add_argument(
+        "--authority-key-file",
+        required=True,
+        metavar="PATH",
+        help="a file holding the authority's private key (gm keygen --node)",
+    )
+    p.add_argument(
+        "--member",
+        action="append",
+        required=True,
+        metavar="ID:ROLES:PUBLIC_KEY",
+        help="a node: its id, roles (learner, closer or learner+closer) and public key; repeat",
+    )
+
+    def handler(args: argparse.Namespace) -> int:
+        from gm_core import codec
+        from gm_shell.extras import MissingExtraError
+        from gm_shell.nodekeys import NodeKeyError, make_roster, parse_member, read_private
+
+        try:
+            authority = read_private(args.authority_key_file)
+            roster = make_roster(authority, [parse_member(m) for m in args.member])
+        except (NodeKeyError, MissingExtraError) as error:
+            print(f"gm roster: {error}", file=sys.stderr)
+            return 1
+        print(codec.encode(roster).decode())
+        return 0
+
+    p.set_defaults(handler=handler)
 
 
 def _register_demo(sub: Subparsers) -> None:
@@ -167,6 +226,7 @@ def _register_status(sub: Subparsers) -> None:
     def handler(args: argparse.Namespace) -> int:
         from gm_shell import status  # the mailbox and codec load only when status runs
         from gm_shell.mailbox import MailboxError
+        from gm_shell.nodekeys import NodeKeyError
         from gm_shell.oneshot import run_oneshot
         from gm_shell.run import RunError
         from gm_shell.runkey import FROM_ENV, RunKeyError, resolve
@@ -189,7 +249,7 @@ def _register_status(sub: Subparsers) -> None:
 
         try:
             result = run_oneshot(read())
-        except (RunError, RunKeyError) as error:
+        except (RunError, RunKeyError, NodeKeyError) as error:
             print(f"gm status: {error}", file=sys.stderr)
             return 1
         except MailboxError as error:
@@ -213,6 +273,7 @@ def _manifest_digest(text: str) -> str:
 _REGISTRARS: tuple[Callable[[Subparsers], None], ...] = (
     _register_version,
     _register_keygen,
+    _register_roster,
     _register_demo,
     _register_simulate,
     _register_check,

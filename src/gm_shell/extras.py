@@ -27,6 +27,7 @@ EXTRAS: dict[str, str] = {
     "lightning": "lightning",
     "tensorboard": "tensorboard",
     "wandb": "wandb",
+    "cryptography": "nodekeys",
 }
 """The extra that installs each optional module."""
 

@@ -42,6 +42,7 @@ from gm_core.records import (
     FragmentState,
     FrozenTensor,
     Manifest,
+    Roster,
     TensorSpec,
 )
 from gm_shell.fragments import FragmentCodec, Role, payload_key
@@ -73,8 +74,10 @@ def draft_manifest(
     schema: tuple[TensorSpec, ...],
     frozen: tuple[FrozenTensor, ...] = (),
     run_auth: RunAuth | None = None,
+    roster: Roster | None = None,
 ) -> Manifest:
-    """The manifest this node would write, without initial payloads yet."""
+    """The manifest this node would write, without initial payloads yet (``roster``: the
+    run's per-node keys, spec/protocol.md §16.3)."""
     return Manifest(
         run_id=run_id,
         created_by=node,
@@ -85,6 +88,7 @@ def draft_manifest(
         frozen=frozen,
         auth=auth.info(run_auth),
         chained=True,
+        roster=roster,
     )
 
 

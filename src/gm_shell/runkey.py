@@ -101,16 +101,26 @@ def _from_env() -> str | None:
     path = os.environ.get(ENV_KEY_FILE)
     if not path:
         return None
+    return read_key_file(path, f"{ENV_KEY_FILE}={path}", "a run key", RunKeyError)
+
+
+def read_key_file(
+    path: str,
+    what: str,
+    kind: str,
+    error: type[ValueError],
+    max_bytes: int = _KEY_FILE_MAX_BYTES,
+) -> str:
+    """The text of a small key file at ``path`` (a run or node key, a roster); ``error``
+    names what is wrong (unreadable, too big to be ``kind``, not ASCII text)."""
     try:
         with Path(path).open("rb") as file:
-            data = file.read(_KEY_FILE_MAX_BYTES + 1)
-    except OSError as error:
-        raise RunKeyError(f"{ENV_KEY_FILE}={path}: {error.strerror or error}") from error
-    if len(data) > _KEY_FILE_MAX_BYTES:
-        raise RunKeyError(
-            f"{ENV_KEY_FILE}={path}: not a run key (over {_KEY_FILE_MAX_BYTES} bytes)"
-        )
+            data = file.read(max_bytes + 1)
+    except OSError as problem:
+        raise error(f"{what}: {problem.strerror or problem}") from problem
+    if len(data) > max_bytes:
+        raise error(f"{what}: not {kind} (over {max_bytes} bytes)")
     try:
         return data.decode("ascii")
-    except UnicodeDecodeError as error:
-        raise RunKeyError(f"{ENV_KEY_FILE}={path}: not a run key (not hex text)") from error
+    except UnicodeDecodeError:
+        raise error(f"{what}: not {kind} (not ASCII text)") from None

@@ -80,6 +80,7 @@ from gm_core.records import (
     Manifest,
     MergeRule,
     Partition,
+    Roster,
     TensorSpec,
     Unit,
     WireFormat,
@@ -95,6 +96,16 @@ from gm_shell.group import resolve as resolve_group
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import ModelAdapter, adapt, framework
+from gm_shell.nodekeys import (
+    NodeKey,
+    NodeKeyError,
+    RosterArg,
+    resolve_node_key,
+    resolve_roster,
+    roles_of,
+    signing_for,
+    with_signing,
+)
 from gm_shell.pacer import Pacer, StalledError
 from gm_shell.queue import Consumer, SharedQueue, drive, log_rejections
 from gm_shell.ranks import RankHolder
@@ -390,6 +401,15 @@ class Session:
             and ``model`` is a ``DistributedDataParallel`` module or holds DTensor parameters
             (FSDP2's ``fully_shard``); else, and with ``None``, each process is a learner of
             its own, as without torch.distributed. A group of one rank is no group.
+        node_key: this node's own Ed25519 private key (32 bytes, or 64 hex characters as
+            ``gm keygen --node`` prints), for runs with per-node keys: every object it
+            writes is signed with it, and the run's roster must list this node with its
+            public key and the roles it acts in. By default from ``GM_NODE_KEY`` or
+            ``GM_NODE_KEY_FILE``; None: none (a run with a roster then refuses the node).
+        roster: the roster (``gm roster`` writes one) a node that *creates* the run puts
+            in its manifest, which turns per-node keys on for the run (a run key is
+            needed too): a :class:`~gm_core.records.Roster` or a file's path; by
+            default ``GM_ROSTER_FILE``. Ignored when the run exists.
         manifest_digest: join only the run whose manifest has this digest (64 hex
             characters; trust on first use: the node that creates a run logs it in its
             ``run_created`` event, every node in ``run_adopted``, ``gm status`` prints it,
@@ -407,6 +427,9 @@ class Session:
             (the message names the object and how to start afresh).
         gm_shell.RunMismatchError: the run exists with other settings or another model.
         gm_shell.ManifestPinError: (at :meth:`start`) the manifest is not the pinned one.
+        gm_shell.NodeKeyError: (at :meth:`start`) per-node keys do not fit: no node key
+            for a run with a roster, a key that is not this node's on it, a role the
+            roster does not grant, a roster without a run key.
         gm_shell.mailbox.MailboxError: the bucket cannot be used (the message says why
             and what to do).
         gm_shell.ranks.RanksDoneError: (at :meth:`start`) with ``ranks``, every rank is done.
@@ -441,8 +464,13 @@ class Session:
         ranks: int | None = None,
         group: Any = AUTO,
         manifest_digest: str | None = None,
+        node_key: NodeKey = FROM_ENV,
+        roster: RosterArg = FROM_ENV,
     ) -> None:
         self.role = Role(role)
+        self._node_key_arg = node_key
+        self._node_key: bytes | None = None
+        self._roster_arg = roster
         self._pinned = pinned_digest(manifest_digest)
         if model is None and self.role is not Role.CLOSER:
             raise ValueError(f"role {self.role} trains a model: pass one")
@@ -515,6 +543,7 @@ class Session:
         """Open the mailbox, create or adopt the run, start the runtime, and join."""
         url = self._mailbox_arg.url if isinstance(self._mailbox_arg, Mailbox) else self._mailbox_arg
         self._run_auth = resolve_run_key(self._run_key, url)
+        self._node_key = resolve_node_key(self._node_key_arg)
         warning = open_run_warning(url, self._run_auth)
         if warning is not None:
             warnings.warn(f"{self.node}: {warning}", OpenRunWarning, stacklevel=2)
@@ -523,6 +552,7 @@ class Session:
             self._mailbox = self._open_mailbox()
             adapter = self._adapt()
             self.manifest = self._open_run(adapter)
+            self._sign_as_member(self.manifest)
             self._refuse_if_finished(self.manifest)
             self._counts_tokens = self.manifest.config.unit is Unit.TOKENS
             self._warn_if_wire_is_wide(adapter, self.manifest)
@@ -540,6 +570,14 @@ class Session:
         except BaseException:
             self._leave()  # the runtime may have written the lease already
             raise
+
+    def _sign_as_member(self, manifest: Manifest) -> None:
+        """Per-node keys (a run whose manifest has a roster): from now on every object this
+        node writes is signed with its key, and every object it reads must be signed by a
+        member allowed to write it (gm_core.auth.may_write)."""
+        roles = roles_of(self.role is not Role.CLOSER, self.role is not Role.LEARNER)
+        signing = signing_for(manifest, self.node, self._node_key, roles)
+        self._run_auth = with_signing(self._run_auth, signing)
 
     def _start_resume(self, manifest: Manifest) -> None:
         """Restore this node's saved training state, or save its first one (opt-in)."""
@@ -660,6 +698,7 @@ class Session:
                 schema=adapter.schema(),
                 frozen=adapter.frozen(),
                 run_auth=self._run_auth,
+                roster=self._creation_roster(),
             )
         theirs = self._loop.run(read_manifest(mailbox, self._run_auth, self._pinned))
         waited = self.role is Role.CLOSER or self._pinned is not None
@@ -698,6 +737,15 @@ class Session:
         """The digest of the run's manifest (None before :meth:`start`): what other nodes,
         ``align()`` and ``gm status`` pin with ``manifest_digest=``."""
         return None if self.manifest is None else manifest_digest(self.manifest)
+
+    def _creation_roster(self) -> Roster | None:
+        """The roster this node writes if it creates the run (it needs a run key)."""
+        roster = resolve_roster(self._roster_arg)
+        if roster is not None and self._run_auth is None:
+            raise NodeKeyError(
+                "a roster (per-node keys) needs a run key: set GM_RUN_KEY on every node"
+            )
+        return roster
 
     def _wait_for_run(self) -> Manifest | None:
         """A closer (or a node pinned to a manifest) never creates the run: it waits

@@ -48,6 +48,7 @@ from gm_core.completion import Summary, judge_summary
 from gm_core.manifest import digest
 from gm_core.records import AlgorithmConfig, Alignment, Manifest, Requests, RoundRecord
 from gm_core.tape import BadRecord, expected_prev, parse_head
+from gm_shell import nodekeys
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.mailbox import Mailbox
 from gm_shell.reads import read_json
@@ -535,6 +536,7 @@ async def gather_status(
     manifest = await read_manifest(box, run_auth, pinned)
     if manifest is None:
         raise NoRunError(f"{box.url}: no run here (manifest.json is absent)")
+    run_auth = nodekeys.reader(run_auth, manifest)
     envelope = auth.for_run(manifest.run_id, run_auth)
     hint = parse_head(envelope, await read_json(box, keys.head()))
     seen: dict[int, SlotRead] = {}

@@ -19,6 +19,8 @@ def test_bench_auth_smoke_measures_every_figure(run_bench: Callable[..., dict[st
         assert set(samples) == {
             "seal (HMAC-SHA256)",
             "open (HMAC-SHA256)",
+            "seal signed (Ed25519)",
+            "open signed (Ed25519)",
             "HMAC-SHA256 alone",
             "BLAKE3 keyed",
             "BLAKE3",
@@ -28,13 +30,13 @@ def test_bench_auth_smoke_measures_every_figure(run_bench: Callable[..., dict[st
     assert all(s > 0 for seconds in figures["payload"].values() for s in seconds)
 
     runs = figures["runs"]
-    for side in ("open", "keyed"):
+    for side in ("open", "keyed", "signed"):
         (step,) = runs[f"step {side}"]
         assert step["rounds"] >= 1
-        assert step["tagged"] is (side == "keyed")
+        assert step["tagged"] is (side != "open")
         (path,) = runs[f"path {side}"]
         assert path["round_ms"] > 0
         assert path["rounds_timed"] >= 1
         assert path["by_class"]["PUT"] > 0
         assert path["by_class"]["GET"] > 0
-        assert path["tagged"] is (side == "keyed")
+        assert path["tagged"] is (side != "open")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +41,24 @@ FORGED = {"evil-bare", "evil-otherkey", "evil-replay"}
 
 
 def run_keyed(url: str, steps: int, stop: threading.Event) -> list[dict[str, Any]]:
+    def make(i: int, model: Any) -> Session:
+        return Session(
+            model, algorithm=algorithm(), mailbox=url, node=f"n{i}", options=FAST, run_key=KEY
+        )
+
+    return run_pair(make, steps, stop)
+
+
+def run_pair(
+    make: Callable[[int, Any], Session], steps: int, stop: threading.Event
+) -> list[dict[str, Any]]:
+    """Two nodes, ``make(i, model)``'s sessions, training ``steps`` on threads; then ``stop``."""
     results: list[dict[str, Any]] = [{}, {}]
     barrier = threading.Barrier(2)
 
     def node(i: int) -> None:
         model, step = torch_model(seed=i)
-        session = Session(
-            model, algorithm=algorithm(), mailbox=url, node=f"n{i}", options=FAST, run_key=KEY
-        )
+        session = make(i, model)
         with session:
             losses = train(session, step, steps, seed=i)
             barrier.wait(timeout=60)

@@ -1,0 +1,179 @@
+"""Per-node keys in the envelope (gm_core.auth, spec/protocol.md §16.3): who may write what.
+
+The signature scheme here is the core's stand-in (gm_core.modelkeys), which has the one
+property the rules rely on: only a node signs as itself. The shell's Ed25519 is tested
+against the same envelope in tests/runtime/test_node_keys.py.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gm_core import auth, codec, keys, modelkeys
+from gm_core.auth import Envelope, Unauthenticated, Why
+from gm_core.records import Member, Roster
+
+RUN_KEY = bytes(range(32))
+ROLES = {"a": ("learner",), "b": ("learner",), "c": ("closer",), "d": ("learner", "closer")}
+ROSTER = modelkeys.roster(ROLES)
+NODES = sorted(ROLES)
+OUTSIDE = "e"
+"""Signs with a key of its own the verifier knows, but is not on the roster."""
+
+
+def envelope(node: str | None, run_id: str = "run") -> Envelope:
+    signing = modelkeys.signing(ROSTER, node, also=[OUTSIDE])
+    return auth.for_run(run_id, attrs.evolve(auth.derive(RUN_KEY), signing=signing))
+
+
+def key_for(kind: str, owner: str, r: int) -> str:
+    return {
+        "record": keys.round_record(r),
+        "slot": keys.round_record(r, "0123456789abcdef"),
+        "claim": keys.claim(r, 1),
+        "head": keys.head(),
+        "follow": keys.follow(r),
+        "snapshot": keys.snapshot(r, owner),
+        "snapshot_slot": keys.snapshot(r, owner, "0123456789abcdef"),
+        "lease": keys.lease(owner),
+        "done": keys.done(owner),
+        "finished": keys.finished(),
+    }[kind]
+
+
+KINDS = ["record", "slot", "claim", "head", "follow", "snapshot", "snapshot_slot", "lease"]
+KINDS += ["done", "finished"]
+
+
+def allowed(signer: str, kind: str, owner: str) -> bool:
+    """The rule of protocol §16.3.2, restated independently of gm_core.auth.may_write."""
+    roles = ROLES.get(signer, ())
+    if kind in ("record", "slot", "claim", "head", "follow"):
+        return "closer" in roles
+    if kind in ("snapshot", "snapshot_slot"):
+        return "learner" in roles and owner == signer
+    if kind in ("lease", "done"):
+        return signer in ROLES and owner == signer
+    return signer in ROLES
+
+
+@given(
+    signer=st.sampled_from([*NODES, OUTSIDE]),
+    kind=st.sampled_from(KINDS),
+    owner=st.sampled_from(NODES),
+    r=st.integers(0, 10**6),
+    body=st.binary(max_size=200),
+)
+def test_an_object_opens_exactly_when_its_signer_may_write_its_key(
+    signer: str, kind: str, owner: str, r: int, body: bytes
+) -> None:
+    key = key_for(kind, owner, r)
+    sealed = envelope(signer).seal(key, body)
+    for reader in (None, *NODES):  # every reader judges it alike, whoever it is
+        verdict = envelope(reader).open(key, sealed)
+        if allowed(signer, kind, owner):
+            assert verdict == body
+        else:
+            assert _why(verdict) is Why.NOT_ALLOWED
+            assert isinstance(verdict, Unauthenticated)
+            assert signer in verdict.detail
+
+
+@given(
+    signer=st.sampled_from(NODES),
+    claimed=st.sampled_from(NODES),
+    kind=st.sampled_from(KINDS),
+    body=st.binary(max_size=200),
+)
+def test_a_member_cannot_sign_as_another(signer: str, claimed: str, kind: str, body: bytes) -> None:
+    """A member with the run key (so its tag verifies) writes ``claimed``'s id in the
+    header over its own signature: refused, whatever ``claimed`` may write."""
+    key = key_for(kind, claimed, 7)
+    sealed = envelope(signer).seal(key, body)
+    header, rest = sealed.split(b"\n", 1)
+    fields = header.split(b" ")
+    fields[4] = claimed.encode()
+    forged = b" ".join(fields) + b"\n" + rest
+    verdict = envelope(None).open(key, forged)
+    if claimed == signer or not allowed(claimed, kind, claimed):
+        return  # the same object, or refused for the role before the signature
+    assert _why(verdict) is Why.BAD_SIGNATURE
+
+
+@given(kind=st.sampled_from(KINDS), owner=st.sampled_from(NODES), body=st.binary(max_size=200))
+def test_an_unsigned_object_with_a_good_tag_is_refused(kind: str, owner: str, body: bytes) -> None:
+    key = key_for(kind, owner, 3)
+    tagged_only = auth.for_run("run", auth.derive(RUN_KEY)).seal(key, body)
+    assert _why(envelope(owner).open(key, tagged_only)) is Why.BAD_SIGNATURE
+    # ...and a reader without per-node keys reads a signed object by its tag alone.
+    assert auth.for_run("run", auth.derive(RUN_KEY)).open(key, envelope(owner).seal(key, body)) == (
+        body
+    )
+
+
+@given(body=st.binary(max_size=100), data=st.data())
+def test_any_changed_byte_of_a_signed_object_is_refused(body: bytes, data: st.DataObject) -> None:
+    key = keys.snapshot(5, "a")
+    sealed = bytearray(envelope("a").seal(key, body))
+    at = data.draw(st.integers(0, len(sealed) - 1))
+    sealed[at] ^= data.draw(st.integers(1, 255))
+    assert isinstance(envelope("c").open(key, bytes(sealed)), Unauthenticated)
+
+
+@given(data=st.binary(max_size=700), kind=st.sampled_from(KINDS))
+def test_no_input_makes_a_signing_envelope_raise(data: bytes, kind: str) -> None:
+    assert isinstance(envelope("a").open(key_for(kind, "a", 1), data), Unauthenticated)
+
+
+def test_a_signature_is_bound_to_its_run_and_key() -> None:
+    key = keys.snapshot(5, "a")
+    sealed = envelope("a", "run").seal(key, b"{}")
+    # Same run key and roster, another run id: the tag fails first.
+    assert _why(envelope("c", "other").open(key, sealed)) is Why.BAD_TAG
+    message = auth.signed_message("run", key, b"{}")
+    assert message != auth.signed_message("run", keys.snapshot(6, "a"), b"{}")
+    assert message != auth.signed_message("runx", key, b"{}")
+
+
+def test_the_manifest_is_sealed_and_opened_without_signatures() -> None:
+    signed = attrs.evolve(auth.derive(RUN_KEY), signing=modelkeys.signing(ROSTER, "d"))
+    sealed = auth.for_manifest(signed).seal(keys.manifest(), b"{}")
+    assert sealed.split(b"\n", 1)[0].count(b" ") == 3  # marker, alg, key id, tag
+    assert auth.for_manifest(signed).open(keys.manifest(), sealed) == b"{}"
+    assert auth.for_manifest(auth.derive(RUN_KEY)).open(keys.manifest(), sealed) == b"{}"
+
+
+def test_the_roster_codec_names_what_is_wrong() -> None:
+    assert codec.decode(Roster, codec.encode(ROSTER)) == ROSTER
+    member = ROSTER.members[0]
+    bad = {
+        "members[0].roles[0]": attrs.evolve(member, roles=("admin",)),
+        "members[0].roles": attrs.evolve(member, roles=()),
+        "members[0].public_key": attrs.evolve(member, public_key="AB" * 32),
+        "members[0].node": attrs.evolve(member, node="../x"),
+    }
+    for path, changed in bad.items():
+        roster = attrs.evolve(ROSTER, members=(changed, *ROSTER.members[1:]))
+        with pytest.raises(codec.CodecError) as refused:
+            codec.encode(roster)
+        assert refused.value.path == path
+    with pytest.raises(codec.CodecError) as refused:
+        codec.encode(attrs.evolve(ROSTER, members=(member, member)))
+    assert refused.value.path == "members[1].node"
+    assert isinstance(Member(node="x", roles=("closer",), public_key="0" * 64), Member)
+
+
+def test_the_model_roster_carries_its_authoritys_signature() -> None:
+    verify = modelkeys.verifier([])
+    authority = bytes.fromhex(ROSTER.authority)
+    signature = bytes.fromhex(ROSTER.signature)
+    assert verify(authority, auth.roster_message(ROSTER), signature)
+    dropped = attrs.evolve(ROSTER, members=ROSTER.members[1:])
+    assert not verify(authority, auth.roster_message(dropped), signature)
+
+
+def _why(verdict: bytes | Unauthenticated) -> Why | None:
+    return verdict.why if isinstance(verdict, Unauthenticated) else None
