@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from gm_core import auth, closer, codec, invariants, keys, learner, plan, slots
+from gm_core import auth, closer, codec, invariants, keys, learner, modelkeys, plan, slots
 from gm_core.commands import (
     Align,
     Capture,
@@ -73,6 +73,8 @@ from gm_core.events import (
     Verified,
 )
 from gm_core.records import (
+    ROLE_CLOSER,
+    ROLE_LEARNER,
     AlgorithmConfig,
     FragmentState,
     Manifest,
@@ -177,14 +179,24 @@ def create(
     closer_options: closer.CloserOptions | None = None,
     run_key: bytes | None = None,
     list_cap: int | None = None,
+    members: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Cluster:
     """A run whose manifest and initial payloads are in the store; nodes not yet started.
 
     With ``run_key`` the run is authenticated: every node seals and opens its objects
     with it, and the invariants judge the objects that open (everything else is an
     outsider's). With ``list_cap`` a listing returns at most that many keys (and says so).
+    With ``members`` (and a run key) the run has per-node keys (spec/protocol.md §16.3,
+    gm_core.modelkeys' stand-in scheme): its roster admits every node with the roles of
+    its machines, plus ``members`` (ids that are not nodes, e.g. a forger that is a
+    member, with their roles); every node signs as itself.
     """
     run_auth = None if run_key is None else auth.derive(run_key)
+    roster = None
+    if members is not None and run_auth is not None:
+        granted = {n: _roster_roles(r) for n, r in roles.items()}
+        roster = modelkeys.roster({**granted, **members})
+        run_auth = attrs.evolve(run_auth, signing=modelkeys.signing(roster, None))
     fragment_plan = plan.make_plan(schema, config)
     store = ModelStore()
     init = []
@@ -203,6 +215,7 @@ def create(
         init=tuple(init),
         auth=auth.info(run_auth),
         chained=True,
+        roster=roster,
     )
     return Cluster(
         manifest=manifest,
@@ -215,6 +228,22 @@ def create(
         run_auth=run_auth,
         list_cap=list_cap,
     )
+
+
+def _roster_roles(machines: frozenset[Machine]) -> tuple[str, ...]:
+    return tuple(
+        role
+        for role, machine in ((ROLE_LEARNER, Machine.LEARNER), (ROLE_CLOSER, Machine.CLOSER))
+        if machine in machines
+    )
+
+
+def node_auth(c: Cluster, name: str) -> auth.RunAuth | None:
+    """The keys node ``name`` runs with: the run's, signing as itself with per-node keys."""
+    run_auth = c.run_auth
+    if run_auth is None or run_auth.signing is None:
+        return run_auth
+    return attrs.evolve(run_auth, signing=modelkeys.signing(run_auth.signing.roster, name))
 
 
 _Options = TypeVar("_Options", learner.LearnerOptions, closer.CloserOptions)
@@ -363,7 +392,9 @@ def start(c: Cluster, name: str) -> Cluster:
         incarnation=node.incarnation + 1,
         alive=True,
         poison=node.poison,
-        learner=learner.initial(name, c.manifest, c.schema_digest, c.learner_options, c.run_auth)
+        learner=learner.initial(
+            name, c.manifest, c.schema_digest, c.learner_options, node_auth(c, name)
+        )
         if Machine.LEARNER in roles
         else None,
         closer=closer.initial(
@@ -371,7 +402,7 @@ def start(c: Cluster, name: str) -> Cluster:
             c.manifest,
             c.schema_digest,
             attrs.evolve(c.closer_options, write_lease=not both, learns_here=both),
-            c.run_auth,
+            node_auth(c, name),
         )
         if Machine.CLOSER in roles
         else None,

@@ -16,6 +16,7 @@ signature scheme for anything real (whoever holds the verifier can sign as anyon
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
@@ -68,10 +69,12 @@ def roster(roles: Mapping[str, Sequence[str]]) -> Roster:
     return Roster(authority=unsigned.authority, members=members, signature=signature)
 
 
-def signing(the_roster: Roster, node: str | None, also: Sequence[str] = ()) -> auth.Signing:
+@functools.cache
+def signing(the_roster: Roster, node: str | None, also: tuple[str, ...] = ()) -> auth.Signing:
     """``node``'s per-node keys in a run with ``the_roster`` (None: a reader). ``also``:
     ids off the roster whose stand-in keys the verifier knows anyway (a test's outsider
-    that signs: its signature verifies, and it is still not allowed)."""
+    that signs: its signature verifies, and it is still not allowed). Cached: one value
+    per argument, so states holding it compare equal (its functions compare by identity)."""
     nodes = [m.node for m in the_roster.members] + list(also)
     return auth.Signing(
         roster=the_roster,

@@ -25,7 +25,7 @@ OUTSIDE = "e"
 
 
 def envelope(node: str | None, run_id: str = "run") -> Envelope:
-    signing = modelkeys.signing(ROSTER, node, also=[OUTSIDE])
+    signing = modelkeys.signing(ROSTER, node, also=(OUTSIDE,))
     return auth.for_run(run_id, attrs.evolve(auth.derive(RUN_KEY), signing=signing))
 
 

@@ -64,6 +64,16 @@ CI_BOUNDS: dict[str, Bounds] = {
         run_key=True,
         forge=(Forgery.SNAPSHOT, Forgery.RECORD),
     ),
+    # Per-node keys (§16.3): a member (run key and its own key, learner role) writes a
+    # plausible, chained commit; only its signer's role refuses it.
+    "a member forges a commit (per-node keys)": Bounds(
+        roles=("lc",),
+        rounds=2,
+        max_time_s=0.5,
+        run_key=True,
+        member=True,
+        forge=(Forgery.RECORD,),
+    ),
 }
 """The bounds ``make test`` checks and pins the state counts of."""
 

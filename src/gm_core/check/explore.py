@@ -60,7 +60,7 @@ from gm_core.check.independence import Footprint, Recorder, independent
 from gm_core.check.progress import FairRuns
 from gm_core.check.steps import Steps
 from gm_core.check.transitions import Transitions
-from gm_core.records import AlgorithmConfig, Alignment
+from gm_core.records import ROLE_LEARNER, AlgorithmConfig, Alignment
 from gm_core.sim import checks
 
 ROLE_CODES = {"l": cluster.Machine.LEARNER, "c": cluster.Machine.CLOSER}
@@ -102,6 +102,9 @@ class Bounds:
     """An authenticated run (gm_core.auth): every node holds :data:`forger.FORGER_KEY`."""
     forge: tuple[forger.Forgery, ...] = ()
     """What the forger may write, once each per path (gm_core.check.forger)."""
+    member: bool = False
+    """Per-node keys (with ``run_key``), and the forger is a member: a learner on the roster
+    with the run key and its own key (gm_core.check.forger)."""
     progress: bool = True
     """Judge that the run can still commit where it stops (False: safety alone, for a
     forger whose record blocks its round until slots exist, spec/protocol.md §16.0)."""
@@ -133,6 +136,7 @@ def initial_state(bounds: Bounds) -> cluster.Cluster:
         ),
         closer_options=closer.CloserOptions(poll_s=bounds.poll_s, renew_s=bounds.renew_s),
         run_key=forger.FORGER_KEY if bounds.run_key else None,
+        members={forger.EVIL: (ROLE_LEARNER,)} if bounds.member else None,
     )
     for name in sorted(c.nodes):
         c = cluster.start(c, name)

@@ -50,7 +50,7 @@ from typing import Any
 
 import attrs
 
-from gm_core import closer, cluster, election, keys, liveness
+from gm_core import auth, closer, cluster, election, keys, liveness
 from gm_core.store_model import ModelStore
 
 SKIPPED_FIELDS = frozenset({"manifest", "options", "schema_digest", "notes"})
@@ -83,6 +83,12 @@ def _attrs_form(t: type, skipped: frozenset[str]) -> Form:
         return lambda d, v: (label, d.part(getattr(v, one)))
     fields = operator.attrgetter(*names)
     return lambda d, v: (label, *map(d.part, fields(v)))
+
+
+def _signing_form(d: Digests, v: auth.Signing) -> Any:
+    """Per-node keys by what they are: the roster and whose key signs (their functions are
+    fixed by those two, gm_core.modelkeys)."""
+    return ("Signing", d.part(v.roster), v.node)
 
 
 def _mapping_form(d: Digests, v: Any) -> Any:
@@ -134,7 +140,7 @@ class Digests:
         self._old: dict[int, tuple[object, Any]] = {}
         self._limit = memo_limit
         self._abstract = abstract
-        self._forms: dict[type, Form] = {}
+        self._forms: dict[type, Form] = {auth.Signing: _signing_form}
         if abstract:
             self._forms[ModelStore] = _store
             self._forms[liveness.LeaseView] = _lease_view

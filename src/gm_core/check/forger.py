@@ -11,6 +11,16 @@ bare in an open run, and in an authenticated run with the run's key id (which
 is public) and a tag it had to make up. Each kind is written at most once per
 path, so the search covers every moment at which it can land.
 
+A bound set with ``member`` makes the forger a *member* of a run with per-node keys
+(spec/protocol.md §16.3): ``evil`` is on the roster as a learner and holds the run key
+and its own key (gm_core.modelkeys' stand-in), so its objects carry a valid tag and a
+valid signature, its own. It can then write what a run key alone cannot refuse: its
+record is refused only because a learner may not write records (``not_allowed``). (A
+member's snapshot under its own id is its right to publish, not a forgery; a snapshot
+under another learner's id is covered by tests/core/test_node_keys.py and
+tests/runtime/test_node_keys.py, since the invariants below cannot tell it from the
+victim's own.)
+
 What the checker then judges is the invariant ``forgeries_ignored``
 (:func:`gm_core.invariants.forgeries_ignored`): no record of the run merges a
 learner outside the cluster, and no node holds a record the run's own closers
@@ -26,7 +36,7 @@ import enum
 
 import attrs
 
-from gm_core import auth, cluster, codec, keys, schedule
+from gm_core import auth, cluster, codec, keys, modelkeys, schedule, tape
 from gm_core.records import Participant, RoundRecord, Snapshot
 
 EVIL = "evil"
@@ -69,7 +79,7 @@ def forge(c: cluster.Cluster, kind: Forgery) -> cluster.Cluster:
     if forged is None:
         raise ValueError(f"{kind} cannot be forged before the first record")
     key, body = forged
-    return cluster.inject(c, key, _sealed(c, body))
+    return cluster.inject(c, key, _sealed(c, key, body))
 
 
 def forged_record(c: cluster.Cluster) -> tuple[str, bytes] | None:
@@ -116,14 +126,32 @@ def _object(c: cluster.Cluster, kind: Forgery) -> tuple[str, bytes] | None:
         claim=1,
         participants=(evil,),
         rejections=(),
+        prev=_prev(c, newest),
     )
     return keys.round_record(round_), codec.encode(record)
 
 
-def _sealed(c: cluster.Cluster, body: bytes) -> bytes:
-    """``body`` as an outsider can write it: bare, or with the public key id and a made-up tag."""
+def _prev(c: cluster.Cluster, newest: RoundRecord) -> str | None:
+    """What the forged record names as its predecessor: the newest record's digest, as a
+    forger who reads the tape computes it, when the forger is a member (its record must
+    chain to be a commit nodes would adopt but for its signer). An outsider's keeps the
+    newest record's own ``prev``, as in the bound sets pinned before per-node keys: its
+    tag fails first either way."""
+    if c.run_auth is None or c.run_auth.signing is None:
+        return newest.prev
+    return tape.chain_digest(newest)
+
+
+def _sealed(c: cluster.Cluster, key: str, body: bytes) -> bytes:
+    """``body`` as the forger can write it: an outsider bare, or with the public key id and a
+    made-up tag; a member (per-node keys) tagged with the run key and signed as itself."""
     if c.run_auth is None:
         return body
+    if c.run_auth.signing is not None:
+        member = modelkeys.signing(c.run_auth.signing.roster, EVIL)
+        return auth.for_run(c.manifest.run_id, attrs.evolve(c.run_auth, signing=member)).seal(
+            key, body
+        )
     key_id = c.run_auth.key_id.encode()
     return b"%s%s %s %s\n%s" % (auth.MARKER, auth.ALG.encode(), key_id, _MADE_UP_TAG, body)
 

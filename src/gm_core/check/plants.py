@@ -113,6 +113,13 @@ def _trust_any_tag(real: Callable[..., Any]) -> Callable[..., Any]:
     return verify
 
 
+def _trust_any_signer(real: Callable[..., Any]) -> Callable[..., Any]:
+    def signed(signing: Any, run_id: str, key: str, data: bytes, body: bytes) -> bytes:
+        return body
+
+    return signed
+
+
 def _linear_merge_weight(real: Callable[[int, int], float]) -> Callable[[int, int], float]:
     def merge_weight(tokens: int, steps: int) -> float:
         return real(tokens, steps) / max(tokens, 1)
@@ -194,6 +201,16 @@ PLANTS: dict[str, Plant] = {
             attribute="verify",
             broken=_trust_any_tag,
             bounds=CI_BOUNDS["a forger without the key, two rounds"],
+            caught=True,
+        ),
+        Plant(
+            name="skip-signature-check",
+            rule="per-node keys (§16.3)",
+            change="an object with a valid run-key tag opens whoever signed it, for any key",
+            module=auth,
+            attribute="_signed",
+            broken=_trust_any_signer,
+            bounds=CI_BOUNDS["a member forges a commit (per-node keys)"],
             caught=True,
         ),
     )
