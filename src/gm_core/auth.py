@@ -68,8 +68,12 @@ KEY_BYTES = 32
 ALG = AUTH_ALG
 """The tag algorithm this code writes and reads."""
 
+ENVELOPE_VERSION = 2
 MARKER = b"gm/2 "
 """How a tagged object begins; a format-1 object (and an open run's) begins with ``{``."""
+_FAMILY = b"gm/"
+"""How every envelope version begins (``gm/N ``, spec/protocol.md §16.7)."""
+_VERSION_DIGITS = 4
 
 HEADER_MAX_BYTES = 512
 """The longest header line a reader looks at (an object with a longer one is refused)."""
@@ -108,6 +112,8 @@ class Why(enum.StrEnum):
     """The right key id and a tag that does not verify: forged or corrupted."""
     TAGGED = "tagged"
     """A tagged object in an open run: this node has no key to judge it."""
+    NEWER_FORMAT = "newer_format"
+    """An authentic object in a newer gm's envelope (``gm/3 ``...): not to be skipped."""
     BAD_SIGNATURE = "bad_signature"
     """Per-node keys: unsigned, or the signature does not verify under the signer's key."""
     NOT_ALLOWED = "not_allowed"
@@ -228,7 +234,7 @@ class Envelope:
     def open(self, key: str, data: bytes) -> bytes | Unauthenticated:
         """The body of the object ``data`` found at ``key``, or why it is not the run's."""
         if self.auth is None:
-            if data.startswith(MARKER):
+            if data.startswith(MARKER) or _newer_version(data) is not None:
                 claimed = header_key_id(data)
                 detail = f"{key} is tagged (key id {claimed}); this node has no run key"
                 return Unauthenticated(why=Why.TAGGED, detail=detail)
@@ -252,10 +258,19 @@ class Envelope:
 
 
 def verify(run_auth: RunAuth, run_id: str, key: str, data: bytes) -> bytes | Unauthenticated:
-    """The body of ``data`` at ``key`` of run ``run_id`` when its tag verifies; else why not."""
-    if not data.startswith(MARKER):
+    """The body of ``data`` at ``key`` of run ``run_id`` when its tag verifies; else why not.
+
+    Dispatch on the first bytes (spec/protocol.md §16.7): ``gm/2 `` is this envelope;
+    ``gm/N `` with ``N > 2`` a newer gm's, whose header begins with the same three fields
+    over the same tag input (the envelope is stable from format 2 on), so its tag is
+    checked here too: authentic, it is ``newer_format`` (a reader stops at it instead of
+    skipping it, and says to upgrade); not, it is refused like any forgery. Anything else
+    (``{``: a format-1 or open run's object) is ``untagged``.
+    """
+    newer = _newer_version(data)
+    if not data.startswith(MARKER) and newer is None:
         return Unauthenticated(why=Why.UNTAGGED, detail=f"{key} carries no tag")
-    fields = _header_fields(data)
+    fields = _header_fields(data, newer)
     if fields is None:
         return Unauthenticated(why=Why.MALFORMED_HEADER, detail=f"{key}: unreadable header")
     alg, key_id, tag = fields[:3]
@@ -267,7 +282,21 @@ def verify(run_auth: RunAuth, run_id: str, key: str, data: bytes) -> bytes | Una
     body = data[data.index(b"\n") + 1 :]
     if not hmac.compare_digest(tag.encode(), _tag(run_auth, run_id, key, body)):
         return Unauthenticated(why=Why.BAD_TAG, detail=f"{key}: tag does not verify")
+    if newer is not None:
+        detail = f"{key} was written by a newer gm (envelope gm/{newer}): upgrade this node"
+        return Unauthenticated(why=Why.NEWER_FORMAT, detail=detail)
     return body
+
+
+def _newer_version(data: bytes) -> int | None:
+    """``N`` when ``data`` begins ``gm/N `` with ``N`` above this envelope's version."""
+    if not data.startswith(_FAMILY):
+        return None
+    digits = data[len(_FAMILY) : len(_FAMILY) + _VERSION_DIGITS + 1].split(b" ", 1)[0]
+    if not digits.isdigit() or len(digits) > _VERSION_DIGITS or digits.startswith(b"0"):
+        return None
+    version = int(digits)
+    return version if version > ENVELOPE_VERSION else None
 
 
 def _signed(
@@ -396,18 +425,22 @@ def mismatch(manifest_auth: AuthInfo | None, run_auth: RunAuth | None) -> str | 
     return None
 
 
-def _header_fields(data: bytes) -> list[str] | None:
+def _header_fields(data: bytes, newer: int | None = None) -> list[str] | None:
     """The header's fields after the marker, when it is a well-formed short ASCII line:
-    ``alg key_id tag``, then ``signer signature`` when the writer signs."""
-    if not data.startswith(MARKER):
+    ``alg key_id tag``, then ``signer signature`` when the writer signs. A newer envelope
+    (``gm/{newer} ``) keeps those first three fields; what follows is its own."""
+    marker = MARKER if newer is None else b"%s%d " % (_FAMILY, newer)
+    if not data.startswith(marker):
         return None
     end = data.find(b"\n", 0, HEADER_MAX_BYTES)
     if end < 0:
         return None
-    line = data[len(MARKER) : end]
+    line = data[len(marker) : end]
     if not line.isascii():
         return None
     fields = line.decode("ascii").split(" ")
+    if newer is not None and len(fields) >= 3:
+        fields = fields[:3]
     if len(fields) not in (3, 5):
         return None
     key_id, tag = fields[1], fields[2]

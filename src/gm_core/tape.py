@@ -54,7 +54,7 @@ import hashlib
 import attrs
 
 from gm_core import codec, keys, schedule, timing
-from gm_core.auth import Envelope, Unauthenticated
+from gm_core.auth import Envelope, Unauthenticated, Why
 from gm_core.records import (
     FORMAT_VERSION,
     AlgorithmConfig,
@@ -171,7 +171,8 @@ def parse_record(
     bad = functools.partial(BadRecord, round=expected_round, slot=slot)
     body = envelope.open(record_key(envelope, expected_round, slot), data)
     if isinstance(body, Unauthenticated):
-        return bad(reason=f"unauthenticated ({body.why}): {body.detail}")
+        newer = body.why is Why.NEWER_FORMAT  # authentic: skipping it would fork versions
+        return bad(reason=f"unauthenticated ({body.why}): {body.detail}", newer=newer)
     try:
         record = codec.decode(RoundRecord, body)
     except codec.CodecError as error:

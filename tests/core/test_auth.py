@@ -140,3 +140,45 @@ def test_a_node_and_a_run_must_agree_on_the_mode_and_the_key() -> None:
 
 def _why(verdict: bytes | Unauthenticated) -> Why | None:
     return verdict.why if isinstance(verdict, Unauthenticated) else None
+
+
+# --- dispatch on the first bytes (spec/protocol.md §16.7) -------------------------------
+
+
+def newer(envelope: Envelope, key: str, body: bytes, version: int, extra: bytes = b"") -> bytes:
+    """What a newer gm would write: ``gm/N`` and the same three fields over the same tag
+    input (the envelope is stable from format 2 on), then whatever it adds."""
+    header = envelope.seal(key, body).split(b"\n", 1)[0]
+    fields = header.split(b" ")[1:4]
+    return b" ".join([b"gm/%d" % version, *fields]) + extra + b"\n" + body
+
+
+@given(
+    run_key=run_keys,
+    key=object_keys,
+    body=bodies,
+    version=st.integers(3, 9999),
+    extra=st.sampled_from([b"", b" more", b" a b c"]),
+)
+def test_an_authentic_object_of_a_newer_envelope_is_named_not_skipped_as_garbage(
+    run_key: bytes, key: str, body: bytes, version: int, extra: bytes
+) -> None:
+    envelope = keyed(run_key)
+    data = newer(envelope, key, body, version, extra)
+    assert _why(envelope.open(key, data)) is Why.NEWER_FORMAT
+    tag = data.split(b"\n", 1)[0].split(b" ")[3]
+    forged = data.replace(tag, b"0" * 64, 1)  # the tag made up
+    assert _why(envelope.open(key, forged)) is Why.BAD_TAG
+    assert _why(keyed(bytes(32)).open(key, data)) in (Why.WRONG_KEY, Why.NEWER_FORMAT)
+    assert _why(auth.for_run("run", None).open(key, data)) is Why.TAGGED
+
+
+def test_what_is_not_a_newer_envelope_stays_what_it_was() -> None:
+    envelope = keyed(b"k" * 32)
+    body = b"{}"
+    for version, why in ((1, Why.UNTAGGED), (0, Why.UNTAGGED), (10**5, Why.UNTAGGED)):
+        data = newer(envelope, "head.json", body, version)
+        assert _why(envelope.open("head.json", data)) is why, version
+    assert _why(envelope.open("head.json", b"gm/03 x\n{}")) is Why.UNTAGGED
+    assert _why(envelope.open("head.json", b"gm/3\n{}")) is Why.UNTAGGED  # no "gm/N " marker
+    assert _why(envelope.open("head.json", b"gm/3 x y\n{}")) is Why.MALFORMED_HEADER

@@ -153,3 +153,21 @@ def test_an_authenticated_record_that_does_not_chain_is_a_fork_and_stops_the_run
     assert forks
     assert all(n.round == target and "fork: it names" in n.detail for n in forks)
     assert not [n for _, n in c.notes if n.kind == "record_rejected" and n.round == target]
+
+
+def test_an_authentic_record_of_a_newer_envelope_stops_the_probe() -> None:
+    """Spec §16.7: skipping a newer gm's record would split the tape between versions, so
+    an older node stops there (``newer``); a forged one (bad tag) is skipped as garbage."""
+    config = AlgorithmConfig(sync_every=2, fragments=1)
+    envelope = auth.for_run("run", auth.derive(bytes(32)))
+    key = tape.record_key(envelope, 3, 0)
+    header = envelope.seal(key, b"{}").split(b"\n", 1)[0].split(b" ")
+    data = b" ".join([b"gm/3", *header[1:4]]) + b"\n{}"
+    parsed = tape.parse_record(envelope, data, 3, config)
+    assert isinstance(parsed, tape.BadRecord)
+    assert parsed.newer
+    assert tape.after(tape.SlotCursor(), parsed) is None
+    forged = data.replace(header[3], b"0" * 64)
+    parsed = tape.parse_record(envelope, forged, 3, config)
+    assert isinstance(parsed, tape.BadRecord)
+    assert not parsed.stops
