@@ -20,6 +20,7 @@ import pytest
 
 from gm_core import closer, codec, invariants, keys, schedule, verdicts
 from gm_core import cluster as cl
+from gm_core.closer import commit
 from gm_core.commands import Command
 from gm_core.records import AlgorithmConfig, Snapshot
 
@@ -76,17 +77,17 @@ def _plant_quorum_off_by_one(mp: pytest.MonkeyPatch) -> None:
 
 
 def _plant_leases_ignored(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(closer, "_live", lambda state, now_s: frozenset())  # bug: nobody live by lease
+    mp.setattr(commit, "_live", lambda state, now_s: frozenset())  # bug: nobody live by lease
 
 
 def _plant_no_decision(mp: pytest.MonkeyPatch) -> None:
     def merge_at_once(
         state: closer.CloserState, now_s: float, cmds: list[Command]
     ) -> closer.CloserState:
-        accepted = closer._accepted(state)
-        return closer._merge(state, now_s, accepted, cmds) if accepted else state  # bug
+        accepted = commit._accepted(state)
+        return commit._merge(state, now_s, accepted, cmds) if accepted else state  # bug
 
-    mp.setattr(closer, "_maybe_close", merge_at_once)
+    mp.setattr(commit, "_maybe_close", merge_at_once)
 
 
 QUORUM_3 = AlgorithmConfig(sync_every=8, fragments=2, quorum=3, in_flight=1)

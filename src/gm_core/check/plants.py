@@ -30,6 +30,7 @@ import attrs
 from gm_core import auth, closer, liveness, timing, verdicts
 from gm_core.check.bounds import CI_BOUNDS
 from gm_core.check.explore import Bounds
+from gm_core.closer import boot, collect
 from gm_core.commands import Command, PutOnce
 from gm_core.records import Reason, Timing
 
@@ -79,7 +80,7 @@ def _takeover_without_claim(real: Callable[..., closer.CloserState]) -> Callable
             return state
         for cmd in [c for c in cmds[before:] if isinstance(c, PutOnce)]:
             cmds.remove(cmd)
-        return closer._open(state, now_s, 0, cmds)
+        return boot._open(state, now_s, 0, cmds)
 
     return follow
 
@@ -147,7 +148,7 @@ PLANTS: dict[str, Plant] = {
             name="takeover-without-claim",
             rule="election (§9.2)",
             change="a follower that decides to take over opens the round without bidding",
-            module=closer,
+            module=boot,
             attribute="_follow",
             broken=_takeover_without_claim,
             bounds=CI_BOUNDS["two closers race for round 0"],
@@ -157,7 +158,7 @@ PLANTS: dict[str, Plant] = {
             name="accept-zero-steps",
             rule="acceptance (§11.1)",
             change="the closer's judge lets a zero-step snapshot through",
-            module=closer,
+            module=collect,
             attribute="_judge",
             broken=_accept_zero_steps,
             bounds=CI_BOUNDS["one node two rounds in flight"],
