@@ -326,12 +326,19 @@ def _feed(c: Cluster, name: str, machine: Machine, event: Event) -> Cluster:
         new_l, cmds = learner.advance(old, event)
         broken = invariants.learner_monotonic(old, new_l)
         c = _record(c, "learner_monotonic", broken)
+        if new_l.follow_round >= 0 and new_l.follow_round != old.follow_round:
+            created = _created_under(c, keys.follow(new_l.follow_round))
+            found = invariants.follow_after_marker(name, new_l.follow_round, created)
+            c = _record(c, "follow_after_marker", found)
         changed = {"learner": new_l}
     else:
         assert node.closer is not None
         old_c = node.closer
         new_c, cmds = closer.advance(old_c, event)
         changed = {"closer": new_c, "decided": _decided(c, node.decided, old_c, new_c)}
+        for cmd in cmds:
+            if isinstance(cmd, PutOnce) and cmd.key.startswith(keys.FOLLOW_PREFIX):
+                c = _follow_written(c, new_c, event.now_s, cmd)
     queued = list(c.inflight)
     notes = list(c.notes)
     timers = dict(node.timers)
@@ -364,6 +371,28 @@ def _decided(
         return decided
     knew = invariants.knowledge(new, new.quorum_at_s)
     return new.round, invariants.closing_rule(knew, c.manifest.config.quorum)
+
+
+def _created_under(c: Cluster, prefix: str) -> list[tuple[str, bytes]]:
+    """The create-once writes under ``prefix`` as the invariants read them: the run's own
+    (an outsider's, or a tampered key's, are not), opened."""
+    out = []
+    for key, data in c.store.created:
+        if key.startswith(prefix) and key not in c.hostile and key not in c.tampered:
+            body = _body(c, key, data)
+            if body is not None:
+                out.append((key, body))
+    return out
+
+
+def _follow_written(c: Cluster, state: closer.CloserState, now_s: float, cmd: PutOnce) -> Cluster:
+    """A closer sends its round's ``follow`` marker: judge the write on what it knows now."""
+    knew = invariants.knowledge(state, now_s)
+    body = _body(c, cmd.key, cmd.data) or b""
+    created = _created_under(c, keys.snapshot_prefix(knew.round))
+    follow_n = c.manifest.config.follow
+    found = invariants.follow_marker_written(knew, follow_n, created, body)
+    return _record(c, "follow_marker_written", found)
 
 
 def _closing(c: Cluster, node: Node, body: bytes) -> Cluster:

@@ -7,12 +7,14 @@ is one function here, shared by the stateful tests, the simulator and the model
 checker, so all three check the same thing. A state invariant maps a
 :class:`ClusterView` (every node's state plus the model store and its ghost
 history of create-once writes) to a tuple of violation messages, empty when it
-holds. Four invariants are about moments rather than states: payload-before-
+holds. Six invariants are about moments rather than states: payload-before-
 pointer is judged when a pointer is written (:func:`pointer_targets_exist`),
 learner monotonicity across one transition (:func:`learner_monotonic`), the
 closing rule, judged on what a closer knew when it decided to close and reported
-when its record is created (:func:`closing_rule`), and the merge weights when a
-merge is carried out (:func:`merge_weights`).
+when its record is created (:func:`closing_rule`), the merge weights when a
+merge is carried out (:func:`merge_weights`), and ``follow``'s: a marker written
+only at its threshold (:func:`follow_marker_written`) and taken only when the run
+wrote one (:func:`follow_after_marker`).
 
 Independence. An invariant that called the function it checks would agree with
 any bug in it. So the rules are re-stated here in their own few lines, from the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar
 
@@ -490,6 +493,9 @@ class Closing:
     """Learners whose lease the closer saw change within the lease timeout."""
     lapsed: frozenset[str] = frozenset()
     """Learners not live whose lease the closer had seen live while the round was open."""
+    garbage: frozenset[str] = frozenset()
+    """Of ``judged``, the names under which only an invalid object was found: it judges
+    nobody (an outsider's, or a learner's slot squatted, protocol.md §16.4)."""
 
 
 def knowledge(state: closer.CloserState, now_s: float) -> Closing:
@@ -507,6 +513,7 @@ def knowledge(state: closer.CloserState, now_s: float) -> Closing:
         judged=frozenset(accepted | rejected),
         live=frozenset(live),
         lapsed=frozenset(lapsed - accepted - rejected),
+        garbage=frozenset(n for n, e in state.entries.items() if e.invalid),
     )
 
 
@@ -590,3 +597,58 @@ def learner_monotonic(old: learner.LearnerState, new: learner.LearnerState) -> t
     if new.step < old.step or new.next_round < old.next_round:
         out.append(f"{new.node}: step or next round went back")
     return tuple(out)
+
+
+# --- follow (spec/coordination.md §7): moments of the marker's write and of its use ------------
+
+
+def _marker_accepted(data: bytes, round_: int) -> int | None:
+    """The accepted count a ``follow`` marker body names for ``round_``, re-stated from the
+    spec (canonical JSON of exactly accepted/format/round, format 1, a positive count)."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"accepted", "format", "round"}:
+        return None
+    accepted = doc["accepted"]
+    if doc["format"] != 1 or doc["round"] != round_ or type(doc["round"]) is not int:
+        return None
+    return accepted if type(accepted) is int and accepted >= 1 else None
+
+
+def follow_marker_written(
+    knew: Closing, follow: int, created: Iterable[tuple[str, bytes]], data: bytes
+) -> tuple[str, ...]:
+    """A closer writes round r's ``follow`` marker only with ``follow`` set, some learner it
+    knows live not yet judged, and at least ``max(1, min(follow, n − 1))`` accepted learners
+    (n ≥ 2: learners live or judged on its clock, an invalid object judging nobody) that each
+    have a valid snapshot of r in the store; the marker names the round and a count it
+    reached."""
+    r, items = knew.round, tuple(created)
+    known = knew.live | (knew.judged - knew.garbage)
+    valid = {a for a in knew.accepted if _snapshot_of(items, r, a) is not None}
+    named = _marker_accepted(data, r)
+    why = []
+    if follow <= 0:
+        why.append(f"follow is {follow}")
+    if len(known) < 2:
+        why.append(f"{len(known)} learner(s) known: nobody to follow")
+    elif len(valid) < max(1, min(follow, len(known) - 1)):
+        why.append(f"{len(valid)} accepted with a snapshot of {len(known)} known (follow {follow})")
+    if not knew.live - (knew.judged - knew.garbage):
+        why.append("every live learner already judged: nobody awaits it")
+    if named is None or named > len(knew.accepted):
+        why.append(f"the marker names {named} accepted, {len(knew.accepted)} were")
+    return tuple(f"round {r}: {knew.closer} wrote its follow marker: {w}" for w in why)
+
+
+def follow_after_marker(
+    node: str, round_: int, created: Iterable[tuple[str, bytes]]
+) -> tuple[str, ...]:
+    """A learner moves a round up (publishes it early) only once a valid ``follow`` marker of
+    that round was created in the store (by the run's closer: an outsider's is not here)."""
+    key = keys.follow(round_)
+    if any(k == key and _marker_accepted(d, round_) is not None for k, d in created):
+        return ()
+    return (f"{node} publishes round {round_} early without a valid follow marker",)

@@ -8,8 +8,10 @@ states, states per second — the only place a clock is read), and a verdict. A
 counterexample is printed as a numbered trace with the command that replays it
 (``--replay`` with the same bounds re-runs the actions one by one, narrating
 each, and judges every invariant at the end).
-``--ci`` runs the bound sets that ``make test`` pins (``gm_core.check.bounds``) and ends
-with one summary line (``6/6 bound sets PASS, N states``); ``--jobs`` explores that many
+``--ci`` runs the bound sets that ``make test`` pins (``gm_core.check.bounds``: the
+protocol's, then the shared queue's, the ranks' and the barrier's, explored by their own
+searches and reported as "coordination" sets) and ends with one summary line
+(``6/6 bound sets PASS, N states``); ``--jobs`` explores that many
 sets at once, each in a process of its own (a search is one process's tables, so the
 sets are what is spread over the cores), and prints the verdicts in the sets' order,
 so the output is the same whatever finishes first. Flag values are
@@ -28,12 +30,15 @@ import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any, overload
+
+import attrs
 
 from gm_core import cluster
-from gm_core.check import actions
-from gm_core.check.bounds import CI_BOUNDS, DEEP_BOUNDS, LONG_BOUNDS
+from gm_core.check import actions, barrier, queue, search
+from gm_core.check.bounds import CI_BOUNDS, COORDINATION_BOUNDS, DEEP_BOUNDS, LONG_BOUNDS
 from gm_core.check.explore import ROLE_CODES, Bounds, ExploreProgress, Outcome, explore, narrate
 from gm_core.records import Alignment
 from gm_core.sim import checks
@@ -175,10 +180,45 @@ def bounds_of(args: argparse.Namespace) -> Bounds:
     )
 
 
+CoordinationBounds = queue.QueueBounds | barrier.BarrierBounds
+AnyBounds = Bounds | CoordinationBounds
+
+
+@attrs.frozen(kw_only=True)
+class CoordinationOutcome:
+    """A coordination set's verdict (:mod:`gm_core.check.search`: states, and the first
+    violation with its shortest trace), as the summary line counts it."""
+
+    verdict: str  # "pass" or "violation"
+    states: int
+    violation: tuple[str, ...] = ()
+    trace: tuple[object, ...] = ()
+
+
+AnyOutcome = Outcome | CoordinationOutcome
+
+
+def explore_coordination(bounds: CoordinationBounds) -> CoordinationOutcome:
+    """Explore a queue/ranks or barrier set with its own search."""
+    found: search.Outcome[Any]
+    if isinstance(bounds, queue.QueueBounds):
+        found = queue.explore(bounds)
+    else:
+        found = barrier.explore(bounds)
+    verdict = "violation" if found.violation else "pass"
+    return CoordinationOutcome(
+        verdict=verdict, states=found.states, violation=found.violation, trace=found.trace
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     quiet = not progress_wanted(args)
     if args.ci or args.long:
-        sets = {**CI_BOUNDS, **({**LONG_BOUNDS, **DEEP_BOUNDS} if args.long else {})}
+        sets: dict[str, AnyBounds] = {
+            **CI_BOUNDS,
+            **({**LONG_BOUNDS, **DEEP_BOUNDS} if args.long else {}),
+            **COORDINATION_BOUNDS,
+        }
         if args.jobs > 1:
             results = run_many(sets, args.jobs)
         else:
@@ -195,7 +235,7 @@ def main(args: argparse.Namespace) -> int:
     return EXIT[run("check", bounds, quiet=quiet).verdict]
 
 
-def summary_line(outcomes: Sequence[Outcome]) -> str:
+def summary_line(outcomes: Sequence[AnyOutcome]) -> str:
     """``6/6 bound sets PASS, 15,224 states`` (and the other verdicts' counts, if any)."""
     verdicts = Counter(o.verdict for o in outcomes)
     passed = verdicts.pop("pass", 0)
@@ -215,9 +255,21 @@ def parse_replay(tokens: str) -> tuple[actions.Action, ...]:
     return tuple(path)
 
 
-def run(name: str, bounds: Bounds, *, quiet: bool = False) -> Outcome:
+@overload
+def run(name: str, bounds: Bounds, *, quiet: bool = False) -> Outcome: ...
+
+
+@overload
+def run(name: str, bounds: CoordinationBounds, *, quiet: bool = False) -> CoordinationOutcome: ...
+
+
+def run(name: str, bounds: AnyBounds, *, quiet: bool = False) -> AnyOutcome:
     """Explore ``bounds``, print the verdict (and any counterexample), return the outcome."""
     started = time.perf_counter()
+    if not isinstance(bounds, Bounds):
+        found = explore_coordination(bounds)
+        print(format_outcome(name, bounds, found, time.perf_counter() - started))
+        return found
 
     def progress(p: ExploreProgress) -> None:
         rate = p.states / max(time.perf_counter() - started, 1e-9)
@@ -232,13 +284,13 @@ def run(name: str, bounds: Bounds, *, quiet: bool = False) -> Outcome:
     return outcome
 
 
-def _timed(bounds: Bounds) -> tuple[Outcome, float]:
+def _timed(bounds: AnyBounds) -> tuple[AnyOutcome, float]:
     started = time.perf_counter()
-    outcome = explore(bounds)
+    outcome = explore(bounds) if isinstance(bounds, Bounds) else explore_coordination(bounds)
     return outcome, time.perf_counter() - started
 
 
-def run_many(sets: dict[str, Bounds], jobs: int) -> list[Outcome]:
+def run_many(sets: Mapping[str, AnyBounds], jobs: int) -> list[AnyOutcome]:
     """Explore the sets ``jobs`` at a time in worker processes; print each verdict in order."""
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited state
     outcomes = []
@@ -251,8 +303,10 @@ def run_many(sets: dict[str, Bounds], jobs: int) -> list[Outcome]:
     return outcomes
 
 
-def format_outcome(name: str, bounds: Bounds, o: Outcome, elapsed_s: float) -> str:
+def format_outcome(name: str, bounds: AnyBounds, o: AnyOutcome, elapsed_s: float) -> str:
     rate = o.states / elapsed_s if elapsed_s > 0 else 0.0
+    if not isinstance(o, Outcome) or not isinstance(bounds, Bounds):
+        return _format_coordination(name, bounds, o, elapsed_s, rate)
     lines = [
         f"{name}: {o.verdict.upper()}  {o.states:,} states, {o.transitions:,} transitions,"
         f" depth {o.depth}, {o.progress_checks:,} progress checks, {o.fair_runs:,} fair runs,"
@@ -263,6 +317,20 @@ def format_outcome(name: str, bounds: Bounds, o: Outcome, elapsed_s: float) -> s
         lines.append(f"  shortest counterexample ({o.counterexample.kind}):")
         lines += [f"    {line}" for line in o.counterexample.lines]
         lines.append(f"  replay: {replay_command(bounds, o.counterexample.replay_arg())}")
+    return "\n".join(lines)
+
+
+def _format_coordination(
+    name: str, bounds: AnyBounds, o: AnyOutcome, elapsed_s: float, rate: float
+) -> str:
+    lines = [
+        f"{name}: {o.verdict.upper()}  {o.states:,} states;"
+        f" {elapsed_s:.1f} s ({rate:,.0f} states/s)",
+        f"  bounds: {bounds!r}",
+    ]
+    if isinstance(o, CoordinationOutcome) and o.violation:
+        lines += [f"  violated: {v}" for v in o.violation]
+        lines.append(f"  shortest trace ({len(o.trace)} actions): {list(o.trace)}")
     return "\n".join(lines)
 
 

@@ -12,22 +12,22 @@ import pytest
 from pins import check_pinned
 
 from gm_core import queue
+from gm_core.check.bounds import COORDINATION_BOUNDS
 from gm_core.check.queue import QueueBounds, explore
+from gm_shell import check_cli
 
-BOUNDS = {
-    "one node, two units, a crash and restart": (QueueBounds(nodes=1, units=2, crashes=1), 296),
-    "one node, two units, prefetch 1, a crash": (
-        QueueBounds(nodes=1, units=2, prefetch=1, crashes=1),
-        292,
-    ),
-    "one node, two units, two lost responses": (QueueBounds(nodes=1, units=2, losses=2), 783),
-    "one node, two ranks, a crash, a watch": (
-        QueueBounds(nodes=1, units=2, ranks=True, crashes=1, watches=1),
-        685,
-    ),
+PINNED = {
+    "queue: one node, two units, a crash and restart": 296,
+    "queue: one node, two units, prefetch 1, a crash": 292,
+    "queue: one node, two units, two lost responses": 783,
+    "queue: two nodes race for one unit": 29_555,
+    "ranks: one node, two ranks, a crash, a watch": 685,
 }
-SLOW_BOUNDS = {
-    "two nodes race for one unit": (QueueBounds(nodes=2, units=1), 29_555),
+"""States of the queue's and the ranks' sets ``gm check --ci`` explores."""
+BOUNDS = {
+    name: (b, PINNED.get(name, -1))
+    for name, b in COORDINATION_BOUNDS.items()
+    if isinstance(b, QueueBounds)
 }
 
 
@@ -36,10 +36,8 @@ def test_queue_check_passes_and_state_counts_are_pinned(name: str) -> None:
     check_pinned(explore, BOUNDS, name)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(SLOW_BOUNDS))
-def test_queue_check_passes_with_two_nodes(name: str) -> None:
-    check_pinned(explore, SLOW_BOUNDS, name)
+def test_every_queue_set_is_pinned() -> None:
+    assert set(BOUNDS) == set(PINNED)  # a set without a pin runs with -1 and fails
 
 
 def never_superseded(attempt: int, claims: Iterable[int]) -> bool:
@@ -79,3 +77,20 @@ def test_a_restarted_node_that_does_not_resume_its_own_unit_is_found(
         "units never done: ('u0',)",
     )
     assert ("crash", 0) in outcome.trace
+
+
+def test_gm_check_ci_runs_the_coordination_sets_and_prints_a_planted_bug_with_its_trace(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = "queue: one node, two units, a crash and restart"
+    outcome = check_cli.run(name, COORDINATION_BOUNDS[name], quiet=True)
+    assert (outcome.verdict, outcome.states) == ("pass", PINNED[name])
+    assert capsys.readouterr().out.startswith(f"{name}: PASS  296 states;")
+    monkeypatch.setattr(queue, "superseded", never_superseded)
+    planted = check_cli.run("planted", QueueBounds(nodes=2, units=1, ranks=True, watches=1))
+    printed = capsys.readouterr().out
+    assert planted.verdict == "violation"
+    assert "violated: n0 told it holds 0000 under claim 0" in printed
+    assert "shortest trace (15 actions)" in printed
+    assert check_cli.summary_line([outcome, planted]).startswith("1/2 bound sets PASS, 1 VIOLATION")
+    assert check_cli.EXIT[planted.verdict] == 1

@@ -69,9 +69,11 @@ CONFIG = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=3, grace
 """A fixed grace window far longer than the run: a round closes once every live learner is in."""
 
 
-def run(config: AlgorithmConfig, ticks: int = 120, garbage: tuple[int, ...] = ()) -> cl.Cluster:
+def run(
+    config: AlgorithmConfig, ticks: int = 120, garbage: tuple[int, ...] = (), *, sound: bool = True
+) -> cl.Cluster:
     """n0 and n1 train a step every tick, n2 one every fourth; ``garbage`` rounds' marker keys
-    hold an outsider's bytes from the start."""
+    hold an outsider's bytes from the start; ``sound``: no invariant broken."""
     rng = random.Random(3)
     c = cl.create(config, ROLES, learner_options=FAST_L, closer_options=FAST_C)
     for round_ in garbage:
@@ -79,7 +81,8 @@ def run(config: AlgorithmConfig, ticks: int = 120, garbage: tuple[int, ...] = ()
     for name in sorted(ROLES):
         c = cl.start(c, name)
     c = paced(c, ticks, rng, ("n0", "n1"), "n2", every=4)
-    assert cl.check(c) == []
+    if sound:
+        assert cl.check(c) == []
     return c
 
 
@@ -123,3 +126,33 @@ def test_a_garbage_marker_publishes_nothing_early() -> None:
     assert rounds
     assert not {3, 4} & set(rounds)
     assert {3, 4} < {r.round for r in cl.records(c)}  # closed once n2 came on schedule
+
+
+# --- follow's invariants (spec/invariants.md 16, 17): planted bugs are found ----------------
+
+
+def broken(c: cl.Cluster, invariant: str) -> list[str]:
+    return [v.message for v in cl.check(c) if v.invariant == invariant]
+
+
+def test_a_marker_written_below_the_threshold_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted: the leader writes the marker once one snapshot is in, whatever ``follow``
+    says; with ``follow=2`` and three learners live the invariant wants two accepted."""
+    monkeypatch.setattr(follow, "threshold", lambda f, live: 1 if f > 0 and live > 1 else None)
+    c = run(attrs.evolve(CONFIG, follow=2), sound=False)
+    found = broken(c, "follow_marker_written")
+    assert found, cl.check(c)
+    assert "n0 wrote its follow marker: 1 accepted with a snapshot of 3 known" in found[0]
+    assert {v.invariant for v in cl.check(c)} == {"follow_marker_written"}
+
+
+def test_a_learner_that_takes_any_object_for_a_marker_is_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Planted: any object at the marker key counts; an outsider's bytes at rounds 3 and 4
+    then make n2 publish early, which only a marker the run's closer wrote may."""
+    monkeypatch.setattr(follow, "decode", lambda body, round_: 1)
+    c = run(attrs.evolve(CONFIG, follow=1), garbage=(3, 4), sound=False)
+    found = broken(c, "follow_after_marker")
+    assert "n2 publishes round 3 early without a valid follow marker" in found, cl.check(c)
+    assert {v.invariant for v in cl.check(c)} == {"follow_after_marker"}

@@ -8,14 +8,19 @@ behaviour it is there to cover. :data:`CI_BOUNDS` is what ``gm check --ci`` and
 there, as a change detector) — among them the single-closer set in which a
 learner gives a round up (spec §15.2), which failed with "not live" until the
 learner retried and paused its lease; :data:`LONG_BOUNDS` and :data:`DEEP_BOUNDS`
-are the larger sets of ``make check-long``. The planted bugs
+are the larger sets of ``make check-long``. :data:`COORDINATION_BOUNDS` are the shared
+queue's, the ranks' and the barrier's sets (spec/coordination.md), explored by their own
+searches (:mod:`gm_core.check.queue`, :mod:`gm_core.check.barrier`) in the same
+``gm check --ci``, each with a crash and same-id restart or lost responses. The planted bugs
 (:mod:`gm_core.check.plants`) are judged in these same sets where they can be.
 """
 
 from __future__ import annotations
 
+from gm_core.check.barrier import BarrierBounds
 from gm_core.check.explore import Bounds
 from gm_core.check.forger import Forgery
+from gm_core.check.queue import QueueBounds
 
 CI_BOUNDS: dict[str, Bounds] = {
     "one node, one fault": Bounds(roles=("lc",), rounds=1, max_time_s=1.0, faults=1),
@@ -96,3 +101,26 @@ DEEP_BOUNDS: dict[str, Bounds] = {
     ),
 }
 """The deepest set ``make check-long`` explores, as far as ``max_states`` lets it (not pinned)."""
+
+COORDINATION_BOUNDS: dict[str, QueueBounds | BarrierBounds] = {
+    "queue: one node, two units, a crash and restart": QueueBounds(nodes=1, units=2, crashes=1),
+    "queue: one node, two units, prefetch 1, a crash": QueueBounds(
+        nodes=1, units=2, prefetch=1, crashes=1
+    ),
+    "queue: one node, two units, two lost responses": QueueBounds(nodes=1, units=2, losses=2),
+    "queue: two nodes race for one unit": QueueBounds(nodes=2, units=1),
+    "ranks: one node, two ranks, a crash, a watch": QueueBounds(
+        nodes=1, units=2, ranks=True, crashes=1, watches=1
+    ),
+    "barrier: two parties": BarrierBounds(parties=2, waiters=2, timeout_s=1.5),
+    "barrier: one party, two waiters overflow": BarrierBounds(parties=1, waiters=2, timeout_s=1.5),
+    "barrier: two parties, a lost response": BarrierBounds(
+        parties=2, waiters=2, timeout_s=1.5, losses=1
+    ),
+    "barrier: two parties, a crash and restart": BarrierBounds(
+        parties=2, waiters=2, timeout_s=1.5, crashes=1
+    ),
+}
+"""The coordination sets ``gm check --ci`` explores after :data:`CI_BOUNDS` (pinned in
+tests/check/test_queue_check.py and test_barrier_check.py). Two nodes contending for ranks
+with watches is not here: over 500 s (the queue's search has no partial-order reduction)."""

@@ -15,6 +15,7 @@ and check every invariant after every action.
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 
 from gm_core.records import AlgorithmConfig, Alignment, MergeRule
@@ -38,7 +39,7 @@ def scenario(seed: int, duration_s: float = 30.0) -> Scenario:
     learners = int(rng.integers(2, 5))
     closers = int(rng.integers(1, 3))
     colocate = bool(rng.random() < 0.6)
-    config = _config(rng, learners)
+    config = attrs.evolve(_config(rng, learners), follow=_follow(seed, learners))
     shape = Scenario(learners=learners, closers=closers, colocate=colocate)
     names = learner_names(learners) + tuple(n for n in closer_names(shape) if n.startswith("c"))
     return Scenario(
@@ -84,6 +85,13 @@ def _config(rng: np.random.Generator, learners: int) -> AlgorithmConfig:
         lease_timeout_s=float(rng.choice([3.0, 6.0])),
         takeover_floor_s=float(rng.choice([4.0, 8.0])),
     )
+
+
+def _follow(seed: int, learners: int) -> int:
+    """``follow`` for half the seeds (publishing early once that many others have), drawn
+    from a stream of its own so that every other draw of a seed stays what it was."""
+    rng = np.random.default_rng([0x5EED, seed, 0xF0])
+    return 0 if rng.random() < 0.5 else int(rng.integers(1, learners + 1))
 
 
 def _store(rng: np.random.Generator) -> StoreProfile:
