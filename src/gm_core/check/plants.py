@@ -86,8 +86,8 @@ def _takeover_without_claim(real: Callable[..., closer.CloserState]) -> Callable
 
 
 def _accept_zero_steps(real: Callable[..., Reason | None]) -> Callable[..., Reason | None]:
-    def judge(state: closer.CloserState, learner: str, snapshot: Any) -> Reason | None:
-        reason = real(state, learner, snapshot)
+    def judge(state: closer.CloserState, snapshot: Any) -> Reason | None:
+        reason = real(state, snapshot)
         return None if reason is Reason.ZERO_STEPS else reason
 
     return judge
