@@ -37,6 +37,7 @@ difference has to exceed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import hmac
 import json
@@ -45,7 +46,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -217,9 +218,52 @@ def tagged(folder: Path) -> bool:
     return manifest.read_bytes().startswith(auth.MARKER)
 
 
+@contextlib.contextmanager
+def counting() -> Iterator[dict[str, int]]:
+    """Count the Ed25519 signatures made and checked inside the block (per-node keys): the
+    shell's ``nodekeys.verify`` and the signers ``nodekeys.signer`` makes, wrapped."""
+    from gm_shell import nodekeys
+
+    counts = {"signs": 0, "verifies": 0}
+    real_verify, real_signer = nodekeys.verify, nodekeys.signer
+
+    def verify(public: bytes, message: bytes, signature: bytes) -> bool:
+        counts["verifies"] += 1
+        return real_verify(public, message, signature)
+
+    def signer(private: bytes) -> Callable[[bytes], bytes]:
+        sign = real_signer(private)
+
+        def counted(message: bytes) -> bytes:
+            counts["signs"] += 1
+            return sign(message)
+
+        return counted
+
+    nodekeys.verify, nodekeys.signer = verify, signer  # type: ignore[assignment]
+    try:
+        yield counts
+    finally:
+        nodekeys.verify, nodekeys.signer = real_verify, real_signer  # type: ignore[assignment]
+
+
 def step_side(folder: Path, steps: int, side: str) -> dict[str, Any]:
     """``step()`` gaps on due steps (no commit waited for) of one run over ``file://``."""
-    (gaps, kinds), rounds = bench_step.gm_loop(
+    with counting() as signatures:
+        (gaps, kinds), rounds = _gm_loop(folder, steps, side)
+    due = [g for g, k in zip(gaps, kinds, strict=True) if k == "due"]
+    figures = bench_step.summary(due) if due else {"median_us": None, "p99_us": None}
+    return {
+        **figures,
+        **signatures,
+        "due_steps": len(due),
+        "rounds": rounds,
+        "tagged": tagged(folder),
+    }
+
+
+def _gm_loop(folder: Path, steps: int, side: str) -> tuple[Any, int]:
+    return bench_step.gm_loop(
         steps,
         8,
         2,
@@ -229,14 +273,27 @@ def step_side(folder: Path, steps: int, side: str) -> dict[str, Any]:
         run_key=RUN_KEYS[side],
         signed=side == "signed",
     )
-    due = [g for g, k in zip(gaps, kinds, strict=True) if k == "due"]
-    figures = bench_step.summary(due) if due else {"median_us": None, "p99_us": None}
-    return {**figures, "due_steps": len(due), "rounds": rounds, "tagged": tagged(folder)}
 
 
 def path_side(folder: Path, rounds: int, side: str) -> dict[str, Any]:
     """A closer's round over a ``LocalStore``: round time, waves, requests per round."""
-    result = gm_runs.critical_path(
+    with counting() as signatures:
+        result = _critical_path(folder, rounds, side)
+    row = result["results"][0]
+    return {
+        "round_ms": row["round_s_median"] * 1e3,
+        "waves": row["waves_median"],
+        "requests_per_round": sum(row["requests_per_round"].values()),
+        "by_class": row["requests_per_round"],
+        "rounds_timed": row["rounds_timed"],
+        "rounds": rounds,
+        "tagged": tagged(folder),
+        **signatures,
+    }
+
+
+def _critical_path(folder: Path, rounds: int, side: str) -> dict[str, Any]:
+    return gm_runs.critical_path(
         latencies_ms=[0.0],
         rounds=rounds,
         sync_every=8,
@@ -247,15 +304,6 @@ def path_side(folder: Path, rounds: int, side: str) -> dict[str, Any]:
         folder=folder,
         signed=side == "signed",
     )
-    row = result["results"][0]
-    return {
-        "round_ms": row["round_s_median"] * 1e3,
-        "waves": row["waves_median"],
-        "requests_per_round": sum(row["requests_per_round"].values()),
-        "by_class": row["requests_per_round"],
-        "rounds_timed": row["rounds_timed"],
-        "tagged": tagged(folder),
-    }
 
 
 def runs(repeat: int, steps: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
@@ -304,6 +352,15 @@ def print_runs(figures: dict[str, list[dict[str, Any]]]) -> None:
         ratio = med["keyed"] / med["open"] if med["open"] else float("nan")
         signed = med["signed"] / med["keyed"] if med["keyed"] else float("nan")
         print(f"  {label:<36}{cells}{ratio:>11.3f}x{signed:>13.3f}x")
+    for part, what in (("path", "closer-only critical path"), ("step", "one-node step loop")):
+        runs_ = figures[f"{part} signed"]
+        signs = statistics.median(r["signs"] for r in runs_)
+        verifies = statistics.median(r["verifies"] for r in runs_)
+        rounds_ = statistics.median(r["rounds"] for r in runs_)
+        print(
+            f"  signed, {what}: {signs:.0f} signatures made and {verifies:.0f} checked "
+            f"(median per run; the run commits about {rounds_:.0f} rounds)"
+        )
     due = {side: sum(r["due_steps"] for r in figures[f"step {side}"]) for side in SIDES}
     print(
         "  due steps sampled (no commit waited for): "

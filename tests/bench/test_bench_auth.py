@@ -40,3 +40,7 @@ def test_bench_auth_smoke_measures_every_figure(run_bench: Callable[..., dict[st
         assert path["by_class"]["PUT"] > 0
         assert path["by_class"]["GET"] > 0
         assert path["tagged"] is (side != "open")
+        signed = side == "signed"
+        for run in (step, path):  # signatures are made and checked on the signed side only
+            assert (run["signs"] > 0 and run["verifies"] > 0) is signed
+            assert (run["signs"] == 0 and run["verifies"] == 0) is not signed
