@@ -26,6 +26,12 @@ Finding the tip is one search for every reader (:class:`Walk`): from the head
 hint it gallops and bisects, so a hint that lags, or an outsider's garbage head,
 costs ``O(log n)`` reads instead of a walk over the tape.
 
+A node that *resumes* (it saved the round and digest of the last record it adopted
+before it stopped) checks more: the tip it joined must descend from that record
+(:class:`Descent`), one read per round it missed, following each record's ``prev``
+down to the saved round. A tape that was replaced or forked under it while it was
+away, or a stray chain it joined, is refused by name instead of trained on.
+
 This is protection from accidents and strays in an open run, where an outsider who
 reads the real tip can extend it with correctly chained records; in an authenticated
 run only key holders write records at all.
@@ -155,3 +161,55 @@ def _probe(w: Walk) -> Walk:
     if w.held is not None and back is not None:
         return Walk(round=w.held.round - 1, check=back, refused=w.refused)
     return attrs.evolve(w, check=TipCheck(), done=True)
+
+
+@attrs.frozen
+class Descent:
+    """Whether a record descends from one adopted earlier (a resumed node, §16.5.2).
+
+    Read round :attr:`round`'s record (the lowest valid slot, as every reader takes it)
+    and feed :func:`descended` until :attr:`done`; :attr:`broken` then says why the
+    record does not descend (None: it does). Each record read must be the one the
+    record above it names as ``prev``; the walk ends at the saved round, whose record
+    must have the saved digest.
+    """
+
+    since: int
+    """The round of the record adopted earlier."""
+    digest: str
+    """Its :func:`gm_core.tape.chain_digest`."""
+    round: int
+    """The round to read next."""
+    expect: str | None = None
+    """The digest the record of :attr:`round` must have (the ``prev`` of the one above)."""
+    broken: str | None = None
+    done: bool = False
+
+
+def descent(record: RoundRecord, since: int, digest: str) -> Descent:
+    """Start checking that ``record`` descends from the record of round ``since`` whose
+    digest is ``digest``."""
+    if record.round < since:
+        why = f"the tape's newest record is round {record.round}, before round {since}"
+        return Descent(since=since, digest=digest, round=since, broken=why, done=True)
+    start = Descent(since=since, digest=digest, round=record.round, expect=chain_digest(record))
+    return descended(start, record)
+
+
+def descended(d: Descent, record: RoundRecord | None) -> Descent:
+    """The record of :attr:`Descent.round` (None: the round holds no usable record)."""
+    if d.done:
+        return d
+    if record is None or record.round != d.round:
+        return attrs.evolve(d, broken=f"round {d.round} has no record", done=True)
+    if chain_digest(record) != d.expect:
+        why = f"round {d.round}'s record is not the one round {d.round + 1} names"
+        return attrs.evolve(d, broken=why, done=True)
+    if record.round == d.since:
+        adopted = chain_digest(record) == d.digest
+        broken = None if adopted else f"round {d.since}'s record is not the one this node adopted"
+        return attrs.evolve(d, broken=broken, done=True)
+    if record.prev is None:
+        why = f"round {d.round}'s record names no predecessor (the run is not chained)"
+        return attrs.evolve(d, broken=why, done=True)
+    return attrs.evolve(d, round=d.round - 1, expect=record.prev)

@@ -10,7 +10,7 @@ from gm_shell.pacer import StalledError
 from gm_shell.queue import QueueMismatchError, SharedQueue
 from gm_shell.ranks import RankLost, RanksDoneError
 from gm_shell.resume import ResumeError
-from gm_shell.run import ManifestPinError, RunError, RunMismatchError
+from gm_shell.run import ManifestPinError, NotDescendedError, RunError, RunMismatchError
 from gm_shell.runkey import OpenRunWarning, RunKeyError, keygen
 from gm_shell.session import DiLoCo, DivergedError, Role, Session, SessionOptions
 from gm_shell.stores import MailboxOptions
@@ -29,6 +29,7 @@ __all__ = [
     "ManifestPinError",
     "MergeRule",
     "NodeKeyError",
+    "NotDescendedError",
     "OpenRunWarning",
     "Partition",
     "QueueMismatchError",

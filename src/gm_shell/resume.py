@@ -51,7 +51,7 @@ import concurrent.futures
 import json
 import math
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -144,6 +144,10 @@ class Saved:
     values: dict[str, Any]
     progress: Progress | None = None
     """The parameters' local progress at the save (None: saved without, on joining or closing)."""
+    adopted: tuple[int, str] | None = None
+    """The round and chain digest of the newest record the node had adopted at the save
+    (None: none yet, or saved by a gm before this field): a restarted node checks that the
+    tape it joins descends from it (spec/protocol.md §16.5.2)."""
 
 
 # -- encoding ----------------------------------------------------------------------------
@@ -217,6 +221,7 @@ def encode(
     round: int,
     step: int,
     progress: Progress | None = None,
+    adopted: tuple[int, str] | None = None,
 ) -> bytearray:
     """The object for ``values`` (and ``progress``) with its digest left blank (:func:`seal`
     fills it in).
@@ -227,6 +232,8 @@ def encode(
     packer = _Packer()
     tree = packer.pack(dict(values), "")
     document = {"run": run, "node": node, "round": round, "step": step, "state": tree}
+    if adopted is not None:
+        document["adopted"] = list(adopted)
     if progress is not None:
         document["progress"] = packer.pack(
             [
@@ -296,7 +303,8 @@ def _decode(data: bytes, run: str, node: str, digest_key: bytes | None) -> Saved
     except (PayloadError, ValueError, RecursionError) as error:
         raise _RefusedError(f"malformed: {error}") from None
     fields = {"run", "node", "round", "step", "state"}
-    if not isinstance(document, dict) or not fields <= set(document) <= fields | {"progress"}:
+    optional = {"progress", "adopted"}
+    if not isinstance(document, dict) or not fields <= set(document) <= fields | optional:
         raise _RefusedError("malformed: its document lacks run, node, round, step or state")
     if (document["run"], document["node"]) != (run, node):
         raise _RefusedError(
@@ -316,7 +324,22 @@ def _decode(data: bytes, run: str, node: str, digest_key: bytes | None) -> Saved
     progress = None
     if "progress" in document:
         progress = _progress(unpacker.unpack(document["progress"], 0))
-    return Saved(round=saved_round, step=step, values=values, progress=progress)
+    adopted = _adopted(document.get("adopted"))
+    return Saved(round=saved_round, step=step, values=values, progress=progress, adopted=adopted)
+
+
+def _adopted(value: Any) -> tuple[int, str] | None:
+    """The saved ``[round, digest]`` of the newest adopted record, checked."""
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2):
+        raise _RefusedError("malformed: adopted is not [round, digest]")
+    round_, digest = value
+    if not (_integer(round_) and 0 <= round_ < keys.ROUND_LIMIT):
+        raise _RefusedError(f"malformed: adopted round {round_!r}")
+    if not (isinstance(digest, str) and keys.valid_digest(digest)):
+        raise _RefusedError("malformed: adopted digest")
+    return round_, digest
 
 
 def _progress(tree: Any) -> Progress:
@@ -438,8 +461,12 @@ class Resumer:
         max_bytes: int,
         sizes: tuple[int, ...] = (),
         digest_key: bytes | None = None,
+        adopted: Callable[[], tuple[int, str] | None] = lambda: None,
+        check: Callable[[Saved], None] = lambda saved: None,
     ) -> None:
         self.state = state
+        self._adopted = adopted
+        self._check = check
         self._digest_key = digest_key
         self._sizes = sizes
         self.key = keys.resume(node)
@@ -467,6 +494,7 @@ class Resumer:
             got.data, run=self._run, node=self._node, key=self.key, digest_key=self._digest_key
         )
         self._check_progress(saved.progress)
+        self._check(saved)
         try:
             restore(self.state, saved.values)
         except Exception as error:  # e.g. an optimizer built for other parameters now
@@ -512,7 +540,15 @@ class Resumer:
     ) -> bytearray:
         values = capture(self.state)
         run, node = self._run, self._node
-        data = encode(values, run=run, node=node, round=aligned_round, step=step, progress=progress)
+        data = encode(
+            values,
+            run=run,
+            node=node,
+            round=aligned_round,
+            step=step,
+            progress=progress,
+            adopted=self._adopted(),
+        )
         if len(data) > self._max_bytes:
             raise ResumeError(
                 self.key,

@@ -60,6 +60,12 @@ class RunMismatchError(RunError):
     """This node's config or model differs from the run's; the message names each difference."""
 
 
+class NotDescendedError(RunError):
+    """A resumed node's tape does not descend from the record it adopted before it stopped
+    (spec/protocol.md §16.5.2): the tape was replaced or forked while it was away, or it
+    joined a stray chain. Nothing was trained; the message names the round that breaks."""
+
+
 class ManifestPinError(RunError):
     """The manifest in the bucket is not the one this node pinned (``manifest_digest=``):
     another run at the prefix, or a forged or replaced manifest. Nothing was trained or

@@ -63,7 +63,7 @@ import attrs
 
 from gm_core import batch as core_batch
 from gm_core import closer as core_closer
-from gm_core import finish, keys, liveness
+from gm_core import finish, keys, liveness, tip
 from gm_core import learner as core_learner
 from gm_core import resume as core_resume
 from gm_core.advice import advise
@@ -81,10 +81,12 @@ from gm_core.records import (
     MergeRule,
     Partition,
     Roster,
+    RoundRecord,
     TensorSpec,
     Unit,
     WireFormat,
 )
+from gm_core.tape import chain_digest
 from gm_shell import drift, events, leaving
 from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.align import Checkpoint, load_frontier, newest_record
@@ -110,9 +112,10 @@ from gm_shell.pacer import Pacer, StalledError
 from gm_shell.queue import Consumer, SharedQueue, drive, log_rejections
 from gm_shell.ranks import RankHolder
 from gm_shell.replica import Replica
-from gm_shell.resume import Progress, Resumer, default_max_bytes
+from gm_shell.resume import Progress, Resumer, Saved, default_max_bytes
 from gm_shell.resume import digest_key as resume_digest_key
 from gm_shell.run import (
+    NotDescendedError,
     RunError,
     adopt,
     create,
@@ -124,6 +127,7 @@ from gm_shell.runkey import FROM_ENV, OpenRunWarning, RunKey, open_run_warning
 from gm_shell.runkey import resolve as resolve_run_key
 from gm_shell.runtime import Machine, Runtime, lease_epoch_us, now
 from gm_shell.stores import MailboxOptions
+from gm_shell.tapereads import read_record
 
 __all__ = ["DiLoCo", "Role", "Session", "SessionOptions", "StalledError", "WireWidthWarning"]
 
@@ -329,6 +333,10 @@ def default_node_id() -> str:
     raw = f"{socket.gethostname()}-{os.getpid()}"
     cleaned = re.sub(r"[^A-Za-z0-9._-]", "-", raw).strip(".-_")[: keys.ID_MAX_CHARS]
     return cleaned if keys.valid_id(cleaned) else f"node-{uuid.uuid4().hex[:12]}"
+
+
+MAX_DESCENT_ROUNDS = 4096
+"""The most rounds a resumed node reads back to check its tape's descent (one GET each)."""
 
 
 def _named(manifest: Manifest, mailbox: Mailbox) -> str:
@@ -598,6 +606,8 @@ class Session:
             max_bytes=opts.resume_max_bytes or default_max_bytes(parameters),
             sizes=tuple(f.layout.total for f in self._replica.fragments),
             digest_key=resume_digest_key(self._run_auth),
+            adopted=self._adopted,
+            check=self._check_descent,
         )
         saved = self._resumer.restore()
         if saved is None:
@@ -609,6 +619,60 @@ class Session:
             self._resumer.saved_round = self.round
             events.LOG.info(
                 "%s: resumed at step %d (saved at round %d)", self.node, saved.step, saved.round
+            )
+
+    def _adopted(self) -> tuple[int, str] | None:
+        """The round and chain digest of the newest record this node's learner adopted
+        (saved with its resume state)."""
+        runtime = self._runtime
+        held = None if runtime is None or runtime.learner is None else runtime.learner.held
+        return None if held is None else (held.round, chain_digest(held))
+
+    def _check_descent(self, saved: Saved) -> None:
+        """Before restoring a saved state: the tape this node joined must descend from the
+        record it had adopted when it saved (spec/protocol.md §16.5.2), checked by reading
+        each round back from the joined tip (one GET per round missed, at most
+        :data:`MAX_DESCENT_ROUNDS`; beyond, the check is skipped with a warning)."""
+        manifest, runtime, mailbox, loop = self.manifest, self._runtime, self._mailbox, self._loop
+        if saved.adopted is None or manifest is None or not manifest.chained:
+            return
+        assert runtime is not None
+        assert runtime.learner is not None
+        assert mailbox is not None
+        assert loop is not None
+        since, digest = saved.adopted
+        held = runtime.learner.held
+        if held is None:
+            raise NotDescendedError(
+                f"{mailbox.url}: this node adopted round {since} before it stopped, and the "
+                "tape now holds no record: it was replaced or removed"
+            )
+        if held.round - since > MAX_DESCENT_ROUNDS:
+            events.LOG.warning(
+                "%s: %d rounds since its saved state; not checking that the tape descends "
+                "from round %d (over %d)",
+                self.node,
+                held.round - since,
+                since,
+                MAX_DESCENT_ROUNDS,
+            )
+            return
+        envelope, config = for_run(manifest.run_id, self._run_auth), manifest.config
+
+        async def walk() -> tip.Descent:
+            d = tip.descent(held, since, digest)
+            while not d.done:
+                read = (await read_record(mailbox, envelope, config, d.round)).record
+                d = tip.descended(d, read if isinstance(read, RoundRecord) else None)
+            return d
+
+        d = loop.run(walk())
+        if d.broken is not None:
+            raise NotDescendedError(
+                f"{mailbox.url}: the tape this node joined (round {held.round}) does not descend "
+                f"from the record of round {since} it adopted before it stopped: {d.broken}. "
+                "The tape was replaced or forked while it was away, or this is another run; "
+                "nothing was trained"
             )
 
     def _lay_back(self, saved_round: int, progress: Progress) -> None:

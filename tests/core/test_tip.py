@@ -207,3 +207,61 @@ def test_the_search_costs_a_few_reads_whatever_the_hint(length: int, hint: int) 
 @functools.cache
 def long_chain(manifest: Manifest, length: int) -> list[RoundRecord]:
     return chain(manifest, length)  # cached: a prefix of the longest one would do as well
+
+
+# --- a resumed node: does the tip descend from the record it adopted before? ----------------
+
+
+def descend(
+    records: dict[int, RoundRecord], tip_record: RoundRecord, since: int, digest: str
+) -> tip.Descent:
+    """Run a :class:`tip.Descent` over ``records`` (round -> the record a reader takes)."""
+    d = tip.descent(tip_record, since, digest)
+    reads = 0
+    while not d.done:
+        d = tip.descended(d, records.get(d.round))
+        reads += 1
+        assert reads <= tip_record.round - since + 1  # one read per round missed, at most
+    return d
+
+
+@given(length=st.integers(1, 40), data=st.data())
+def test_a_tip_descends_from_every_record_of_its_chain(length: int, data: st.DataObject) -> None:
+    manifest, _ = real_run()
+    records = long_chain(manifest, 40)[:length]
+    since = data.draw(st.integers(0, length - 1))
+    tip_round = data.draw(st.integers(since, length - 1))
+    written = {r.round: r for r in records}
+    d = descend(written, records[tip_round], since, tape.chain_digest(records[since]))
+    assert d.broken is None
+
+
+@given(length=st.integers(2, 40), data=st.data())
+def test_a_replaced_record_or_another_digest_breaks_the_descent(
+    length: int, data: st.DataObject
+) -> None:
+    """A record overwritten between the saved round and the tip (a fork through an
+    overwrite), the saved record itself replaced, or a chain that never held it: refused,
+    naming the round."""
+    manifest, _ = real_run()
+    records = long_chain(manifest, 40)[:length]
+    since = data.draw(st.integers(0, length - 2))
+    tip_round = data.draw(st.integers(since + 1, length - 1))
+    written = {r.round: r for r in records}
+    digest = tape.chain_digest(records[since])
+    replaced = data.draw(st.integers(since, tip_round - 1))
+    forked = dict(written)
+    forked[replaced] = attrs.evolve(written[replaced], closer="someone-else")
+    d = descend(forked, records[tip_round], since, digest)
+    assert d.broken is not None
+    assert f"round {replaced}" in d.broken
+    gone = dict(written)
+    del gone[replaced]
+    assert (
+        descend(gone, records[tip_round], since, digest).broken == f"round {replaced} has no record"
+    )
+    other = descend(written, records[tip_round], since, "0" * 64)
+    assert other.broken == f"round {since}'s record is not the one this node adopted"
+    behind = tip.descent(records[since], since + 1, digest)
+    assert behind.done
+    assert behind.broken is not None

@@ -259,6 +259,9 @@ HOSTILE = {
         ),
         "not a flat fp32 array",
     ),
+    "adopted not a pair": (forged(doc(NONE, adopted=[3])), "adopted is not [round, digest]"),
+    "adopted round negative": (forged(doc(NONE, adopted=[-1, "0" * 64])), "adopted round -1"),
+    "adopted digest not hex": (forged(doc(NONE, adopted=[3, "Z" * 64])), "adopted digest"),
     "progress a torch tensor": (
         forged(doc(NONE, progress={"list": [progress_entry(tag="torch")]}), F32, bytes(8)),
         "not a flat fp32 array",
@@ -360,3 +363,13 @@ def test_resume_is_a_learners_own_state_and_never_the_model() -> None:
         Session(model, algorithm=algo, mailbox="memory://x", resume={"m": model, "o": opt})
     with pytest.raises(ValueError, match="not the model"):
         Session(algorithm=algo, mailbox="memory://x", role="closer", resume={"o": opt})
+
+
+@given(st.integers(0, keys.ROUND_LIMIT - 1), st.text("0123456789abcdef", min_size=64, max_size=64))
+def test_the_adopted_record_comes_back_exactly(round_: int, digest: str) -> None:
+    """What a resumed node checks its tape against (spec/protocol.md §16.5.2); a state saved
+    before the field (or before any record was adopted) has none."""
+    data = seal(encode({}, run=RUN, node=NODE, round=3, step=4, adopted=(round_, digest)))
+    assert decode(data, run=RUN, node=NODE, key=KEY).adopted == (round_, digest)
+    plain = seal(encode({}, run=RUN, node=NODE, round=3, step=4))
+    assert decode(plain, run=RUN, node=NODE, key=KEY).adopted is None
