@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import math
 import sys
@@ -58,12 +59,12 @@ import attrs
 import blake3
 import numpy as np
 
-from gm_core import keys
+from gm_core import auth, keys
 from gm_core import resume as core_resume
-from gm_core.auth import RunAuth
+from gm_core.auth import RunAuth, Signing
 from gm_core.numerics.arrays import F32
 from gm_core.resume import Drift
-from gm_shell import events
+from gm_shell import events, nodekeys
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox, TooLargeError
 from gm_shell.payload import PayloadError, TensorEntry, header_bytes, read_payload
@@ -76,6 +77,8 @@ MAGIC = b"gm-resume/1\n"
 """The first bytes of a resume object (the format's version is in it)."""
 
 DIGEST_BYTES = 32
+SIGNATURE_BYTES = 64
+"""An Ed25519 signature, after the body of a state saved in a run with per-node keys."""
 MAX_DEPTH = 64
 """Deepest nesting of containers a resume state may have (optimizer states use 4)."""
 
@@ -253,12 +256,25 @@ def encode(
     return out
 
 
-def seal(data: bytearray, digest_key: bytes | None = None) -> bytes:
+def seal(
+    data: bytearray,
+    digest_key: bytes | None = None,
+    signing: Signing | None = None,
+    *,
+    run: str = "",
+    key: str = "",
+) -> bytes:
     """Fill in the digest of an :func:`encode` buffer (CPU work: a worker thread's); keyed
-    BLAKE3 under ``digest_key`` in an authenticated run (:func:`digest_key`)."""
+    BLAKE3 under ``digest_key`` in an authenticated run (:func:`digest_key`). With per-node
+    keys (``signing`` of a node that signs), the node's signature over the digest, the run
+    id and the object's ``key`` follows the body (:data:`SIGNATURE_BYTES`): no other member
+    can write a state this node would load."""
     start = len(MAGIC) + DIGEST_BYTES
-    data[len(MAGIC) : start] = _digest(memoryview(data)[start:], digest_key)
-    return bytes(data)
+    digest = _digest(memoryview(data)[start:], digest_key)
+    data[len(MAGIC) : start] = digest
+    if signing is None or signing.sign is None:
+        return bytes(data)
+    return bytes(data) + signing.sign(auth.signed_message(run, key, digest))
 
 
 def digest_key(run_auth: RunAuth | None) -> bytes | None:
@@ -278,15 +294,41 @@ class _RefusedError(Exception):
     """A reason to refuse the bytes; :func:`decode` turns it into a ResumeError with the key."""
 
 
-def decode(data: bytes, *, run: str, node: str, key: str, digest_key: bytes | None = None) -> Saved:
+def decode(
+    data: bytes,
+    *,
+    run: str,
+    node: str,
+    key: str,
+    digest_key: bytes | None = None,
+    signing: Signing | None = None,
+) -> Saved:
     """Check and decode a resume object of ``node`` in run ``run``; :class:`ResumeError` if not.
 
-    ``digest_key``: the run's (:func:`digest_key`) in an authenticated run.
+    ``digest_key``: the run's (:func:`digest_key`) in an authenticated run; ``signing``: its
+    per-node keys (the object must then carry ``node``'s own signature, :func:`seal`).
     """
     try:
+        if signing is not None:
+            data = _signed_by(data, signing, run, node, key)
         return _decode(data, run, node, digest_key)
     except _RefusedError as refused:
         raise ResumeError(key, str(refused)) from None
+
+
+def _signed_by(data: bytes, signing: Signing, run: str, node: str, key: str) -> bytes:
+    """``data`` without its signature, when it is ``node``'s over the object's digest."""
+    member = signing.members.get(node)
+    if member is None:
+        raise _RefusedError(f"node {node!r} is not on the run's roster")
+    start = len(MAGIC) + DIGEST_BYTES
+    if len(data) < start + SIGNATURE_BYTES:
+        raise _RefusedError("not signed (the run has per-node keys)")
+    body, signature = data[:-SIGNATURE_BYTES], data[-SIGNATURE_BYTES:]
+    message = auth.signed_message(run, key, body[len(MAGIC) : start])
+    if not signing.verify(bytes.fromhex(member.public_key), message, signature):
+        raise _RefusedError(f"not signed by {node} (per-node keys): another member wrote it")
+    return body
 
 
 def _decode(data: bytes, run: str, node: str, digest_key: bytes | None) -> Saved:
@@ -463,8 +505,10 @@ class Resumer:
         digest_key: bytes | None = None,
         adopted: Callable[[], tuple[int, str] | None] = lambda: None,
         check: Callable[[Saved], None] = lambda saved: None,
+        signing: Signing | None = None,
     ) -> None:
         self.state = state
+        self._signing = signing
         self._adopted = adopted
         self._check = check
         self._digest_key = digest_key
@@ -491,7 +535,12 @@ class Resumer:
         if got is None:
             return None
         saved = decode(
-            got.data, run=self._run, node=self._node, key=self.key, digest_key=self._digest_key
+            got.data,
+            run=self._run,
+            node=self._node,
+            key=self.key,
+            digest_key=self._digest_key,
+            signing=self._signing,
         )
         self._check_progress(saved.progress)
         self._check(saved)
@@ -560,7 +609,12 @@ class Resumer:
         return data
 
     async def _upload(self, data: bytearray, aligned_round: int, step: int, raising: bool) -> None:
-        sealed = await asyncio.to_thread(seal, data, self._digest_key)
+        sealed = await asyncio.to_thread(
+            functools.partial(seal, run=self._run, key=self.key),
+            data,
+            self._digest_key,
+            self._signing,
+        )
         try:
             await self._mailbox.put(self.key, sealed)
         except Exception as error:
@@ -612,7 +666,9 @@ def read_saved(
         if got is None:
             return None
         run, digest = manifest.run_id, digest_key(run_auth)
-        return decode(got.data, run=run, node=node, key=key, digest_key=digest)
+        reading = nodekeys.reader(run_auth, manifest)
+        signing = None if reading is None else reading.signing
+        return decode(got.data, run=run, node=node, key=key, digest_key=digest, signing=signing)
     finally:
         loop.stop()
         box.close()

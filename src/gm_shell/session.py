@@ -608,6 +608,7 @@ class Session:
             digest_key=resume_digest_key(self._run_auth),
             adopted=self._adopted,
             check=self._check_descent,
+            signing=None if self._run_auth is None else self._run_auth.signing,
         )
         saved = self._resumer.restore()
         if saved is None:

@@ -73,6 +73,10 @@ PRICES: dict[str, PriceTable] = {"s3": PRICES_S3, "r2": PRICES_R2}
 """Price tables ``--prices`` can name."""
 
 
+MAX_MEMBERS_SHOWN = 8
+"""Roster members the human summary names before it counts the rest."""
+
+
 class NoRunError(RunError):
     """The URL holds no run (no folder, or no manifest)."""
 
@@ -242,6 +246,11 @@ class RunStatus:
     manifest_digest: str = ""
     """The manifest's digest (:func:`gm_core.manifest.digest`): what a node pins with
     ``manifest_digest=`` to join this run and no other (trust on first use)."""
+    members: tuple[str, ...] = ()
+    """Per-node keys (spec/protocol.md §16.3): the roster's members as ``id:roles``
+    (empty: the run key alone, or an open run)."""
+    authority: str = ""
+    """The public key of the roster's authority (empty: no roster)."""
 
 
 # --- reading -------------------------------------------------------------------------
@@ -566,6 +575,11 @@ async def gather_status(
         created_by=manifest.created_by,
         auth="open" if manifest.auth is None else f"key id {manifest.auth.key_id}",
         manifest_digest=digest(manifest),
+        members=tuple(
+            f"{m.node}:{'+'.join(m.roles)}"
+            for m in (manifest.roster.members if manifest.roster else ())
+        ),
+        authority="" if manifest.roster is None else manifest.roster.authority,
         config=config,
         tensors=len(manifest.schema),
         parameters=sum(math.prod(t.shape) for t in manifest.schema),
@@ -664,6 +678,13 @@ def _auth_line(s: RunStatus) -> str:
     return "open (a local run: objects are not authenticated)"
 
 
+def _roster_line(s: RunStatus) -> str:
+    named = ", ".join(s.members[:MAX_MEMBERS_SHOWN])
+    hidden = len(s.members) - MAX_MEMBERS_SHOWN
+    more = f" and {hidden} more" if hidden > 0 else ""
+    return f"per-node keys: {len(s.members)} members ({named}{more}); authority {s.authority}"
+
+
 def format_status(s: RunStatus) -> str:
     """The human summary ``gm status`` prints."""
     c = s.config
@@ -671,6 +692,8 @@ def format_status(s: RunStatus) -> str:
     out.append(f"run      {s.run_id} (created by {s.created_by})  {s.url}")
     out.append(f"auth     {_auth_line(s)}")
     out.append(f"manifest {s.manifest_digest} (nodes pin it with manifest_digest=)")
+    if s.members:
+        out.append(f"roster   {_roster_line(s)}")
     mixing = f" mixing={c.mixing:g}" if c.alignment is Alignment.BLEND else ""
     if c.alignment is Alignment.ADAPTIVE:
         mixing = f" carry_above={c.carry_above:g} overwrite_below={c.overwrite_below:g}"

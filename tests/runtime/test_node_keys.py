@@ -30,7 +30,7 @@ from test_session import FAST, algorithm, flat, train
 from gm_core import auth, keys, plan, schedule
 from gm_core.records import FragmentState, Manifest, Member, RoundRecord, Snapshot
 from gm_core.tape import chain_digest
-from gm_shell import NodeKeyError, Session, align, events
+from gm_shell import NodeKeyError, ResumeError, Session, align, events, resume
 from gm_shell.cli import main
 from gm_shell.fragments import FragmentCodec, Role, payload_key
 from gm_shell.mailbox import Mailbox
@@ -340,7 +340,9 @@ def test_keys_and_a_roster_from_the_command_line_create_and_guard_a_run(
     assert s.manifest.roster.authority == printed["authority"]
     monkeypatch.setenv("GM_RUN_KEY", RUN_KEY.hex())
     assert main(["status", url]) == 0
-    assert "not_allowed" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "not_allowed" not in out
+    assert f"1 members (n0:learner+closer); authority {printed['authority']}" in out
     # A node told another authority refuses the run; told this one, it joins.
     for authority, refused in ((public_key(AUTHORITY), True), (printed["authority"], False)):
         monkeypatch.setenv("GM_RUN_AUTHORITY", authority)
@@ -359,3 +361,36 @@ def test_keys_and_a_roster_from_the_command_line_create_and_guard_a_run(
         else:
             s.start()
             s.close()
+
+
+def test_a_member_cannot_write_another_nodes_resume_state(tmp_path: Path) -> None:
+    url, bucket = f"file://{tmp_path / 'bucket'}", tmp_path / "bucket"
+    model, step = torch_model(seed=0)
+    with session(url, "n0", model, [], algorithm(quorum=1), resume={"n": 1}) as s:
+        train(s, step, 16, seed=0)
+    state: dict[str, Any] = {"n": 0}
+    model, _ = torch_model(seed=0)
+    with session(url, "n0", model, [], algorithm(quorum=1), resume=state):
+        assert state == {"n": 1}  # its own state, signed by it, comes back
+    manifest = asyncio.run(_manifest(url))
+    run_auth = auth.derive(RUN_KEY)
+    forged_state = resume.encode({"n": 666}, run=manifest.run_id, node="n0", round=0, step=1)
+    mallory = signing_for(manifest, "mallory", NODE_KEYS["mallory"], ("learner",))
+    key = keys.resume("n0")
+    sealed = resume.seal(
+        forged_state, resume.digest_key(run_auth), mallory, run=manifest.run_id, key=key
+    )
+    (bucket / key).write_bytes(sealed)  # the run key's digest is right: only the signer is not
+    model, _ = torch_model(seed=0)
+    state = {"n": 0}
+    restarted = session(url, "n0", model, [], algorithm(quorum=1), resume=state)
+    with pytest.raises(ResumeError, match="not signed by n0"):
+        restarted.start()
+    assert state == {"n": 0}
+
+
+async def _manifest(url: str) -> Manifest:
+    async with Mailbox.open(url) as box:
+        manifest = await read_manifest(box, auth.derive(RUN_KEY))
+    assert manifest is not None
+    return manifest

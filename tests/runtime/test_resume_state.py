@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gm_core import auth, keys
+from gm_core import auth, keys, modelkeys
 from gm_core.resume import Drift
 from gm_shell import DiLoCo, ResumeError, Session
 from gm_shell.loopthread import LoopThread
@@ -373,3 +373,33 @@ def test_the_adopted_record_comes_back_exactly(round_: int, digest: str) -> None
     assert decode(data, run=RUN, node=NODE, key=KEY).adopted == (round_, digest)
     plain = seal(encode({}, run=RUN, node=NODE, round=3, step=4))
     assert decode(plain, run=RUN, node=NODE, key=KEY).adopted is None
+
+
+ROSTER = modelkeys.roster({NODE: ("learner",), "node-b": ("learner",)})
+
+
+def test_with_per_node_keys_a_state_is_the_nodes_own() -> None:
+    """Per-node keys (spec/protocol.md §16.3): the state carries its node's signature over
+    its digest, run and key; a member with the run key cannot write another node's state
+    (its own signature, or none, is refused by name) and the node's own reads back."""
+    resume_key = digest_key(RUN_AUTH)
+    body = encode({"n": 1}, run=RUN, node=NODE, round=3, step=40)
+    mine = modelkeys.signing(ROSTER, NODE)
+    reader = modelkeys.signing(ROSTER, None)
+    sealed = seal(bytearray(body), resume_key, mine, run=RUN, key=KEY)
+    read = decode(sealed, run=RUN, node=NODE, key=KEY, digest_key=resume_key, signing=reader)
+    assert read.values == {"n": 1}
+    forgeries = {
+        "another member's": seal(
+            bytearray(body), resume_key, modelkeys.signing(ROSTER, "node-b"), run=RUN, key=KEY
+        ),
+        "unsigned": seal(bytearray(body), resume_key),
+        "moved to another key": seal(bytearray(body), resume_key, mine, run=RUN, key="elsewhere"),
+    }
+    for what, data in forgeries.items():
+        with pytest.raises(ResumeError, match="not signed"):
+            decode(data, run=RUN, node=NODE, key=KEY, digest_key=resume_key, signing=reader)
+        assert what
+    off_roster = modelkeys.signing(modelkeys.roster({"node-b": ("learner",)}), None)
+    with pytest.raises(ResumeError, match="not on the run's roster"):
+        decode(sealed, run=RUN, node=NODE, key=KEY, digest_key=resume_key, signing=off_roster)
