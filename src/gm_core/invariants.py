@@ -384,16 +384,29 @@ def learners_behind_commits(view: ClusterView) -> tuple[str, ...]:
     return tuple(out)
 
 
+FORGED_TOKENS = 10**9 + 7
+"""The tokens the model checker's forger claims in every snapshot it writes: no node of a
+model cluster reports that many, so a record that merges it merged a forgery, whatever id
+the forgery bore (a member forging in another learner's name, gm_core.check.forger)."""
+
+
 def forgeries_ignored(view: ClusterView) -> tuple[str, ...]:
     """Nothing an outsider wrote is acted on (spec/invariants.md §F): no record of the run
-    merges a learner that is not a node of it, and every record a node holds is the one
-    the run's own closers wrote for that round."""
+    merges a learner that is not a node of it, nor a snapshot the forger wrote (its
+    :data:`FORGED_TOKENS`), and every record a node holds is the one the run's own closers
+    wrote for that round."""
     tape = read_tape(view)
     out = [
         f"round {r}: merges {p.learner}, not a node of the run"
         for r, record in sorted(tape.items())
         for p in record.participants
         if view.members and p.learner not in view.members
+    ]
+    out += [
+        f"round {r}: merges the forger's snapshot in {p.learner}'s name"
+        for r, record in sorted(tape.items())
+        for p in record.participants
+        if p.tokens == FORGED_TOKENS and p.learner in view.members
     ]
     held = [(name, c.last) for name, c in sorted(view.closers.items()) if c.last is not None]
     held += [

@@ -79,6 +79,16 @@ CI_BOUNDS: dict[str, Bounds] = {
         member=True,
         forge=(Forgery.RECORD,),
     ),
+    # ...and a snapshot in n1's name at n1's key: n1 writes its next slot, the closer
+    # skips the forgery (not_allowed) and merges n1's own.
+    "a member forges a snapshot as another (per-node keys)": Bounds(
+        roles=("lc", "l"),
+        rounds=1,
+        max_time_s=0.5,
+        run_key=True,
+        member=True,
+        forge=(Forgery.SNAPSHOT,),
+    ),
 }
 """The bounds ``make test`` checks and pins the state counts of."""
 

@@ -15,11 +15,11 @@ A bound set with ``member`` makes the forger a *member* of a run with per-node k
 (spec/protocol.md §16.3): ``evil`` is on the roster as a learner and holds the run key
 and its own key (gm_core.modelkeys' stand-in), so its objects carry a valid tag and a
 valid signature, its own. It can then write what a run key alone cannot refuse: its
-record is refused only because a learner may not write records (``not_allowed``). (A
-member's snapshot under its own id is its right to publish, not a forgery; a snapshot
-under another learner's id is covered by tests/core/test_node_keys.py and
-tests/runtime/test_node_keys.py, since the invariants below cannot tell it from the
-victim's own.)
+record is refused only because a learner may not write records, and its snapshot, in
+the last learner's name at that learner's key, only because a learner may publish
+only as itself (both ``not_allowed``). Every forged snapshot claims
+:data:`gm_core.invariants.FORGED_TOKENS`, which is how the invariant tells a merged
+forgery from the victim's own snapshot.
 
 What the checker then judges is the invariant ``forgeries_ignored``
 (:func:`gm_core.invariants.forgeries_ignored`): no record of the run merges a
@@ -36,7 +36,7 @@ import enum
 
 import attrs
 
-from gm_core import auth, cluster, codec, keys, modelkeys, schedule, tape
+from gm_core import auth, cluster, codec, invariants, keys, modelkeys, schedule, tape
 from gm_core.records import Participant, RoundRecord, Snapshot
 
 EVIL = "evil"
@@ -97,18 +97,19 @@ def _object(c: cluster.Cluster, kind: Forgery) -> tuple[str, bytes] | None:
     fragment = schedule.fragment_of(round_, config.fragments)
     frontier = newest.frontier if newest is not None else c.manifest.init
     if kind is Forgery.SNAPSHOT:
+        learner = _victim(c) if _member(c) else EVIL
         snapshot = Snapshot(
-            learner=EVIL,
+            learner=learner,
             round=round_,
             fragment=fragment,
             base_version=frontier[fragment].version,
             steps=config.sync_every,
-            tokens=10**9,
+            tokens=invariants.FORGED_TOKENS,
             step_s=0.1,
             schema_digest=c.schema_digest,
             payload=frontier[fragment].theta,
         )
-        return keys.snapshot(round_, EVIL), codec.encode(snapshot)
+        return keys.snapshot(round_, learner), codec.encode(snapshot)
     if newest is None:
         return None  # a plausible forged record copies a real one's shape
     evil = Participant(learner=EVIL, steps=1, tokens=1, weight=1.0, base_version=0, final=False)
@@ -131,13 +132,24 @@ def _object(c: cluster.Cluster, kind: Forgery) -> tuple[str, bytes] | None:
     return keys.round_record(round_), codec.encode(record)
 
 
+def _member(c: cluster.Cluster) -> bool:
+    """Whether the forger is a member (the run has per-node keys, and it is on the roster)."""
+    return c.run_auth is not None and c.run_auth.signing is not None
+
+
+def _victim(c: cluster.Cluster) -> str:
+    """Whose name a member forges a snapshot in: the last node that learns (a learner-only
+    node where the bound set has one)."""
+    return max(n for n, machines in c.roles.items() if cluster.Machine.LEARNER in machines)
+
+
 def _prev(c: cluster.Cluster, newest: RoundRecord) -> str | None:
     """What the forged record names as its predecessor: the newest record's digest, as a
     forger who reads the tape computes it, when the forger is a member (its record must
     chain to be a commit nodes would adopt but for its signer). An outsider's keeps the
     newest record's own ``prev``, as in the bound sets pinned before per-node keys: its
     tag fails first either way."""
-    if c.run_auth is None or c.run_auth.signing is None:
+    if not _member(c):
         return newest.prev
     return tape.chain_digest(newest)
 
