@@ -300,3 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     handler: Handler = args.handler
     return handler(args)
+
+
+if __name__ == "__main__":  # ``python -m gm_shell.cli`` as well as ``python -m gm_shell``
+    sys.exit(main())

@@ -210,10 +210,12 @@ def resolve_node_key(node_key: NodeKey) -> bytes | None:
         node_key = _from_env(ENV_NODE_KEY) or _read_file(ENV_NODE_KEY_FILE)
     if node_key is None:
         return None
-    try:
+    try:  # the same form as a run key: 32 bytes, 64 hex characters
         key = auth.parse_key(node_key) if isinstance(node_key, str) else node_key
-    except ValueError as error:
-        raise NodeKeyError(f"node key: {error} (`gm keygen --node` prints one)") from None
+    except ValueError:
+        raise NodeKeyError(
+            f"a node key is {2 * auth.KEY_BYTES} hex characters (`gm keygen --node` prints one)"
+        ) from None
     if len(key) != auth.KEY_BYTES:
         raise NodeKeyError(f"node key: {auth.KEY_BYTES} bytes expected, got {len(key)}")
     return key
