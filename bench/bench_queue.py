@@ -11,7 +11,9 @@ units ``i`` with ``i mod 4 == rank``). Every node waits at a ``Barrier`` before 
 step, so their starts line up. Printed per mode: the time from the first step to the last
 step of any node (every process is on this machine: one monotonic clock), the ideal
 speed-weighted time (the dataset's steps over the four nodes' summed step rates, no sync
-cost), their ratio, the steps each node trained (fast, slow, fast, slow), and the nodes' eval
+cost), their ratio, the steps each node trained (fast, slow, fast, slow), where each node's
+time went (``spent_s``: its start after the first node's, in steps, between the steps of a
+unit, between units, and its idle tail before the last node's last step), and the nodes' eval
 loss at the end (a linear student of a fixed teacher, the model each node holds after
 ``close()``: the newest commit when it closed).
 """
@@ -64,21 +66,33 @@ def worker(spec: dict[str, Any]) -> None:
     options = SessionOptions(poll_s=0.05, close_timeout_s=60.0, join_timeout_s=120.0)
     times: list[float] = []
     steps: list[None] = []
+    spent = dict.fromkeys(("work", "between_steps", "between_units"), 0.0)
+    """Where this node's time from its first step to its last went: in ``step`` (the
+    batch's work and sleep), between two steps of a unit (``Session.step``: pacing, stalls
+    on commits) and between a unit's last step and the next unit's first (that too, plus
+    the queue's claim, listing and done marker, or the next rank's batches)."""
+    first_of_unit = [False]
 
     def batches(unit: str) -> Any:
         rng = np.random.default_rng(int(unit[1:]))
-        for _ in range(spec["batches"]):
+        for b in range(spec["batches"]):
+            first_of_unit[0] = b == 0
             yield torch.from_numpy(rng.normal(size=(8, IN)).astype(np.float32))
 
     def step(x: Any) -> int:
+        entered = time.monotonic()
         if not times:
-            times.append(time.monotonic())
+            times.append(entered)
+        else:
+            gap = "between_units" if first_of_unit[0] else "between_steps"
+            spent[gap] += entered - times[-1]
         loss = torch.nn.functional.mse_loss(model(x), x @ teacher)
         opt.zero_grad()
         loss.backward()
         opt.step()
         time.sleep(spec["step_s"])
         times[1:] = [time.monotonic()]
+        spent["work"] += times[-1] - entered
         steps.append(None)
         return 8
 
@@ -104,7 +118,8 @@ def worker(spec: dict[str, Any]) -> None:
     x = torch.from_numpy(np.random.default_rng(99).normal(size=(256, IN)).astype(np.float32))
     with torch.no_grad():
         loss = float(torch.nn.functional.mse_loss(model(x), x @ teacher))
-    print(json.dumps({"first": times[0], "last": times[-1], "loss": loss, "steps": len(steps)}))
+    got = {"first": times[0], "last": times[-1], "loss": loss, "steps": len(steps)}
+    print(json.dumps({**got, "spent": spent}))
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -137,6 +152,17 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     ideal_s = steps / rate
     took_s = max(o["last"] for o in outs) - min(o["first"] for o in outs)
     losses = sorted(o["loss"] for o in outs)
+    first, last = min(o["first"] for o in outs), max(o["last"] for o in outs)
+    # Per node: when it started after the first node, its time in steps, between steps and
+    # between units, and how long before the end it had nothing left (the tail).
+    spent = [
+        {
+            "start": round(o["first"] - first, 2),
+            **{k: round(v, 2) for k, v in o["spent"].items()},
+            "tail": round(last - o["last"], 2),
+        }
+        for o in outs
+    ]
     return {
         "mode": mode,
         "took_s": round(took_s, 2),
@@ -144,6 +170,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "over_ideal": round(took_s / ideal_s, 3),
         "loss": [round(v, 5) for v in losses],
         "steps_fast_slow": [outs[n]["steps"] for n in range(NODES)],
+        "spent_s": spent,
     }
 
 

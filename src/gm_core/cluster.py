@@ -478,6 +478,26 @@ def hand_over(c: Cluster, name: str) -> Cluster:
     return _feed(c, name, Machine.LEARNER, CloseRequested(now_s=c.now_s, keep_lease=True))
 
 
+def rejoin(c: Cluster, name: str) -> Cluster:
+    """An elected ``either`` node the run relieved (another closer leads) trains again: a
+    fresh learner machine joins from the tape beside its closer, as ``Session.run`` does;
+    the old learner's requests in flight and its timer are void."""
+    node = c.nodes[name]
+    if not node.alive or node.learner is None:
+        return c
+    fresh = learner.initial(name, c.manifest, c.schema_digest, c.learner_options, c.run_auth)
+    nodes = dict(c.nodes)
+    nodes[name] = attrs.evolve(
+        node,
+        learner=attrs.evolve(fresh, next_req=node.learner.next_req),
+        timers={m: at for m, at in node.timers.items() if m is not Machine.LEARNER},
+        pace=None,
+    )
+    inflight = tuple(f for f in c.inflight if not (f.node == name and f.machine is Machine.LEARNER))
+    c = attrs.evolve(c, nodes=nodes, inflight=inflight)
+    return _feed(c, name, Machine.LEARNER, Started(now_s=c.now_s))
+
+
 def tick(c: Cluster, seconds: float) -> Cluster:
     return attrs.evolve(c, now_s=c.now_s + seconds)
 

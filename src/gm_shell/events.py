@@ -387,6 +387,15 @@ class Elected(Event):
 
 
 @attrs.frozen(kw_only=True)
+class Relieved(Event):
+    """This elected ``either`` node no longer leads: another closer took a round over from
+    it, or its record named a live dedicated closer. It trains again (a fresh learner joins
+    from the newest commit and claims units), so that only the leader stops training."""
+
+    kind: ClassVar[str] = "relieved"
+
+
+@attrs.frozen(kw_only=True)
 class CloserStopped(Event):
     """This node's closer stopped (the session is closing)."""
 
@@ -485,6 +494,7 @@ _PLAIN: dict[str, type[Event]] = {
         CommitLost,
         Closed,
         Elected,
+        Relieved,
         CloserStopped,
     )
 }

@@ -465,22 +465,41 @@ class Runtime:
 
     def _restart_learner(self, error: Exception) -> None:
         """Drop the learner's state, its requests in flight and the work and plan handed to
-        the training thread, which stalls until a fresh learner has joined from the tape.
+        the training thread, which stalls until a fresh learner has joined from the tape."""
+        assert self.learner is not None
+        round_ = self.learner.aligned_round
+        self._fresh_learner()
+        self._restart(Machine.LEARNER, error, round_)
+
+    def _fresh_learner(self) -> None:
+        """A fresh learner machine in place of the one there, and a pacer waiting for it.
 
         The fresh machine numbers its requests on from the old one's, so an outcome the
-        training thread still reports for the old one (a capture, a commit folded in) is
-        one it never asked for, and ignores.
+        training thread still reports for the old one is one it never asked for, and ignores.
         """
         assert self.learner is not None
-        old = self.learner
         fresh = learner.initial(
             self.node, self.manifest, self._digest, self._learner_options, self._run_auth
         )
-        self.learner = attrs.evolve(fresh, next_req=old.next_req)
+        self.learner = attrs.evolve(fresh, next_req=self.learner.next_req)
         self._planned, self._planned_applies = None, ()
         if self.pacer is not None:
             self.pacer.restart()
-        self._restart(Machine.LEARNER, error, old.aligned_round)
+
+    def rejoin_learner(self) -> None:
+        """Start a fresh learner after this node's closed one, at once: an ``either`` node
+        the run no longer elects closer trains again (``events.Relieved``). It joins from the
+        newest commit as after a restart (:meth:`_restart_learner`); training stalls until it
+        has. The old learner's requests still in flight are void."""
+
+        def rejoin() -> None:
+            self._fresh_learner()
+            self._epochs[Machine.LEARNER] += 1
+            self._closing.discard(Machine.LEARNER)
+            self.learner_closed.clear()
+            self._feed(Machine.LEARNER, Started(now_s=now()))
+
+        self._loop.call(rejoin)
 
     def _restart(self, machine: Machine, error: Exception, round_: int) -> None:
         """Report ``error``, void the machine's requests in flight, and start it again from

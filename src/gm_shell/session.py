@@ -523,10 +523,17 @@ class Session:
         """Whether :meth:`run` found the run finished (it wrote or read ``finished.json``)."""
         self._elected = threading.Event()
         """An ``either`` node's closer was elected (set on the event thread)."""
+        self._relieved = threading.Event()
+        """An elected ``either`` node's closer no longer leads (set on the event thread)."""
         self.elected = False
-        """Whether this ``either`` node was elected closer (and so stopped training)."""
+        """Whether this ``either`` node was elected closer (and so stopped training), once
+        at least."""
+        self.relieved = 0
+        """How often this elected ``either`` node was relieved (another closer leads) and
+        went back to training."""
         self.given_back = 0
-        """Units this ``either`` node had claimed and not started when elected: given back."""
+        """Units this ``either`` node had claimed and not started when elected: given back
+        (summed over its elections)."""
         if self.role is Role.EITHER:
             self._hub.subscribe(self._on_event)
 
@@ -1084,6 +1091,8 @@ class Session:
         closer; then it gives back its unstarted units, closes its learner without a done
         marker (its lease goes on as the closer's), closes rounds until the run is finished
         (:meth:`serve`; :attr:`elected` and :attr:`finished` say so) and closes the session.
+        Should another closer lead instead (it took a round over, or a dedicated closer came
+        and was named), the node trains again (:attr:`relieved`): only the leader serves.
 
         At the end of a plain iterable the node writes ``done/{node}.json`` (with ``ranks``,
         its rank's done marker, or raises :class:`~gm_shell.ranks.RankLost` if a peer holds
@@ -1104,9 +1113,9 @@ class Session:
             if isinstance(data, SharedQueue):
                 if self._ranked is not None:
                     raise ValueError("ranks are fixed slices: train the rank's data, not a queue")
-                if self._run_queue(step, data):
-                    self._serve_elected()
-                    return
+                while self._run_queue(step, data):
+                    if self._serve_elected():
+                        return
                 shape: Shape = Queued(frozenset(data.units))
             elif self._ranked is not None and self._ranks is not None:
                 steps, tokens = self._train(step, data)
@@ -1157,10 +1166,9 @@ class Session:
                     return False
                 steps, counted = self._train(step, data.load(data.values[unit.unit]))
                 consumer.finish(unit.unit, steps, counted)
-            self.given_back = consumer.give_back()
-            events.LOG.info(
-                "%s: elected closer: gave back %d unstarted units", self.node, self.given_back
-            )
+            given = consumer.give_back()
+            self.given_back += given
+            events.LOG.info("%s: elected closer: gave back %d unstarted units", self.node, given)
             return True
         finally:
             consumer.close()
@@ -1172,11 +1180,22 @@ class Session:
 
     def _on_event(self, event: events.Event) -> None:
         if isinstance(event, events.Elected):
+            self._relieved.clear()
             self._elected.set()
+        elif isinstance(event, events.Relieved):
+            self._relieved.set()
 
-    def _serve_elected(self) -> None:
+    def _serve_elected(self) -> bool:
         """This ``either`` node serves as closer: its learner closes, handing the lease to
-        the closer (no gap its followers could take for a death), then it closes rounds."""
+        the closer (no gap its followers could take for a death), then it closes rounds until
+        the run is finished (True: the session is closed), or until it no longer leads
+        (False: a fresh learner joins from the newest commit, and it trains again).
+
+        Why train again: a node that does not lead closes nothing, so serving on would only
+        take a learner out of the run; and when a takeover from a stalled elected node elects
+        its taker too (the double election), the one relieved going back is what leaves a
+        single node serving.
+        """
         runtime, pacer = self._runtime, self._pacer
         assert runtime is not None
         assert pacer is not None
@@ -1186,10 +1205,19 @@ class Session:
         timeout_s = self.options.close_timeout_s + 30.0
         pacer.serve(runtime.learner_closed.is_set, timeout_s, self._why)
         self.checkpoint = self._leave_at_newest(runtime)
-        self._pacer = None  # no more training: close() only stops the closer
+        self._pacer = None  # no training while serving: close() only stops the closer
         events.LOG.info("%s: trains no more; closes rounds until the run is finished", self.node)
-        self.serve()
-        self.close()
+        self._serve(stop=self._relieved.is_set)
+        if self.finished:
+            self.close()
+            return True
+        self._elected.clear()
+        self._relieved.clear()
+        self.relieved += 1
+        runtime.rejoin_learner()
+        self._pacer = pacer
+        events.LOG.info("%s: another closer leads: trains again", self.node)
+        return False
 
     def _look_finished(self, shape: Shape, queue: str) -> None:
         """Decide whether the run is finished, and say so in the bucket (:mod:`gm_core.finish`)."""
@@ -1265,6 +1293,12 @@ class Session:
         finds the run finished writes it after its own final rounds are committed, so a
         closer returning here has nothing left to commit. Close the session after it.
         """
+        self._serve(duration_s)
+
+    def _serve(
+        self, duration_s: float | None = None, stop: Callable[[], bool] = lambda: False
+    ) -> None:
+        """:meth:`serve`, returning early too once ``stop()`` is true."""
         deadline = math.inf if duration_s is None else time.monotonic() + duration_s
         runtime, manifest = self._runtime, self.manifest
         if runtime is None or manifest is None or self._loop is None or self._mailbox is None:
@@ -1272,7 +1306,7 @@ class Session:
         envelope = for_run(manifest.run_id, self._run_auth)
         every_s = liveness.renew_interval_s(self.options.renew_s, manifest.config.lease_timeout_s)
         look_at = time.monotonic()
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop():
             if runtime.failure is not None:
                 raise RuntimeError("the gm session failed") from runtime.failure
             if time.monotonic() >= look_at:

@@ -1,5 +1,6 @@
 """bench/bench_queue.py still measures both modes: a tiny run whose figures must come out
-whole (a time per mode, the ideal, four final losses), not what they are."""
+whole (a time per mode, the ideal, four final losses, where each node's time went), not what
+they are."""
 
 from __future__ import annotations
 
@@ -21,3 +22,8 @@ def test_bench_queue_measures_the_queue_and_the_ranks(
         assert row["took_s"] > 0
         assert row["ideal_s"] > 0
         assert len(row["loss"]) == 4
+        assert len(row["spent_s"]) == 4
+        assert all(
+            set(n) == {"start", "work", "between_steps", "between_units", "tail"}
+            for n in row["spent_s"]
+        )

@@ -68,3 +68,66 @@ def test_serves_needs_another_live_learner_and_no_live_dedicated_closer() -> Non
     assert election.serves(me="a", others_live=1, dedicated_live=False)
     assert not election.serves(me="a", others_live=0, dedicated_live=False)
     assert not election.serves(me="a", others_live=3, dedicated_live=True)
+
+
+def _elect(c: cl.Cluster, rng: random.Random, ticks: int = 200) -> cl.Cluster:
+    """Drive until some node serves, then hand its learner over, as ``Session.run`` does."""
+    for _ in range(ticks):
+        if _serving(c):
+            break
+        c = drive(c, 1, rng)
+    (chosen,) = _serving(c)
+    return cl.hand_over(c, chosen)
+
+
+def test_an_elected_node_that_another_takes_over_from_goes_back_to_training() -> None:
+    """The double election: the elected ``a`` stalls (nothing of it runs: its lease looks
+    dead), ``b`` takes its round over by a claim and, leading while ``c`` is live, is elected
+    too. When ``a`` runs again it no longer leads: it must stop serving (``relieved``) and
+    train again, or two of three nodes stop training for good."""
+    roles = {"a": frozenset({L, C}), "b": frozenset({L, C}), "c": frozenset({L})}
+    c = cl.create(CONFIG, roles, learner_options=FAST_L, closer_options=EITHER)
+    for name in sorted(roles):
+        c = cl.start(c, name)
+    rng = random.Random(7)
+    c = _elect(c, rng)
+    assert _serving(c) == ["a"]
+    c = drive(c, 40, rng)
+    for _ in range(400):
+        if "b" in _serving(c):
+            break
+        c = drive(c, 1, rng, hung=frozenset({"a"}))
+    assert _serving(c) == ["a", "b"]  # b took a's round over, and serves
+    c = cl.hand_over(c, "b")
+    taken = max(r.round for r in cl.records(c))
+    c = drive(c, 120, rng)  # a runs again: it follows b's rounds
+    assert _serving(c) == ["b"]
+    relieved = [n for n, x in c.notes if x.kind == "relieved"]
+    assert relieved == ["a"]
+    c = cl.rejoin(c, "a")
+    c = drive(c, 200, rng)
+    later = [r for r in cl.records(c) if r.round > taken]
+    assert all(r.closer == "b" for r in later)
+    # a trains again: its snapshots are merged in b's rounds.
+    assert any("a" in {p.learner for p in r.participants} for r in later[-6:]), later[-6:]
+    assert _serving(c) == ["b"]
+
+
+def test_an_elected_node_is_relieved_once_its_record_names_a_dedicated_closer() -> None:
+    """A dedicated closer started after the election: the elected node's next records name it
+    (it leads while live), so the elected node no longer leads, is relieved and trains again;
+    it is not elected again while the dedicated closer is live."""
+    roles = {"a": frozenset({L, C}), "b": frozenset({L}), "d": frozenset({C})}
+    c = cl.create(CONFIG, roles, learner_options=FAST_L, closer_options=EITHER)
+    c = cl.start(cl.start(c, "a"), "b")
+    rng = random.Random(11)
+    c = _elect(c, rng)
+    assert _serving(c) == ["a"]
+    c = drive(cl.start(c, "d"), 80, rng)
+    assert [n for n, x in c.notes if x.kind == "relieved"] == ["a"]
+    assert _serving(c) == []
+    c = drive(cl.rejoin(c, "a"), 200, rng)
+    records = cl.records(c)
+    assert records[-1].closer == "d"
+    assert any("a" in {p.learner for p in r.participants} for r in records[-6:]), records[-6:]
+    assert [n for n, x in c.notes if x.kind == "elected"] == ["a"]

@@ -6,8 +6,9 @@ line per batch it trains (``trace``: ``unit batch``, flushed, so the test can ki
 process mid-unit). The node trains a small torch model with ``Session.run``, exits 0
 once every unit of the queue is done, and prints whether it found the run finished.
 Optional: the ``mailbox`` options (an open run: no key) and its ``role`` (``both`` by
-default; ``either`` also prints whether it was elected closer and how many units it gave
-back; ``closer`` trains nothing and serves until the run is finished).
+default; ``either`` also prints whether it was elected closer, how many units it gave
+back and how often it was relieved and trained again; ``closer`` trains nothing and serves
+until the run is finished).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def main(spec: dict[str, Any]) -> None:
     with session:
         session.run(step, data)
     outcome = {"finished": session.finished, "elected": session.elected}
-    print(json.dumps({**outcome, "given_back": session.given_back}))
+    print(json.dumps({**outcome, "given_back": session.given_back, "relieved": session.relieved}))
 
 
 if __name__ == "__main__":

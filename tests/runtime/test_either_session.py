@@ -2,7 +2,8 @@
 dedicated closer leads while it is live; killed (SIGKILL), an ``either`` node takes its round
 over, is elected closer, gives back the units it claimed and has not started, and closes the
 rounds of the other ``either`` node, which trains the rest of the queue; the run finishes by
-itself and both exit 0."""
+itself and both exit 0. And back: an elected node whose records come to name a dedicated
+closer that started later is relieved, and trains again."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import pytest
 from procs import Deadline, result, spawn, traced
 from runtime_bucket import open_tape, read_bucket
 
-from gm_core import auth, completion, keys
-from gm_core.records import RoundRecord
+from gm_core import auth, codec, completion, keys
+from gm_core.records import Lease, RoundRecord
 from gm_core.store_model import Stored
 from gm_shell.stores import MailboxOptions
 
@@ -105,9 +106,64 @@ def test_an_either_node_elected_after_the_closer_is_killed_closes_the_rounds(
     assert all(len(attempts) == 1 for attempts in done.values()), done
     # A unit given back went on at claim 2 (0: the elected node's, 1: given back, naming
     # nobody) and was finished by the other node; no other unit changed hands (nobody died).
+    # With prefetch 1 a node claims two units when it holds none unstarted, so while it
+    # trains the second of a pair it holds nothing to give: 0 or 1 by timing (the give-back
+    # itself is property-tested in tests/core/test_queue.py).
     given = outcomes[chosen]["given_back"]
-    assert given >= 1, outcomes
+    assert given in (0, 1), outcomes
     handed = {u: m for u, attempts in done.items() for a, m in attempts.items() if a >= 1}
     assert len(handed) == given, handed
     assert all(a == 2 for attempts in done.values() for a in attempts if a >= 1), done
     assert all(m.node == summary.by for m in handed.values()), handed
+
+
+def lease_roles(objects: Mapping[str, Stored], node: str) -> tuple[str, ...]:
+    stored = objects.get(keys.lease(node))
+    if stored is None:
+        return ()
+    body = auth.for_run("", None).open(keys.lease(node), stored.data)
+    assert isinstance(body, bytes)
+    return codec.decode(Lease, body).roles
+
+
+def test_an_elected_node_trains_again_once_a_dedicated_closer_leads(
+    tmp_path: Path, run_url: tuple[str, MailboxOptions]
+) -> None:
+    url, options = run_url
+    traces = {n: tmp_path / f"{n}.trace" for n in ("e1", "e2")}
+    spec = {"url": url, "mailbox": attrs.asdict(options), "units": UNITS, "batches": BATCHES}
+    deadline = Deadline(240)
+    procs = {}
+    try:
+        # e1 creates the run and leads; once e2 trains too, e1 is elected.
+        e1 = {"node": "e1", "role": "either", "trace": str(traces["e1"]), "step_s": 0.1}
+        procs["e1"] = spawn("queue_worker.py", {**spec, **e1})
+        deadline.wait("e1 never trained", lambda: bool(traced(traces["e1"])), alive=procs.values())
+        e2 = {"node": "e2", "role": "either", "trace": str(traces["e2"]), "step_s": 0.1}
+        procs["e2"] = spawn("queue_worker.py", {**spec, **e2})
+        deadline.wait(
+            "e1 never served",
+            lambda: "elected" in lease_roles(read_bucket(url, options), "e1"),
+            alive=procs.values(),
+            every_s=0.25,
+        )
+        served_at = len(traced(traces["e1"]))
+        procs["d"] = spawn("queue_worker.py", {**spec, "node": "d", "role": "closer", "step_s": 0})
+        outcomes = {n: result(n, procs[n], timeout_s=240) for n in ("e1", "e2", "d")}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert outcomes["e1"]["elected"], outcomes
+    assert outcomes["e1"]["relieved"] >= 1, outcomes
+    assert all(o["finished"] for o in outcomes.values()), outcomes
+    # e1 trained again after d came: units of its own, past the lines it had when it served.
+    assert len(traced(traces["e1"])) > served_at + BATCHES, served_at
+    records, objects = read(url, options)
+    assert any(r.closer == "d" for r in records)  # d led (an overloaded d may be taken over)
+    done = ledger(objects)
+    assert sorted(done) == [f"u{i:02d}" for i in range(UNITS)]
+    assert all(len(attempts) == 1 for attempts in done.values()), done
+    trainers = {m.node for attempts in done.values() for m in attempts.values()}
+    assert trainers == {"e1", "e2"}

@@ -138,7 +138,28 @@ def _enter(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
     )
     if _named(state) == state.node:
         return _open(state, now_s, 0, cmds)
-    return state
+    return _relieve(state, cmds)
+
+
+def _relieve(state: CloserState, cmds: list[Command]) -> CloserState:
+    """An elected ``either`` node that enters a round another closer's record hands to
+    someone else is no longer its run's closer: it says ``relieved``, counts its own learner
+    again and leaves the lease to it (the shell starts a fresh learner, which trains again).
+    Were it to go on serving, a takeover from it (it stalled) would leave two nodes out of
+    training for good: the double election.
+
+    Only another closer's record relieves it, proof that a closer other than this one is
+    alive and leads. Its own record may name a dedicated closer (``next_closer`` names one
+    seen renewing up to two lease timeouts ago, such as one it has just taken a round over
+    from for looking dead); it then stays elected: that closer, if alive, commits the next
+    round and its record relieves this node; if dead, this node takes the round over again.
+    Relieving it on its own record made it flap, elected and relieved round after round, in
+    the process test on SeaweedFS.
+    """
+    if not state.serving or state.last is None or state.last.closer == state.node:
+        return state
+    cmds.append(Notify(kind="relieved", round=state.round, detail=f"by {state.last.closer}"))
+    return attrs.evolve(state, serving=False)
 
 
 def _open(state: CloserState, now_s: float, claim: int, cmds: list[Command]) -> CloserState:
