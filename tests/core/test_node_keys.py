@@ -7,14 +7,20 @@ against the same envelope in tests/runtime/test_node_keys.py.
 
 from __future__ import annotations
 
+import random
+
 import attrs
 import pytest
-from hypothesis import given
+from fast_cluster import FAST_C, FAST_L, C, L, random_step
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gm_core import auth, codec, keys, modelkeys
+from gm_core import cluster as cl
 from gm_core.auth import Envelope, Unauthenticated, Why
-from gm_core.records import Member, Roster
+from gm_core.check import forger
+from gm_core.invariants import FORGED_TOKENS
+from gm_core.records import AlgorithmConfig, Member, Roster
 
 RUN_KEY = bytes(range(32))
 ROLES = {"a": ("learner",), "b": ("learner",), "c": ("closer",), "d": ("learner", "closer")}
@@ -177,3 +183,55 @@ def test_the_model_roster_carries_its_authoritys_signature() -> None:
 
 def _why(verdict: bytes | Unauthenticated) -> Why | None:
     return verdict.why if isinstance(verdict, Unauthenticated) else None
+
+
+# --- a model cluster with per-node keys and a member forger ------------------------------
+
+CLUSTER_ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "n2": frozenset({L})}
+CLUSTER_CONFIG = AlgorithmConfig(sync_every=4, fragments=2, quorum=1, in_flight=2)
+
+
+def member_run() -> cl.Cluster:
+    c = cl.create(
+        CLUSTER_CONFIG,
+        CLUSTER_ROLES,
+        learner_options=FAST_L,
+        closer_options=FAST_C,
+        run_key=RUN_KEY,
+        members={forger.EVIL: ("learner",)},
+    )
+    for name in sorted(CLUSTER_ROLES):
+        c = cl.start(c, name)
+    return c
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), before=st.integers(30, 300))
+def test_a_member_forging_a_commit_and_a_snapshot_as_another_changes_nothing(
+    seed: int, before: int
+) -> None:
+    """``evil`` is on the roster as a learner, holds the run key and its own key: its
+    chained commit and its snapshot in n2's name carry a valid tag and a valid signature,
+    its own, and are refused (``not_allowed``); the run commits on, every record is a
+    closer's, nothing it forged is merged, every invariant holds."""
+    rng = random.Random(seed)
+    c = member_run()
+    for _ in range(before):
+        c = random_step(c, rng, sorted(CLUSTER_ROLES))
+    for kind in (forger.Forgery.RECORD, forger.Forgery.SNAPSHOT):
+        if forger.possible(c, kind):
+            c = forger.forge(c, kind)
+    committed = len(cl.records(c))
+    for _ in range(600):
+        c = random_step(c, rng, sorted(CLUSTER_ROLES))
+    assert cl.check(c) == []
+    assert all(record.closer in {"n0", "n1"} for record in cl.records(c))
+    assert all(
+        p.tokens != FORGED_TOKENS and p.learner in CLUSTER_ROLES
+        for record in cl.records(c)
+        for p in record.participants
+    )
+    assert len(cl.records(c)) > committed
+    refused = [n.detail for _, n in c.notes if "not_allowed" in n.detail]
+    if c.hostile:
+        assert refused, "a forgery landed and nobody named it"
