@@ -12,8 +12,9 @@ step, so their starts line up. Printed per mode: the time from the first step to
 step of any node (every process is on this machine: one monotonic clock), the ideal
 speed-weighted time (the dataset's steps over the four nodes' summed step rates, no sync
 cost), their ratio, the steps each node trained (fast, slow, fast, slow), where each node's
-time went (``spent_s``: its start after the first node's, in steps, between the steps of a
-unit, between units, and its idle tail before the last node's last step), and the nodes' eval
+time went (``spent_s``: its start after the first node's, in ``step``, in ``Session.step``,
+between steps besides — the queue's own work —, and its idle tail before the last node's
+last step), and the nodes' eval
 loss at the end (a linear student of a fixed teacher, the model each node holds after
 ``close()``: the newest commit when it closed).
 """
@@ -66,17 +67,15 @@ def worker(spec: dict[str, Any]) -> None:
     options = SessionOptions(poll_s=0.05, close_timeout_s=60.0, join_timeout_s=120.0)
     times: list[float] = []
     steps: list[None] = []
-    spent = dict.fromkeys(("work", "between_steps", "between_units"), 0.0)
+    spent = dict.fromkeys(("work", "session_step", "between"), 0.0)
     """Where this node's time from its first step to its last went: in ``step`` (the
-    batch's work and sleep), between two steps of a unit (``Session.step``: pacing, stalls
-    on commits) and between a unit's last step and the next unit's first (that too, plus
-    the queue's claim, listing and done marker, or the next rank's batches)."""
-    first_of_unit = [False]
+    batch's work and sleep), in ``Session.step`` (pacing: stalls on commits), and between
+    steps besides (the queue's claims, listings and done markers at a unit's end; the next
+    rank batch's generator)."""
 
     def batches(unit: str) -> Any:
         rng = np.random.default_rng(int(unit[1:]))
-        for b in range(spec["batches"]):
-            first_of_unit[0] = b == 0
+        for _ in range(spec["batches"]):
             yield torch.from_numpy(rng.normal(size=(8, IN)).astype(np.float32))
 
     def step(x: Any) -> int:
@@ -84,8 +83,7 @@ def worker(spec: dict[str, Any]) -> None:
         if not times:
             times.append(entered)
         else:
-            gap = "between_units" if first_of_unit[0] else "between_steps"
-            spent[gap] += entered - times[-1]
+            spent["between"] += entered - times[-1]
         loss = torch.nn.functional.mse_loss(model(x), x @ teacher)
         opt.zero_grad()
         loss.backward()
@@ -107,6 +105,17 @@ def worker(spec: dict[str, Any]) -> None:
         ranks=ranks,
         run_key=None,
     )
+    real_step = session.step
+
+    last_call = [0.0]
+
+    def timed_step(**counted: int) -> None:
+        entered = time.monotonic()
+        real_step(**counted)
+        last_call[0] = time.monotonic() - entered
+        spent["session_step"] += last_call[0]
+
+    session.step = timed_step  # type: ignore[method-assign]  # Session.run calls self.step
     with session:
         with session.barrier("start", parties=NODES) as barrier:
             barrier.wait()
@@ -119,6 +128,7 @@ def worker(spec: dict[str, Any]) -> None:
     with torch.no_grad():
         loss = float(torch.nn.functional.mse_loss(model(x), x @ teacher))
     got = {"first": times[0], "last": times[-1], "loss": loss, "steps": len(steps)}
+    spent["between"] -= spent["session_step"] - last_call[0]  # the last call ends no gap
     print(json.dumps({**got, "spent": spent}))
 
 

@@ -24,6 +24,5 @@ def test_bench_queue_measures_the_queue_and_the_ranks(
         assert len(row["loss"]) == 4
         assert len(row["spent_s"]) == 4
         assert all(
-            set(n) == {"start", "work", "between_steps", "between_units", "tail"}
-            for n in row["spent_s"]
+            set(n) == {"start", "work", "session_step", "between", "tail"} for n in row["spent_s"]
         )
