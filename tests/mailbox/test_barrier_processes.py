@@ -63,9 +63,10 @@ def test_parties_are_released_together_over_s3(seaweedfs: RunningServer) -> None
     _released_together(url, attrs.asdict(seaweedfs.options), parties=3, waits=2)
 
 
-def test_a_party_that_never_comes_times_everyone_out_by_name(tmp_path: Path) -> None:
-    url = f"file://{tmp_path / 'bucket'}"
-    procs = {n: _start(url, {}, n, 3, 1, 3.0) for n in ("p0", "p1")}
+def _timed_out_by_name(url: str, options: dict[str, Any]) -> None:
+    """Three parties, p2 never comes (crashed before arriving): p0 and p1 time out with one
+    verdict naming who arrived."""
+    procs = {n: _start(url, options, n, 3, 1, 3.0) for n in ("p0", "p1")}
     outcomes = {n: _finish(p) for n, p in procs.items()}
     verdicts = {
         json.dumps({k: v for k, v in o[0].items() if k != "message"}) for o in outcomes.values()
@@ -77,6 +78,18 @@ def test_a_party_that_never_comes_times_everyone_out_by_name(tmp_path: Path) -> 
         assert lines[0]["by"] in lines[0]["arrived"]
         assert set(lines[0]["arrived"]) <= {"p0", "p1"}
         assert f"{len(lines[0]['arrived'])} of 3 arrived" in lines[0]["message"]
+
+
+def test_a_party_that_never_comes_times_everyone_out_by_name(tmp_path: Path) -> None:
+    _timed_out_by_name(f"file://{tmp_path / 'bucket'}", {})
+
+
+@pytest.mark.servers
+@pytest.mark.xdist_group("servers")
+def test_a_party_that_never_comes_times_everyone_out_over_s3(seaweedfs: RunningServer) -> None:
+    _timed_out_by_name(
+        f"{seaweedfs.url}/barrier-{time.monotonic_ns()}", attrs.asdict(seaweedfs.options)
+    )
 
 
 def test_a_killed_partys_arrival_counts_and_its_restart_goes_on(tmp_path: Path) -> None:
