@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from gm_core.check import search
+from gm_core.check.bounds import COORDINATION_BOUNDS
 
 B = TypeVar("B")
 
@@ -19,3 +20,13 @@ def check_pinned(
     outcome = explore(bounds)
     assert outcome.violation == ()
     assert outcome.states == states
+
+
+def coordination_table(kind: type[B], pins: Mapping[str, int]) -> dict[str, tuple[B, int]]:
+    """The ``gm check --ci`` coordination sets of ``kind`` with their pinned state counts; a
+    set without a pin gets -1, so its test fails (and says which)."""
+    return {
+        name: (b, pins.get(name, -1))
+        for name, b in COORDINATION_BOUNDS.items()
+        if isinstance(b, kind)
+    }

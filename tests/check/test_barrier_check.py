@@ -5,11 +5,10 @@ counts are pinned as a change detector, and planted bugs are found with a shorte
 from __future__ import annotations
 
 import pytest
-from pins import check_pinned
+from pins import check_pinned, coordination_table
 
 from gm_core import barrier
 from gm_core.check.barrier import BarrierBounds, explore
-from gm_core.check.bounds import COORDINATION_BOUNDS
 
 PINNED = {
     "barrier: two parties": 5_533,
@@ -18,11 +17,7 @@ PINNED = {
     "barrier: two parties, a crash and restart": 51_694,
 }
 """States of the barrier's sets ``gm check --ci`` explores."""
-BOUNDS = {
-    name: (b, PINNED.get(name, -1))
-    for name, b in COORDINATION_BOUNDS.items()
-    if isinstance(b, BarrierBounds)
-}
+BOUNDS = coordination_table(BarrierBounds, PINNED)
 
 
 @pytest.mark.parametrize("name", list(BOUNDS))

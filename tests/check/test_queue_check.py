@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
-from pins import check_pinned
+from pins import check_pinned, coordination_table
 
 from gm_core import queue
 from gm_core.check.bounds import COORDINATION_BOUNDS
@@ -24,11 +24,7 @@ PINNED = {
     "ranks: one node, two ranks, a crash, a watch": 685,
 }
 """States of the queue's and the ranks' sets ``gm check --ci`` explores."""
-BOUNDS = {
-    name: (b, PINNED.get(name, -1))
-    for name, b in COORDINATION_BOUNDS.items()
-    if isinstance(b, QueueBounds)
-}
+BOUNDS = coordination_table(QueueBounds, PINNED)
 
 
 @pytest.mark.parametrize("name", list(BOUNDS))
