@@ -244,6 +244,19 @@ class Envelope:
             return body
         return _signed(self.auth.signing, self.run_id, key, data, body)
 
+    def not_signed_by(self, data: bytes, named: str) -> str | None:
+        """Why ``data``, which :meth:`open` accepted, is not signed by the node its body
+        names as its writer (a record's ``closer``, a claim's ``node``); None when it is,
+        or when per-node keys are not in force. Only closers sign either (may_write), so
+        this keeps one closer from writing in another's name (protocol §16.3.2)."""
+        if self.auth is None or self.auth.signing is None:
+            return None
+        fields = _header_fields(data)
+        signer = fields[3] if fields is not None and len(fields) == 5 else None
+        if signer == named:
+            return None
+        return f"signed by {signer}, but it names {named} as its writer"
+
     def slot_name(self, kind: str, subject: str, slot: int) -> str:
         """The name of slot ``slot`` of the create-once key ``kind``/``subject`` (§16.4.1).
 

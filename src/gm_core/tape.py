@@ -180,6 +180,9 @@ def parse_record(
         return bad(reason=str(error), newer=declared is not None and declared > FORMAT_VERSION)
     if record.round != expected_round:
         return bad(reason=f"record names round {record.round}, not its key's round")
+    impostor = envelope.not_signed_by(data, record.closer)
+    if impostor is not None:
+        return bad(reason=f"unauthenticated ({Why.NOT_ALLOWED}): {impostor}")
     reason = implausible(record, config)
     if reason is None and prev is not None and record.prev != prev:
         named = "nothing" if record.prev is None else record.prev[:16]

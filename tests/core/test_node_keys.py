@@ -7,6 +7,7 @@ against the same envelope in tests/runtime/test_node_keys.py.
 
 from __future__ import annotations
 
+import functools
 import random
 
 import attrs
@@ -15,12 +16,12 @@ from fast_cluster import FAST_C, FAST_L, C, L, random_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gm_core import auth, codec, keys, modelkeys
+from gm_core import auth, codec, keys, modelkeys, tape
 from gm_core import cluster as cl
 from gm_core.auth import Envelope, Unauthenticated, Why
 from gm_core.check import forger
 from gm_core.invariants import FORGED_TOKENS
-from gm_core.records import AlgorithmConfig, Member, Roster
+from gm_core.records import AlgorithmConfig, Member, Roster, RoundRecord
 
 RUN_KEY = bytes(range(32))
 ROLES = {"a": ("learner",), "b": ("learner",), "c": ("closer",), "d": ("learner", "closer")}
@@ -235,3 +236,33 @@ def test_a_member_forging_a_commit_and_a_snapshot_as_another_changes_nothing(
     refused = [n.detail for _, n in c.notes if "not_allowed" in n.detail]
     if c.hostile:
         assert refused, "a forgery landed and nobody named it"
+
+
+@functools.cache
+def a_record() -> RoundRecord:
+    """A real record of the member run (its content is a correct closer's)."""
+    rng = random.Random(3)
+    c = member_run()
+    while not cl.records(c):
+        c = random_step(c, rng, sorted(CLUSTER_ROLES))
+    return cl.records(c)[0]
+
+
+@given(signer=st.sampled_from(["c", "d"]), named=st.sampled_from(["c", "d"]))
+def test_a_closer_cannot_write_a_record_in_another_closers_name(signer: str, named: str) -> None:
+    """Both may write records; each only as itself: a record whose ``closer`` is not its
+    signer is refused (``not_allowed``), so the tape's accounting of who closed each round
+    (G5) holds against a closer's key too. The same rule judges a claim's ``node``."""
+    record = attrs.evolve(a_record(), closer=named)
+    key = tape.record_key(envelope(None), record.round, 0)
+    data = envelope(signer).seal(key, codec.encode(record))
+    parsed = tape.parse_record(envelope(None), data, record.round, CLUSTER_CONFIG)
+    if signer == named:
+        assert parsed == record
+        assert envelope(None).not_signed_by(data, named) is None
+    else:
+        assert isinstance(parsed, tape.BadRecord)
+        assert "not_allowed" in parsed.reason
+        assert f"signed by {signer}" in parsed.reason
+    without = auth.for_run("run", auth.derive(RUN_KEY))  # the run key alone: nobody to check
+    assert without.not_signed_by(data, "anyone") is None

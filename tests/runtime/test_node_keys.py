@@ -135,6 +135,7 @@ async def _forge(box: Mailbox, m: Mallory, newest: RoundRecord) -> None:
         frontier=tuple(state if f == fragment else s for f, s in enumerate(newest.frontier)),
         prev=chain_digest(newest),
         rejections=(),
+        closer="mallory",  # in another closer's name it is refused whoever may write records
     )
     key = keys.round_record(target)
     await box.put_once(key, m.mine.pack(key, record))

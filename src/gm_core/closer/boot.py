@@ -272,6 +272,9 @@ def _claim_holder(envelope: Envelope, data: bytes, round_: int, attempt: int) ->
         return "", str(error)
     if (claim.round, claim.attempt) != (round_, attempt):
         return "", "names another round or attempt"
+    impostor = envelope.not_signed_by(data, claim.node)
+    if impostor is not None:
+        return "", f"unauthenticated (not_allowed): {impostor}"
     return claim.node, ""
 
 
