@@ -388,9 +388,10 @@ class Elected(Event):
 
 @attrs.frozen(kw_only=True)
 class Relieved(Event):
-    """This elected ``either`` node no longer leads: another closer took a round over from
-    it, or its record named a live dedicated closer. It trains again (a fresh learner joins
-    from the newest commit and claims units), so that only the leader stops training."""
+    """This elected ``either`` node serves no more: another closer's record took the lead
+    (it took a round over from this node, or this node named a dedicated closer, which
+    committed), or no other learner is live. It trains again (a fresh learner joins from
+    the newest commit and claims units), so that only a leader stops training."""
 
     kind: ClassVar[str] = "relieved"
 

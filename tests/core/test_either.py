@@ -131,3 +131,25 @@ def test_an_elected_node_is_relieved_once_its_record_names_a_dedicated_closer() 
     assert records[-1].closer == "d"
     assert any("a" in {p.learner for p in r.participants} for r in records[-6:]), records[-6:]
     assert [n for n, x in c.notes if x.kind == "elected"] == ["a"]
+
+
+def test_an_elected_node_left_alone_is_relieved_and_trains_again() -> None:
+    """Every other learner dies while ``a`` serves: with nobody training, units left would
+    never be trained and the run never finish, so ``a`` is relieved and trains again."""
+    roles = {"a": frozenset({L, C}), "b": frozenset({L})}
+    c = cl.create(CONFIG, roles, learner_options=FAST_L, closer_options=EITHER)
+    c = cl.start(cl.start(c, "a"), "b")
+    rng = random.Random(13)
+    c = _elect(c, rng)
+    c = drive(c, 40, rng)
+    assert _serving(c) == ["a"]
+    assert not [n for n, x in c.notes if x.kind == "relieved"]  # b is live: a serves on
+    c = drive(cl.crash(c, "b"), 80, rng)
+    assert [x.detail for n, x in c.notes if x.kind == "relieved"] == ["no other learner live"]
+    assert _serving(c) == []
+    crashed = max(r.round for r in cl.records(c))
+    c = drive(cl.rejoin(c, "a"), 200, rng)
+    later = [r for r in cl.records(c) if r.round > crashed]
+    assert len(later) >= 6, len(later)
+    assert any("a" in {p.learner for p in r.participants} for r in later[-6:]), later[-6:]
+    assert _serving(c) == []  # alone it is not elected again

@@ -158,7 +158,12 @@ def _relieve(state: CloserState, cmds: list[Command]) -> CloserState:
     """
     if not state.serving or state.last is None or state.last.closer == state.node:
         return state
-    cmds.append(Notify(kind="relieved", round=state.round, detail=f"by {state.last.closer}"))
+    return _unserve(state, f"by {state.last.closer}", cmds)
+
+
+def _unserve(state: CloserState, why: str, cmds: list[Command]) -> CloserState:
+    """This elected node's closer serves no more: ``relieved`` (the shell trains again)."""
+    cmds.append(Notify(kind="relieved", round=state.round, detail=why))
     return attrs.evolve(state, serving=False)
 
 

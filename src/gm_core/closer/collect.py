@@ -276,15 +276,24 @@ def _maybe_serve(state: CloserState, now_s: float, cmds: list[Command]) -> Close
     """An ``either`` node leading a round: whether the run elects it its closer now.
 
     Elected, it stops judging its own learner (which the shell stops after its unit, its
-    lease handed over, not released) and writes the lease itself from now on.
+    lease handed over, not released) and writes the lease itself from now on. Serving, it
+    is relieved once no other learner is live on its clock: with nobody else training, units
+    left would never be trained, and the run never finish (the reference's syncer trains
+    again then too); the last learners leaving at the end of the data relieve it as well,
+    and it finds the queue done.
     """
-    if not (state.options.either and state.options.learns_here) or state.serving:
+    if not (state.options.either and state.options.learns_here):
         return state  # only a node that trains can stop training to serve
+    others_live = len(commit._live(state, now_s) - {state.node})
+    if state.serving:
+        # A learner that reported this round is live too (its lease is not probed again).
+        if others_live or commit._reported(state) - {state.node}:
+            return state
+        return boot._unserve(state, "no other learner live", cmds)
     timeout_s = state.manifest.config.lease_timeout_s
     dedicated_live = any(
         liveness.is_live(state.others.get(n), now_s, timeout_s) for n in state.dedicated
     )
-    others_live = len(commit._live(state, now_s) - {state.node})
     if not election.serves(me=state.node, others_live=others_live, dedicated_live=dedicated_live):
         return state
     cmds.append(Notify(kind="elected", round=state.round, detail=f"learners={others_live}"))
