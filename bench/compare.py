@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from gm_core.numerics import Contributions, Layout
-from gm_core.records import AlgorithmConfig, MergeRule, TensorSpec
+from gm_core.records import AlgorithmConfig, MergeRule, TensorSpec, WireFormat
 from gm_core.verdicts import merge_weight, normalized_weights
 from gm_shell.accounting import PRICES_S3, Stats, cost_usd
 
@@ -402,15 +402,23 @@ def merge_inputs(path: Path, mib: int, k: int) -> dict[str, Any]:
 
 
 def gm_close_round(
-    arrays: dict[str, Any], rule: MergeRule, compute: str, repeat: int
+    arrays: dict[str, Any],
+    rule: MergeRule,
+    compute: str,
+    repeat: int,
+    wire: WireFormat = WireFormat.F32,
 ) -> dict[str, Any]:
     """gm's closer compute for one round, timed from delta payload bytes to commit payload bytes.
 
     What ``gm_shell.runtime`` does between fetching the snapshots' payloads and uploading the
     commit: each delta checked (size, blake3 digest), decoded and judged finite; the merge,
-    Nesterov step and cosine on the ``compute`` backend; theta and momentum encoded and hashed.
-    The current theta and momentum are held in memory, as a closer that committed the fragment
-    before holds them. One fragment of all the tensors (P=1), the run's config otherwise.
+    Nesterov step and cosine on the ``compute`` backend; theta and momentum encoded and hashed,
+    and the new theta brought back to the host for the commit cache. With a torch backend all of
+    it but the checks and hashes runs on its device (``FragmentCodec.device``: decoding, merge,
+    encoding), as the runtime does it; with numpy, on the host. The current theta (host) and
+    momentum (on the device) are held in memory, as a closer that committed the fragment before
+    holds them. One fragment of all the tensors (P=1) in ``wire`` format, the run's config
+    otherwise.
     """
     from gm_shell.fragments import FragmentCodec, Role, compute_backend
     from gm_shell.run import draft_manifest
@@ -419,9 +427,17 @@ def gm_close_round(
     schema = tuple(
         TensorSpec(name=n, shape=tuple(arrays[f"theta/{n}"].shape), dtype="F32") for n in names
     )
-    config = AlgorithmConfig(sync_every=1, fragments=1, in_flight=1, merge=rule)
+    config = AlgorithmConfig(
+        sync_every=1,
+        fragments=1,
+        in_flight=1,
+        merge=rule,
+        delta_format=wire,
+        commit_format=wire,
+    )
     manifest = draft_manifest(run_id="bench", node="closer", config=config, schema=schema)
     fragments = FragmentCodec(manifest, compute_backend(compute))
+    device = fragments.device
     layout = fragments.layouts[0]
 
     def flat(prefix: str) -> np.ndarray:
@@ -429,7 +445,7 @@ def gm_close_round(
 
     k = len(arrays["tokens"])
     payloads = [fragments.encode(0, Role.DELTA, 1, flat(f"delta{i}")) for i in range(k)]
-    theta0, momentum0 = flat("theta"), flat("momentum")
+    theta0, momentum0 = flat("theta"), device.asarray(flat("momentum"))
     who = Contributions(
         learners=tuple(f"learner-{i}" for i in range(k)),
         weights=normalized_weights(
@@ -441,21 +457,35 @@ def gm_close_round(
     )
     best = float("inf")
     merged = None
+    theta = None
     for _ in range(repeat):
         t0 = time.perf_counter()
-        deltas = [fragments.load(0, Role.DELTA, ref, data) for data, ref in payloads]
-        merged = fragments.merge(0, theta0, momentum0, deltas, who)
-        fragments.encode(0, Role.THETA, 2, merged.theta)
-        fragments.encode(0, Role.MOMENTUM, 2, merged.momentum)
+        deltas = [fragments.load(0, Role.DELTA, ref, data, device) for data, ref in payloads]
+        merged = fragments.merge_on(device, 0, theta0, momentum0, deltas, who)
+        data, _ = fragments.encode(0, Role.THETA, 2, merged.theta, device)
+        fragments.encode(0, Role.MOMENTUM, 2, merged.momentum, device)
+        theta = fragments.brought_home(0, Role.THETA, merged.theta, data, device)
         best = min(best, time.perf_counter() - t0)
     assert merged is not None, "repeat must be at least 1"
+    assert theta is not None
     return {
         "best_s": best,
         "delta_gb_per_s": k * layout.total * 4 / best / 1e9,
-        "theta": merged.theta,  # what agree() checks against the reference's result
-        "momentum": merged.momentum,
+        "theta": theta,  # what agree() checks against the reference's result
+        "momentum": device.to_numpy(merged.momentum),
         "layout": layout,
     }
+
+
+def accelerator() -> str | None:
+    """``auto``'s torch device where it is not the CPU (figure 4 then has a third side)."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    from gm_shell.fragments import compute_backend
+
+    chosen = compute_backend("auto")
+    device = getattr(chosen, "device", None)
+    return None if device is None or device.type == "cpu" else "auto"
 
 
 def figure_merge(args: argparse.Namespace, ref_ok: bool) -> dict[str, Any]:
@@ -485,11 +515,15 @@ def figure_merge(args: argparse.Namespace, ref_ok: bool) -> dict[str, Any]:
                 else {"error": "skipped"}
             )
             sides: dict[str, dict[str, Any]] = {}
-            for compute in ("numpy", "torch"):
-                if compute == "torch" and importlib.util.find_spec("torch") is None:
+            for compute in ("numpy", "torch", accelerator()):
+                if compute is None or (
+                    compute == "torch" and importlib.util.find_spec("torch") is None
+                ):
                     continue
                 try:
-                    sides[compute] = gm_close_round(arrays, rule, compute, args.repeat)
+                    sides[compute] = gm_close_round(
+                        arrays, rule, compute, args.repeat, WireFormat(args.merge_format)
+                    )
                 except Exception as error:
                     sides[compute] = failed(error)
             agreement = None
@@ -715,6 +749,12 @@ def main() -> None:
     parser.add_argument("--join-latency-ms", type=float, default=50.0)
     parser.add_argument("--merge-mib", type=int, default=16)
     parser.add_argument("--contributions", type=int, default=4)
+    parser.add_argument(
+        "--merge-format",
+        default="F32",
+        choices=[f.value for f in WireFormat],
+        help="figure 4: the deltas' and commits' wire format (the reference's side is f32)",
+    )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20000, help="figure 5: steps timed")
     args = parser.parse_args()

@@ -12,14 +12,22 @@
 #    copies, with the pinned host copy of the same bytes as the bound;
 # 4. the side stream: this tree's staging against 8c5736f's (the transfers on the current
 #    stream), idle and with ~5 ms of matmuls queued before each align (which an align's
-#    transfer on the side stream overlaps; the align's time runs to the device's end).
+#    transfer on the side stream overlaps; the align's time runs to the device's end);
+# 5. a closer's round on the device (bench_closer_device, then figure 4 of compare.py on
+#    gm's side): delta payloads decoded and judged on CUDA, merged, stepped and encoded
+#    there, theta brought home, against numpy and against the host decode it replaced, in
+#    f32, bf16, fp8 and fp4 (tests/runtime/test_closer_device.py in step 1 holds the CUDA
+#    path to the host one, bit for bit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
-"$PY" -m pytest -q -p no:cacheprovider tests/numerics/test_backends.py tests/runtime/test_device_path.py -k "cuda"
+"$PY" -m pytest -q -p no:cacheprovider tests/numerics/test_backends.py tests/runtime/test_device_path.py \
+  tests/runtime/test_closer_device.py -k "cuda"
 "$PY" -m bench.bench_device --mib 256
 "$PY" -m bench.bench_staging --device cuda --sizes 16,256 --repeat 5
 "$PY" -m bench.bench_staging --device cuda --sizes 16,256 --repeat 5 --stage-before 8c5736f
 "$PY" -m bench.bench_staging --device cuda --sizes 16,256 --repeat 5 --stage-before 8c5736f --busy-ms 5
+"$PY" -m bench.bench_closer_device --device cuda --mib 256 --repeat 5
+"$PY" bench/compare.py --only 4 --gm-only --merge-mib 256 --repeat 5 --merge-format BF16

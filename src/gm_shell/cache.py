@@ -20,29 +20,41 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import attrs
-
-from gm_core.numerics.arrays import F32
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-class FragmentCache:
+class Buffer(Protocol):
+    """A decoded fragment: a host numpy array, or a compute backend's (a torch tensor)."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+
+B = TypeVar("B", bound=Buffer)
+
+
+class FragmentCache(Generic[B]):
+    """Decoded fragments by payload key, bounded by their bytes (wherever they live: a
+    closer's deltas and momentum may be on its compute device, see
+    :attr:`gm_shell.fragments.FragmentCodec.device`)."""
+
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._items: OrderedDict[str, F32] = OrderedDict()
+        self._items: OrderedDict[str, B] = OrderedDict()
         self._bytes = 0
 
-    def get(self, key: str) -> F32 | None:
+    def get(self, key: str) -> B | None:
         value = self._items.get(key)
         if value is not None:
             self._items.move_to_end(key)
         return value
 
-    def put(self, key: str, value: F32) -> None:
+    def put(self, key: str, value: B) -> None:
         old = self._items.pop(key, None)
         if old is not None:
             self._bytes -= old.nbytes

@@ -28,6 +28,18 @@ All of it is CPU work for worker threads (payload hashing and compression refuse
 to run on an event loop). Each thread gets its own :class:`PayloadWriter`.
 Merges run on the chosen compute backend (torch where installed: on CPU its
 arrays share memory with the host buffers, so nothing is copied).
+
+Where the closer's payloads live (:attr:`FragmentCodec.device`). With a torch
+compute backend, a closer's deltas and momentum are decoded by torch on the
+compute device (:meth:`FragmentCodec.load` with ``backend``), judged finite there,
+merged and outer-stepped there (:meth:`FragmentCodec.merge_on`), and theta and
+momentum are encoded there (:meth:`FragmentCodec.encode` with ``backend``): only
+the quantized codes cross to the host, once each way, and the new theta is copied
+back once for the commit cache a learner aligns from. Checking, decompressing and
+parsing a payload stay on the host (bytes from the bucket). With numpy,
+:attr:`~FragmentCodec.device` is the host and every call is the host path. A
+learner's payloads (its deltas out, its commits in) always take the host path: its
+model's copies go through :mod:`gm_shell.staging` instead.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ from __future__ import annotations
 import enum
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import attrs
 import numpy as np
@@ -46,6 +58,7 @@ from gm_core.numerics import Contributions, Layout, WireLayout, wire_layout
 from gm_core.numerics.arrays import F32
 from gm_core.records import (
     AlgorithmConfig,
+    Alignment,
     Manifest,
     MergeRule,
     PayloadRef,
@@ -70,6 +83,8 @@ from gm_shell.payload import (
     unseal,
     write_fragment,
 )
+
+A = TypeVar("A")
 
 
 class Role(enum.StrEnum):
@@ -134,6 +149,9 @@ class FragmentCodec:
         }
         self._numpy = NumpyBackend()
         self._compute: Backend[Any] = compute or self._numpy
+        self.device: Backend[Any] = self._compute if self._compute.name == "torch" else self._numpy
+        """Where a closer's payloads are decoded, merged and encoded: the torch compute
+        backend's device, else the host (numpy; an MLX compute backend merges host arrays)."""
         self._local = threading.local()
         self._limits: dict[tuple[int, WireFormat], Bounds] = {}
 
@@ -165,21 +183,45 @@ class FragmentCodec:
 
     # -- writing --------------------------------------------------------------------------
 
-    def encode(self, fragment: int, role: Role, round_: int, x: F32) -> tuple[bytes, PayloadRef]:
-        """The bytes to upload for ``x`` and the reference a record will carry."""
+    def encode(
+        self,
+        fragment: int,
+        role: Role,
+        round_: int,
+        x: Any,
+        backend: Backend[Any] | None = None,
+    ) -> tuple[bytes, PayloadRef]:
+        """The bytes to upload for ``x`` and the reference a record will carry; ``x`` is a
+        host array, or one of ``backend``'s (its codes are then made on its device)."""
         writer: PayloadWriter | None = getattr(self._local, "writer", None)
         if writer is None:
             writer = self._local.writer = PayloadWriter()
-        file = write_fragment(writer, self._numpy, x, self.wire(fragment, role))
+        file = write_fragment(writer, backend or self._numpy, x, self.wire(fragment, role))
         data = bytes(byte_view(seal(file, self.config.compression)))
         digest = content_hash(data, self._payload_key)
         ref = PayloadRef(key=keys.payload(round_, digest), size=len(data), digest=digest)
         return data, ref
 
-    def roundtrip(self, fragment: int, role: Role, x: F32, data: bytes) -> F32:
-        """What every reader of ``data`` will get: ``x`` itself when the format is exact."""
+    @overload
+    def roundtrip(self, fragment: int, role: Role, x: F32, data: bytes) -> F32: ...
+    @overload
+    def roundtrip(self, fragment: int, role: Role, x: A, data: bytes, backend: Backend[A]) -> A: ...
+    def roundtrip(
+        self, fragment: int, role: Role, x: Any, data: bytes, backend: Backend[Any] | None = None
+    ) -> Any:
+        """What every reader of ``data`` will get: ``x`` itself when the format is exact;
+        decoded by ``backend`` (default: numpy, on the host) when it is not."""
         if self._formats[role] is WireFormat.F32:
             return x
+        return self._decode(backend or self._numpy, fragment, role, data)
+
+    def brought_home(
+        self, fragment: int, role: Role, x: A, data: bytes, backend: Backend[A]
+    ) -> F32:
+        """What a host reader of ``data`` gets, for ``x`` on ``backend``'s device: ``x``
+        copied back when the format is exact, else ``data`` decoded on the host."""
+        if self._formats[role] is WireFormat.F32:
+            return backend.to_numpy(x)
         return self.decode(fragment, role, data)
 
     # -- reading --------------------------------------------------------------------------
@@ -197,7 +239,13 @@ class FragmentCodec:
             raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: content hash {digest[:12]}…")
 
     def decode(self, fragment: int, role: Role, data: bytes) -> F32:
-        """A fresh flat fp32 buffer holding the payload's fragment."""
+        """A fresh flat fp32 host buffer holding the payload's fragment."""
+        decoded: F32 = self._decode(self._numpy, fragment, role, data)
+        return decoded
+
+    def _decode(self, backend: Backend[A], fragment: int, role: Role, data: bytes) -> A:
+        """A fresh flat fp32 buffer of ``backend`` holding the payload's fragment: the
+        bytes are unsealed and parsed on the host, the codes decoded by ``backend``."""
         wire = self.wire(fragment, role)
         bounds = self._bounds(fragment, role)
         try:
@@ -209,16 +257,34 @@ class FragmentCodec:
             codes, scales = read_fragment(payload, wire)
         except PayloadError as error:
             raise UnusablePayloadError(Reason.SCHEMA, str(error)) from error
-        out = np.empty(wire.layout.total, dtype=np.float32)
-        self._numpy.decode(codes, scales, wire, out)
+        out = backend.empty(wire.layout.total)
+        backend.decode(codes, scales, wire, out)
         return out
 
-    def load(self, fragment: int, role: Role, ref: PayloadRef, data: bytes | None) -> F32:
-        """Check, decode and (for deltas) require finite values; raises UnusablePayloadError."""
+    @overload
+    def load(self, fragment: int, role: Role, ref: PayloadRef, data: bytes | None) -> F32: ...
+    @overload
+    def load(
+        self, fragment: int, role: Role, ref: PayloadRef, data: bytes | None, backend: Backend[A]
+    ) -> A: ...
+    def load(
+        self,
+        fragment: int,
+        role: Role,
+        ref: PayloadRef,
+        data: bytes | None,
+        backend: Backend[Any] | None = None,
+    ) -> Any:
+        """Check, decode and (for deltas) require finite values; raises UnusablePayloadError.
+
+        Decoded by ``backend`` into a buffer on its device (default: numpy, the host), and
+        judged finite there: the verdict is the same wherever the values are.
+        """
+        on = backend or self._numpy
         self.check(ref, data)
         assert data is not None
-        x = self.decode(fragment, role, data)
-        if role is Role.DELTA and not self._numpy.all_finite(x):
+        x = self._decode(on, fragment, role, data)
+        if role is Role.DELTA and not on.all_finite(x):
             raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
         return x
 
@@ -231,13 +297,33 @@ class FragmentCodec:
         momentum: F32 | None,
         deltas: Sequence[F32],
         contributions: Contributions,
-    ) -> Merged:
-        """New theta and momentum (fresh buffers) from the deltas the run's merge keeps."""
-        cfg = self.config
+    ) -> Merged[F32]:
+        """New theta and momentum (fresh host buffers) from the deltas the run's merge keeps,
+        merged on the compute backend."""
         compute = self._compute
-        layout = self.layouts[fragment]
         arrays = [compute.asarray(d) for d in deltas]
-        plan = self._plan(arrays, contributions, layout)
+        base = None if momentum is None else compute.asarray(momentum)
+        merged = self.merge_on(compute, fragment, theta, base, arrays, contributions)
+        return attrs.evolve(
+            merged, theta=compute.to_numpy(merged.theta), momentum=compute.to_numpy(merged.momentum)
+        )
+
+    def merge_on(
+        self,
+        compute: Backend[A],
+        fragment: int,
+        theta: F32,
+        momentum: A | None,
+        deltas: Sequence[A],
+        contributions: Contributions,
+    ) -> Merged[A]:
+        """New theta and momentum, fresh buffers of ``compute`` (on its device), from
+        ``compute``'s deltas and momentum and the host theta: nothing is copied back.
+        ``momentum`` and ``deltas`` are read, never written (they may be cached)."""
+        cfg = self.config
+        layout = self.layouts[fragment]
+        arrays = deltas
+        plan = self._plan(compute, arrays, contributions, layout)
         kept = [arrays[i] for i in plan.kept]
         final = tuple(contributions.final[i] for i in plan.kept) if contributions.final else ()
         merged_by = Contributions(
@@ -247,10 +333,11 @@ class FragmentCodec:
             scales=plan.scales,
             trim=plan.trim,
         )
-        new_theta = compute.asarray(theta.copy())
-        new_momentum = compute.asarray(
-            np.zeros_like(theta) if momentum is None else momentum.copy()
-        )
+        new_theta = _copy(compute, compute.asarray(theta), layout.total)
+        if momentum is None:
+            new_momentum = compute.asarray(np.zeros_like(theta))
+        else:
+            new_momentum = _copy(compute, momentum, layout.total)
         compute.merge_step(
             kept,
             merged_by,
@@ -263,14 +350,18 @@ class FragmentCodec:
             cfg.outer_momentum,
         )
         return Merged(
-            theta=compute.to_numpy(new_theta),
-            momentum=compute.to_numpy(new_momentum),
+            theta=new_theta,
+            momentum=new_momentum,
             cosine=compute.cosine(kept),
             outliers=tuple(contributions.learners[i] for i in plan.rejected),
         )
 
     def _plan(
-        self, arrays: Sequence[Any], contributions: Contributions, layout: Layout
+        self,
+        compute: Backend[A],
+        arrays: Sequence[A],
+        contributions: Contributions,
+        layout: Layout,
     ) -> MergePlan:
         """The run's merge of these deltas; screened by norm and cosine to their median first
         when the run asks for clipping or outlier rejection (the decision is gm_core's)."""
@@ -279,20 +370,29 @@ class FragmentCodec:
             return robust.plan_merge(self.config, shares)
         trim = robust.trim_count(MergeRule.MEDIAN, len(arrays), 0.0)
         median = Contributions(learners=contributions.learners, weights=shares, trim=trim)
-        centre = self._compute.empty(layout.total)
+        centre = compute.empty(layout.total)
         rule = MergeRule.MEDIAN if trim else MergeRule.MEAN
-        self._compute.merge(arrays, median, layout, rule, "", centre)
-        norms, cosines = self._compute.spread(arrays, centre)
+        compute.merge(arrays, median, layout, rule, "", centre)
+        norms, cosines = compute.spread(arrays, centre)
         return robust.plan_merge(self.config, shares, norms, cosines)
 
 
-@attrs.frozen(kw_only=True)
-class Merged:
-    """A merge's outcome: new theta and momentum, the merged deltas' mean pairwise cosine,
-    and the learners whose deltas were rejected as outliers (in contribution order)."""
+def _copy(compute: Backend[A], x: A, n: int) -> A:
+    """A fresh buffer of ``compute`` holding ``x`` (an overwrite is a copy on its device):
+    ``x`` may share memory with a cached value, which the merge must not change."""
+    out = compute.empty(n)
+    compute.align(out, x, Alignment.OVERWRITE)
+    return out
 
-    theta: F32
-    momentum: F32
+
+@attrs.frozen(kw_only=True)
+class Merged(Generic[A]):
+    """A merge's outcome: new theta and momentum (host arrays, or a compute backend's), the
+    merged deltas' mean pairwise cosine, and the learners whose deltas were rejected as
+    outliers (in contribution order)."""
+
+    theta: A
+    momentum: A
     cosine: float | None
     outliers: tuple[str, ...]
 

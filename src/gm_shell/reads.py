@@ -36,7 +36,7 @@ runs on the worker threads the runtime passes in.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, overload
 
 import attrs
 
@@ -44,12 +44,14 @@ from gm_core import keys
 from gm_core.numerics.arrays import F32
 from gm_core.records import PayloadRef, Reason
 from gm_shell import events
+from gm_shell.backends import Backend
 from gm_shell.cache import EtagMemory
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.limits import MAX_LISTED_KEYS, json_limit
 from gm_shell.mailbox import Listed, Mailbox, TooLargeError, UnchangedError
 
 T = TypeVar("T")
+A = TypeVar("A")
 Compute = Callable[..., Awaitable[Any]]
 """Runs a CPU-bound function with its arguments off the event loop."""
 
@@ -166,14 +168,27 @@ class Reader:
 
     # -- payloads -------------------------------------------------------------------------
 
-    async def payload(self, fragment: int, role: Role, ref: PayloadRef) -> F32:
-        """The payload's fragment, decoded and judged; raises UnusablePayloadError with its key."""
+    @overload
+    async def payload(self, fragment: int, role: Role, ref: PayloadRef) -> F32: ...
+    @overload
+    async def payload(
+        self, fragment: int, role: Role, ref: PayloadRef, backend: Backend[A] | None
+    ) -> A | F32: ...
+    async def payload(
+        self, fragment: int, role: Role, ref: PayloadRef, backend: Backend[Any] | None = None
+    ) -> Any:
+        """The payload's fragment, decoded and judged; raises UnusablePayloadError with its key.
+
+        A host array, or with ``backend`` one of its buffers (decoded on its device).
+        """
         try:
-            return await self._judged(fragment, role, ref)
+            return await self._judged(fragment, role, ref, backend)
         except UnusablePayloadError as error:
             raise UnusablePayloadError(error.reason, error.detail, key=ref.key) from None
 
-    async def _judged(self, fragment: int, role: Role, ref: PayloadRef) -> F32:
+    async def _judged(
+        self, fragment: int, role: Role, ref: PayloadRef, backend: Backend[Any] | None
+    ) -> Any:
         at = (ref, fragment, role)
         limit = self._codec.limit(fragment, role)
         if ref.size > limit:
@@ -198,7 +213,7 @@ class Reader:
             raise UnusablePayloadError(reason, message) from None
         data = None if got is None else got.data
         try:
-            value: F32 = await self._compute(self._codec.load, fragment, role, ref, data)
+            value = await self._compute(self._codec.load, fragment, role, ref, data, backend)
         except UnusablePayloadError as error:
             if got is not None:
                 self._verdicts.put(at, got.etag, (error.reason, error.detail))

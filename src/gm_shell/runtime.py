@@ -103,6 +103,7 @@ from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment, Manifest, PayloadRef, Requests
 from gm_core.verdicts import normalized_weights
 from gm_shell import events
+from gm_shell.backends import Backend
 from gm_shell.cache import FragmentCache
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.loopthread import LoopThread
@@ -237,9 +238,11 @@ class Runtime:
         self._reads = Reader(
             node=node, mailbox=mailbox, codec=codec, compute=self._compute, emit=hub.emit, clock=now
         )
-        self._deltas = FragmentCache(cache_bytes)
-        self._commits = FragmentCache(cache_bytes)
-        self._momenta = FragmentCache(cache_bytes)
+        # A closer's deltas and momentum stay where it merges them (codec.device: the torch
+        # compute device, else the host); commits are host arrays, which a learner aligns from.
+        self._deltas: FragmentCache[Any] = FragmentCache(cache_bytes)
+        self._commits: FragmentCache[F32] = FragmentCache(cache_bytes)
+        self._momenta: FragmentCache[Any] = FragmentCache(cache_bytes)
 
     # -- lifecycle (called from other threads) --------------------------------------------------
 
@@ -734,19 +737,26 @@ class Runtime:
     # -- payload commands --------------------------------------------------------------------------
 
     async def _payload(
-        self, cache: FragmentCache, fragment: int, role: Role, ref: PayloadRef
-    ) -> F32:
-        """A payload's fragment, decoded and judged (cached by key: keys name their content)."""
+        self,
+        cache: FragmentCache[Any],
+        fragment: int,
+        role: Role,
+        ref: PayloadRef,
+        backend: Backend[Any] | None = None,
+    ) -> Any:
+        """A payload's fragment, decoded and judged (cached by key: keys name their content);
+        a host array, or with ``backend`` one of its buffers."""
         cached = cache.get(ref.key)
         if cached is not None:
             return cached
-        value = await self._reads.payload(fragment, role, ref)
+        value = await self._reads.payload(fragment, role, ref, backend)
         cache.put(ref.key, value)
         return value
 
     async def commit(self, fragment: int, ref: PayloadRef) -> F32:
         """A committed theta (from this node's own writes or reads when cached)."""
-        return await self._payload(self._commits, fragment, Role.THETA, ref)
+        theta: F32 = await self._payload(self._commits, fragment, Role.THETA, ref)
+        return theta
 
     async def _publish(self, req: int, taken: Taken) -> Event:
         try:
@@ -785,21 +795,27 @@ class Runtime:
     async def _verify(self, cmd: Verify) -> Event:
         fragment = schedule.fragment_of(cmd.round, self.manifest.config.fragments)
         try:
-            await self._payload(self._deltas, fragment, Role.DELTA, cmd.payload)
+            await self._payload(self._deltas, fragment, Role.DELTA, cmd.payload, self._codec.device)
         except UnusablePayloadError as rejected:
             return Verified(now_s=now(), req=cmd.req, reason=rejected.reason)
         return Verified(now_s=now(), req=cmd.req, reason=None)
 
     async def _merge(self, cmd: Merge) -> Event:
+        """Merge on the codec's device: deltas and momentum are decoded there (and cached
+        there), theta and momentum encoded there; the new theta comes back to the host once,
+        for the commit cache a learner aligns from."""
         fragment = cmd.fragment
         base = cmd.base
+        device = self._codec.device
         theta = await self.commit(fragment, base.theta)
         momentum = None
         if base.momentum is not None:
-            momentum = await self._payload(self._momenta, fragment, Role.MOMENTUM, base.momentum)
+            momentum = await self._payload(
+                self._momenta, fragment, Role.MOMENTUM, base.momentum, device
+            )
         deltas = await asyncio.gather(
             *(
-                self._payload(self._deltas, fragment, Role.DELTA, c.payload)
+                self._payload(self._deltas, fragment, Role.DELTA, c.payload, device)
                 for c in cmd.contributions
             )
         )
@@ -810,9 +826,11 @@ class Runtime:
             final=finals if any(finals) else (),
         )
         merged = await self._compute(
-            self._codec.merge, fragment, theta, momentum, deltas, contributions
+            self._codec.merge_on, device, fragment, theta, momentum, deltas, contributions
         )
-        writes = [self._write(self._commits, fragment, Role.THETA, cmd.round, merged.theta)]
+        writes = [
+            self._write(self._commits, fragment, Role.THETA, cmd.round, merged.theta, home=True)
+        ]
         if not cmd.final_only:  # a round of final deltas only keeps the momentum it had
             writes.append(
                 self._write(self._momenta, fragment, Role.MOMENTUM, cmd.round, merged.momentum)
@@ -841,10 +859,21 @@ class Runtime:
         )
 
     async def _write(
-        self, cache: FragmentCache, fragment: int, role: Role, round_: int, x: F32
+        self,
+        cache: FragmentCache[Any],
+        fragment: int,
+        role: Role,
+        round_: int,
+        x: Any,
+        *,
+        home: bool = False,
     ) -> PayloadRef:
-        """Encode, upload create-once, and cache what any reader of those bytes will decode."""
-        data, ref = await self._compute(self._codec.encode, fragment, role, round_, x)
+        """Encode ``x`` (a buffer on the codec's device) there, upload create-once, and cache
+        what any reader of those bytes will decode: on the device, or with ``home`` on the
+        host (decoded from the bytes there, or ``x`` copied back once when they are exact)."""
+        device = self._codec.device
+        data, ref = await self._compute(self._codec.encode, fragment, role, round_, x, device)
         await self._mailbox.put_once(ref.key, data)
-        cache.put(ref.key, await self._compute(self._codec.roundtrip, fragment, role, x, data))
+        back = self._codec.brought_home if home else self._codec.roundtrip
+        cache.put(ref.key, await self._compute(back, fragment, role, x, data, device))
         return ref

@@ -290,8 +290,10 @@ class SessionOptions:
             long without progress (no closer, an unreachable bucket).
         join_timeout_s: how long entering the session waits for the newest commit.
         compute: merge backend: ``auto`` (torch on the CUDA device if there is one, else
-            torch on CPU if installed, else numpy), ``torch`` (CPU) or ``numpy``.
-        cache_bytes: memory for payloads this node keeps to avoid downloading them again.
+            torch on CPU if installed, else numpy), ``torch`` (CPU) or ``numpy``. With
+            torch, a closer decodes, merges and encodes its payloads on torch's device.
+        cache_bytes: memory for payloads this node keeps to avoid downloading them again
+            (with torch on an accelerator, a closer's deltas and momentum are kept there).
         max_sweep_rounds: rounds of garbage a closer sweeps per commit, at most.
     """
 

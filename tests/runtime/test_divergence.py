@@ -13,11 +13,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import attrs
 import numpy as np
+import pytest
 import torch
 from runtime_worker import IN, TEACHER, torch_model
 from test_session import FAST, algorithm, flat, fresh_url
 
+from gm_core.records import Reason
 from gm_shell import DivergedError, Session, events
 
 
@@ -26,7 +29,9 @@ def poison(model: Any) -> None:
         next(model.parameters()).view(-1)[0] = float("nan")
 
 
-def node(url: str, i: int, steps: int, poison_at: set[int], out: dict[str, Any]) -> None:
+def node(
+    url: str, i: int, steps: int, poison_at: set[int], out: dict[str, Any], compute: str
+) -> None:
     model, train_step = torch_model(seed=i)
     resets: list[int] = []
     got: list[events.Event] = []
@@ -35,7 +40,7 @@ def node(url: str, i: int, steps: int, poison_at: set[int], out: dict[str, Any])
         algorithm=algorithm(),
         mailbox=url,
         node=f"n{i}",
-        options=FAST,
+        options=attrs.evolve(FAST, compute=compute),
         callbacks=[got.append],
         on_diverged=lambda: resets.append(session.step_count),
     )
@@ -53,11 +58,13 @@ def node(url: str, i: int, steps: int, poison_at: set[int], out: dict[str, Any])
     out.update(model=model, resets=resets, events=got)
 
 
-def run(poison_at: set[int], steps: int = 160) -> list[dict[str, Any]]:
+def run(poison_at: set[int], steps: int = 160, compute: str = "auto") -> list[dict[str, Any]]:
     url = fresh_url()
     results: list[dict[str, Any]] = [{}, {}]
     threads = [
-        threading.Thread(target=node, args=(url, i, steps, poison_at if i else set(), results[i]))
+        threading.Thread(
+            target=node, args=(url, i, steps, poison_at if i else set(), results[i], compute)
+        )
         for i in range(2)
     ]
     for thread in threads:
@@ -68,8 +75,16 @@ def run(poison_at: set[int], steps: int = 160) -> list[dict[str, Any]]:
     return results
 
 
-def test_one_nan_is_rejected_reloaded_reset_and_training_goes_on() -> None:
-    healthy, poisoned = run(poison_at={40})
+@pytest.mark.parametrize("compute", ["numpy", "torch"])
+def test_one_nan_is_rejected_reloaded_reset_and_training_goes_on(compute: str) -> None:
+    """On either merge path: with ``torch`` the closer decodes and judges deltas on its
+    torch device (:attr:`gm_shell.fragments.FragmentCodec.device`), with ``numpy`` on the
+    host; the NaN delta must be rejected ``nonfinite`` by name on both."""
+    healthy, poisoned = run(poison_at={40}, compute=compute)
+    rejected = [
+        e for r in (healthy, poisoned) for e in r["events"] if isinstance(e, events.Rejected)
+    ]
+    assert Reason.NONFINITE in {e.reason for e in rejected if e.learner == "n1"}
     diverged = [e for e in poisoned["events"] if isinstance(e, events.Diverged)]
     assert [e.times for e in diverged] == [1]
     assert len(poisoned["resets"]) == 1

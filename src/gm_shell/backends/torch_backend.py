@@ -20,8 +20,10 @@ in-place kernels so nothing full-size is allocated per call:
   int32 arithmetic; power-of-two scales are built from their exponent bits, so
   scaling is exact;
 * codes are written straight into the host byte regions through
-  ``torch.from_numpy`` views (one device-to-host copy when the tensors live on
-  an accelerator).
+  ``torch.from_numpy`` views on CPU; on an accelerator they are made in device
+  buffers and copied to the host once per call (codes, scales), and decoding
+  copies the host codes to the device once, so a codec waits for the device at
+  most once, never per tensor.
 
 Scalars (coefficients, η, β, scales) are fp32 values passed as Python floats;
 torch rounds them back to the same fp32 values.
@@ -64,6 +66,12 @@ def check_flat(x: torch.Tensor, n: int, what: str) -> None:
     assert x.dtype == torch.float32, f"{what}: dtype {x.dtype}, expected float32"
     assert x.shape == (n,), f"{what}: shape {tuple(x.shape)}, expected ({n},)"
     assert x.is_contiguous(), f"{what}: not contiguous"
+
+
+def host_tensor(a: U8) -> torch.Tensor:
+    """A tensor over host bytes, copied first when they are read-only (a payload's codes as
+    the bucket returned them): torch has no read-only tensors, and warns on one."""
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 class TorchBits:
@@ -212,10 +220,24 @@ class TorchBackend:
         return result
 
     def all_finite(self, x: torch.Tensor) -> bool:
+        """min and max propagate NaN and expose ±Inf. On an accelerator: one reduction, one
+        wait for its answer. On CPU: block by block over our ranges, like the merges (one
+        reduction over a whole fragment wakes torch's thread pool: 3.9 ms for 4 MiB on this
+        2-core machine under load, against 0.08 ms for numpy's)."""
         if x.numel() == 0:
             return True
-        low, high = torch.aminmax(x)
-        return bool(torch.isfinite(low) & torch.isfinite(high))
+        if self.device.type != "cpu":
+            low, high = torch.aminmax(x)
+            return bool(torch.isfinite(low) & torch.isfinite(high))
+
+        def run(_: int, lo: int, hi: int) -> bool:
+            for a, b in blocks(lo, hi, self.block):
+                low, high = torch.aminmax(x[a:b])
+                if not (math.isfinite(float(low)) and math.isfinite(float(high))):
+                    return False
+            return True
+
+        return all(self.in_ranges(run, 0, x.shape[0]))
 
     # -- merge ---------------------------------------------------------------------------
 
@@ -369,7 +391,7 @@ class TorchBackend:
         n = theta.shape[0]
         check_flat(committed, n, "committed")
         if alignment is Alignment.OVERWRITE:
-            theta.copy_(committed)
+            self.assign(theta, committed)
         elif alignment is Alignment.BLEND:
             assert 0.0 <= mixing <= 1.0, f"mixing {mixing} outside [0, 1]"
             keep, take = float(np.float32(1.0 - mixing)), float(np.float32(mixing))
@@ -387,16 +409,34 @@ class TorchBackend:
         fmt = wire.format
         if fmt in (WireFormat.F32, WireFormat.F16, WireFormat.BF16):
             dtype = {WireFormat.F32: torch.float32, WireFormat.F16: torch.float16}
-            host_codes.view(dtype.get(fmt, torch.bfloat16)).copy_(x)
+            self.assign(host_codes.view(dtype.get(fmt, torch.bfloat16)), x)
             return
+        # On an accelerator the codes are made in device buffers and cross to the host in
+        # one copy each, at the end: no transfer (and no wait for the device) per tensor.
+        cpu = self.device.type == "cpu"
+        all_codes = host_codes if cpu else torch.empty_like(host_codes, device=self.device)
+        all_scales = host_scales if cpu else torch.empty_like(host_scales, device=self.device)
         for tensor in wire.tensors:
             values = x[tensor.span.start : tensor.span.stop]
-            region = host_codes[tensor.codes[0] : tensor.codes[1]]
-            scale = host_scales[tensor.scales[0] : tensor.scales[1]]
+            region = all_codes[tensor.codes[0] : tensor.codes[1]]
+            scale = all_scales[tensor.scales[0] : tensor.scales[1]]
             if fmt is WireFormat.F8_E4M3:
                 self.encode_f8(values, region, scale)
             else:
                 self.encode_f4(values, region, scale)
+        if not cpu:
+            host_codes.copy_(all_codes)
+            host_scales.copy_(all_scales)
+
+    def assign(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``dst ← src`` in ``dst``'s dtype: on CPU by codec blocks, each inline (one copy of
+        a whole fragment wakes torch's thread pool: 3.3 ms against numpy's 0.4 ms for 4 MiB
+        of bf16 on this machine under load); elsewhere one op (one transfer)."""
+        if self.device.type != "cpu":
+            dst.copy_(src)
+            return
+        for lo, hi in blocks(0, dst.shape[0], self.codec_block):
+            dst[lo:hi].copy_(src[lo:hi])
 
     def encode_f8(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> None:
         if x.numel() == 0:
@@ -406,7 +446,7 @@ class TorchBackend:
             amax = torch.maximum(high, -low).reshape(1)
         k = bits.scale_exponents(amax, minifloat.E4M3, OPS)
         scale.copy_((k + 127).to(torch.uint8))
-        inverse = float(2.0 ** -int(k[0]))
+        inverse = bits.power_of_two(-k, OPS)  # exact, and stays on the device (no wait for it)
         tmp = self.scratch(min(self.codec_block, x.shape[0]), "codec")
         for lo, hi in blocks(0, x.shape[0], self.codec_block):
             y = torch.mul(x[lo:hi], inverse, out=tmp[: hi - lo])
@@ -428,23 +468,29 @@ class TorchBackend:
 
     def decode(self, codes: U8, scales: U8, wire: WireLayout, out: torch.Tensor) -> None:
         check_flat(out, wire.layout.total, "out")
-        host_codes = torch.from_numpy(codes).to(self.device)
-        host_scales = torch.from_numpy(scales).to(self.device)
+        host_codes = host_tensor(codes).to(self.device)
+        host_scales = host_tensor(scales).to(self.device)
         fmt = wire.format
         if fmt in (WireFormat.F32, WireFormat.F16, WireFormat.BF16):
             dtype = {WireFormat.F32: torch.float32, WireFormat.F16: torch.float16}
-            out.copy_(host_codes.view(dtype.get(fmt, torch.bfloat16)))
+            self.assign(out, host_codes.view(dtype.get(fmt, torch.bfloat16)))
             return
         for tensor in wire.tensors:
             values = out[tensor.span.start : tensor.span.stop]
             region = host_codes[tensor.codes[0] : tensor.codes[1]]
             exponents = host_scales[tensor.scales[0] : tensor.scales[1]].to(torch.int32) - 127
             if fmt is WireFormat.F8_E4M3:
-                values.copy_(region.view(torch.float8_e4m3fn)).mul_(
-                    bits.power_of_two(exponents, OPS)
-                )
+                self.decode_f8(region, exponents, values)
             else:
                 self.decode_f4(region, exponents, values)
+
+    def decode_f8(self, codes: torch.Tensor, exponent: torch.Tensor, out: torch.Tensor) -> None:
+        """One tensor's fp8 codes times its scale, by codec blocks (inline on CPU, see
+        :meth:`assign`); the scale stays a tensor on the device (no wait for it)."""
+        scale = bits.power_of_two(exponent, OPS)
+        fp8 = codes.view(torch.float8_e4m3fn)
+        for lo, hi in blocks(0, out.shape[0], self.codec_block):
+            out[lo:hi].copy_(fp8[lo:hi]).mul_(scale)
 
     def decode_f4(self, codes: torch.Tensor, exponents: torch.Tensor, out: torch.Tensor) -> None:
         for lo, hi in blocks(0, out.shape[0], self.codec_block):
