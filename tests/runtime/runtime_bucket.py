@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Mapping
 
 import attrs
 
-from gm_core import auth, codec, invariants, keys, plan
+from gm_core import auth, codec, completion, invariants, keys, plan
 from gm_core.records import Manifest, RoundRecord
 from gm_core.store_model import ModelStore, Stored
 from gm_shell.loopthread import LoopThread
@@ -223,3 +223,19 @@ def judge(
         violations=invariants.check(view),
         store=store,
     )
+
+
+def done_markers(objects: Mapping[str, Stored]) -> dict[str, dict[int, object]]:
+    """Each queue unit's done markers among an open run's ``objects``, by attempt, judged
+    (``completion.decode_done``: a marker, or the verdict on what is there)."""
+    done: dict[str, dict[int, object]] = {}
+    envelope = auth.for_run("", None)
+    for key, stored in objects.items():
+        parsed = keys.parse(key) if key.startswith(keys.QUEUE_PREFIX) else None
+        if isinstance(parsed, keys.QueueDoneKey):
+            body = envelope.open(key, stored.data)
+            assert isinstance(body, bytes), key
+            done.setdefault(parsed.unit, {})[parsed.attempt] = completion.decode_done(
+                body, parsed.attempt
+            )
+    return done

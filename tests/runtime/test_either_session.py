@@ -10,12 +10,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
 from procs import Deadline, result, spawn, traced
-from runtime_bucket import open_tape, read_bucket
+from runtime_bucket import done_markers, open_tape, read_bucket
 
 from gm_core import auth, codec, completion, keys
 from gm_core.records import Lease, RoundRecord
@@ -31,20 +30,6 @@ UNITS, BATCHES = 40, 4
 def read(url: str, options: MailboxOptions) -> tuple[list[RoundRecord], Mapping[str, Stored]]:
     objects = read_bucket(url, options)
     return open_tape(objects), objects
-
-
-def ledger(objects: Mapping[str, Stored]) -> dict[str, dict[int, Any]]:
-    """Each unit's done markers, judged."""
-    done: dict[str, dict[int, Any]] = {}
-    for key, stored in objects.items():
-        parsed = keys.parse(key) if key.startswith(keys.QUEUE_PREFIX) else None
-        if isinstance(parsed, keys.QueueDoneKey):
-            body = auth.for_run("", None).open(key, stored.data)
-            assert isinstance(body, bytes)
-            done.setdefault(parsed.unit, {})[parsed.attempt] = completion.decode_done(
-                body, parsed.attempt
-            )
-    return done
 
 
 def test_an_either_node_elected_after_the_closer_is_killed_closes_the_rounds(
@@ -102,7 +87,7 @@ def test_an_either_node_elected_after_the_closer_is_killed_closes_the_rounds(
         UNITS * BATCHES,
         UNITS * BATCHES * 4,
     )
-    done = ledger(objects)
+    done = done_markers(objects)
     assert sorted(done) == [f"u{i:02d}" for i in range(UNITS)]
     assert all(len(attempts) == 1 for attempts in done.values()), done
     # A unit given back went on at a later claim (0: the elected node's, 1: given back,
@@ -160,7 +145,7 @@ def test_an_elected_node_trains_again_once_a_dedicated_closer_leads(
     assert len(traced(traces["e1"])) > served_at + BATCHES, served_at
     records, objects = read(url, options)
     assert any(r.closer == "d" for r in records)  # d led (an overloaded d may be taken over)
-    done = ledger(objects)
+    done = done_markers(objects)
     assert sorted(done) == [f"u{i:02d}" for i in range(UNITS)]
     assert all(len(attempts) == 1 for attempts in done.values()), done
     trainers = {m.node for attempts in done.values() for m in attempts.values()}
