@@ -163,6 +163,47 @@ def test_error_feedback_mirror_is_bit_exact(
     np.testing.assert_array_equal(b.to_numpy(mirror_b), mirror)
 
 
+NAN_BITS = (0x7FC0_0000, 0xFFC0_0000, 0x7FFF_FFFF, 0xFFFF_FFFF, 0x7F80_0001)
+"""NaNs: numpy's, negative, CUDA's (all payload bits: plain bf16 rounding wraps it to
+0), signalling."""
+
+
+@names
+@cases
+@given(
+    layouts(),
+    seeds(),
+    st.sampled_from(list(WireFormat)),
+    st.lists(st.sampled_from((*NAN_BITS, 0x7F80_0000, 0xFF80_0000)), min_size=1, max_size=4),
+)
+def test_non_finite_input_stays_non_finite_on_the_wire(
+    name: str, layout: Layout, seed: int, fmt: WireFormat, bad: list[int]
+) -> None:
+    """A NaN or ±Inf anywhere decodes as NaN or ±Inf where it was, in every format, on
+    every backend (a receiver's finiteness check must see it); fp8's and fp4's bytes
+    (NaN scale, zero codes) are the reference's, bit for bit."""
+    b = BACKENDS[name]
+    rng = np.random.default_rng(seed)
+    x = fragment(rng, layout.total, spread=20.0)
+    if fmt is WireFormat.F16:
+        x = np.clip(x, -60000, 60000)
+    where = rng.integers(layout.total, size=len(bad))
+    x.view(np.uint32)[where] = np.array(bad, np.uint32)
+    wire = wire_layout(layout, fmt)
+    regions = [np.full(n, 0xAA, np.uint8) for n in (wire.code_bytes, wire.scale_bytes) * 2]
+    REFERENCE.encode(x, wire, regions[0], regions[1])
+    b.encode(on(b, x), wire, regions[2], regions[3])
+    if fmt in (WireFormat.F8_E4M3, WireFormat.F4_E2M1):
+        np.testing.assert_array_equal(regions[2], regions[0])
+        np.testing.assert_array_equal(regions[3], regions[1])
+    for encoder in (0, 2):  # each side's bytes, decoded by the reference and by b
+        expected, got = np.empty_like(x), b.empty(layout.total)
+        REFERENCE.decode(regions[encoder], regions[encoder + 1], wire, expected)
+        b.decode(regions[encoder], regions[encoder + 1], wire, got)
+        assert not np.isfinite(expected[where]).any()
+        np.testing.assert_array_equal(np.isfinite(b.to_numpy(got)), np.isfinite(expected))
+
+
 @names
 @cases
 @given(seeds(), st.integers(1, 300), st.sampled_from([np.nan, np.inf, -np.inf]))

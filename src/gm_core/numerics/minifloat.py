@@ -33,6 +33,12 @@ from gm_core.numerics.arrays import F32, U8
 SCALE_MIN_EXPONENT = -127
 """E8M0 byte 0 is ``2^−127``; 255 is NaN, and no finite fp32 needs more than ``2^126``."""
 SCALE_MAX_EXPONENT = 127
+SCALE_NAN_EXPONENT = 128
+"""E8M0 byte 255, NaN: the scale of a block (fp4) or tensor (fp8) holding a NaN or ±Inf.
+Every value it scales decodes as NaN, so a non-finite input stays non-finite on the wire
+(rounding it to a code instead would make it a large finite number: nothing else in E2M1
+can say NaN, and E4M3 has no Inf). No finite input ever gets it."""
+SCALE_NAN_BYTE = SCALE_NAN_EXPONENT + 127
 
 
 @attrs.frozen
@@ -105,11 +111,17 @@ def scale_exponents(amax: F32, fmt: Minifloat) -> NDArray[np.int64]:
 
 
 def power_of_two(k: NDArray[np.int64]) -> F32:
-    """``2^k`` as exact fp32, ``k`` in ``[−127, 127]`` (``2^−127`` is subnormal)."""
-    assert np.all((k >= SCALE_MIN_EXPONENT) & (k <= SCALE_MAX_EXPONENT))
-    normal = (np.maximum(k, -126) + 127).astype(np.uint32) << np.uint32(23)
+    """``2^k`` as exact fp32, ``k`` in ``[−127, 127]`` (``2^−127`` is subnormal); NaN for
+    :data:`SCALE_NAN_EXPONENT` (E8M0 byte 255)."""
+    assert np.all((k >= SCALE_MIN_EXPONENT) & (k <= SCALE_NAN_EXPONENT))
+    normal = (np.minimum(np.maximum(k, -126), 127) + 127).astype(np.uint32) << np.uint32(23)
     bits = np.where(k == -127, np.uint32(0x40_0000), normal).astype(np.uint32)
+    bits = np.where(k == SCALE_NAN_EXPONENT, np.uint32(QUIET_NAN), bits).astype(np.uint32)
     return bits.view(np.float32)
+
+
+QUIET_NAN = 0x7FC0_0000
+"""The fp32 bits of the NaN a NaN scale decodes to."""
 
 
 def scale_bytes(k: NDArray[np.int64]) -> U8:

@@ -22,8 +22,14 @@ Formats (:class:`gm_core.records.WireFormat`):
   tensor is flat with an even length (safetensors requires whole bytes).
 
 Scales are chosen so nothing is clipped (:mod:`gm_core.numerics.minifloat`).
-Encoding assumes finite input of magnitude below ~2^127; callers check
-finiteness first (:func:`gm_core.numerics.merge.all_finite`).
+
+Non-finite input stays non-finite in every format, so that a receiver's finiteness
+check (:func:`gm_core.numerics.merge.all_finite`) sees it: F32 and F16 carry NaN and
+±Inf as they are, BF16 too (a NaN of any payload becomes a quiet bf16 NaN, never the
+zero plain rounding of its bits would wrap to). E4M3 has no Inf and E2M1 neither
+NaN nor Inf, so a tensor (F8) or block (F4) holding a NaN or ±Inf gets the NaN
+scale (E8M0 byte 255) and zero codes: all its values decode as NaN. No finite input
+gets that scale, so finite input encodes exactly as it always did.
 """
 
 from __future__ import annotations
@@ -123,11 +129,19 @@ def _check_regions(wire: WireLayout, codes: U8, scales: U8) -> None:
     assert scales.shape == (wire.scale_bytes,), "scales region size"
 
 
+BF16_NAN = np.uint16(0x7FC0)
+
+
 def bf16_bits(x: F32) -> np.ndarray[tuple[int], np.dtype[np.uint16]]:
-    """Round fp32 to bf16 (nearest, ties to even) on the bit pattern; finite input."""
+    """Round fp32 to bf16 (nearest, ties to even) on the bit pattern. The rounding carry
+    wraps a NaN with a large payload (CUDA's 0x7FFFFFFF) to ±0, so NaNs are set apart
+    (looked for only when the maximum, which propagates NaN, is one: a cheap pass)."""
     bits = x.view(np.uint32)
     lsb = (bits >> np.uint32(16)) & np.uint32(1)
-    return ((bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
+    rounded = ((bits + np.uint32(0x7FFF) + lsb) >> np.uint32(16)).astype(np.uint16)
+    if x.size and np.isnan(x.max()):
+        rounded[np.isnan(x)] = BF16_NAN
+    return rounded
 
 
 def encode(x: F32, wire: WireLayout, codes: U8, scales: U8) -> None:
@@ -157,6 +171,10 @@ def encode(x: F32, wire: WireLayout, codes: U8, scales: U8) -> None:
 def encode_f8(x: F32, codes: U8, scale: U8) -> None:
     """One tensor to E4M3 codes under a single power-of-two scale."""
     amax = np.float32(max(float(x.max()), -float(x.min()))) if x.size else np.float32(0.0)
+    if not np.isfinite(amax):  # NaN or ±Inf inside (max and min propagate NaN)
+        codes[:] = 0
+        scale[:] = minifloat.SCALE_NAN_BYTE
+        return
     k = minifloat.scale_exponents(np.array([amax], np.float32), minifloat.E4M3)
     scale[:] = minifloat.scale_bytes(k)
     inverse = minifloat.power_of_two(-k)[0]
@@ -175,8 +193,14 @@ def encode_f4(x: F32, codes: U8, scale: U8) -> None:
     """One tensor to packed E2M1 codes, one power-of-two scale per block of 32."""
     for lo, hi in blocks(0, x.shape[0]):
         chunk = padded_blocks(x[lo:hi])
-        k = minifloat.scale_exponents(np.abs(chunk).max(axis=1), minifloat.E2M1)
-        scale[lo // F4_BLOCK : lo // F4_BLOCK + k.shape[0]] = minifloat.scale_bytes(k)
+        amax = np.abs(chunk).max(axis=1)
+        k = minifloat.scale_exponents(amax, minifloat.E2M1)
+        scale_bytes = minifloat.scale_bytes(k)
+        bad = ~np.isfinite(amax)
+        if bad.any():  # NaN scale and zero codes for a block holding NaN or ±Inf
+            chunk[bad] = 0.0
+            scale_bytes[bad] = minifloat.SCALE_NAN_BYTE
+        scale[lo // F4_BLOCK : lo // F4_BLOCK + k.shape[0]] = scale_bytes
         y = chunk * minifloat.power_of_two(-k)[:, None]
         nibbles = minifloat.encode(y.reshape(-1), minifloat.E2M1)
         packed = nibbles[0::2] | (nibbles[1::2] << np.uint8(4))

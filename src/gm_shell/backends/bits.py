@@ -43,9 +43,18 @@ class BitOps(Protocol):
 
 
 def power_of_two(k: Array, ops: BitOps) -> Array:
-    """Exact fp32 ``2^k`` for int32 ``k`` in ``[−127, 127]`` (``2^−127`` is subnormal)."""
+    """Exact fp32 ``2^k`` for int32 ``k`` in ``[−127, 127]`` (``2^−127`` is subnormal); NaN
+    for ``minifloat.SCALE_NAN_EXPONENT`` (E8M0 byte 255, see there)."""
     normal = (ops.where(k < -126, -126, k) + 127) << 23
-    return ops.as_float32(ops.where(k == -127, 0x40_0000, normal))
+    special = ops.where(k == minifloat.SCALE_NAN_EXPONENT, minifloat.QUIET_NAN, normal)
+    return ops.as_float32(ops.where(k == -127, 0x40_0000, special))
+
+
+def scale_bytes(k: Array, amax: Array, ops: BitOps) -> Array:
+    """E8M0 bytes (int32) of scale exponents ``k`` chosen for ``amax``: NaN (255) where
+    ``amax`` is NaN or Inf (``minifloat.SCALE_NAN_EXPONENT``)."""
+    exponent = (ops.as_int32(amax) >> 23) & 0xFF
+    return ops.where(exponent == 0xFF, minifloat.SCALE_NAN_BYTE, k + 127)
 
 
 def scale_exponents(amax: Array, fmt: minifloat.Minifloat, ops: BitOps) -> Array:

@@ -307,15 +307,22 @@ class MlxBackend:
     def encode_f8(self, x: mx.array, codes: U8, scale: U8) -> None:
         amax = mx.maximum(mx.max(x), -mx.min(x)) if x.size else mx.array(0.0)
         k = bits.scale_exponents(amax.reshape(1), minifloat.E4M3, OPS)
-        scale[:] = np.array((k + 127).astype(mx.uint8))
-        codes[:] = np.array(mx.to_fp8(x * bits.power_of_two(-k, OPS)))
+        scale_bytes = bits.scale_bytes(k, amax.reshape(1), OPS)
+        scale[:] = np.array(scale_bytes.astype(mx.uint8))
+        fp8 = mx.to_fp8(x * bits.power_of_two(-k, OPS))
+        # A NaN or ±Inf inside: NaN scale (above) and zero codes, as the reference.
+        codes[:] = np.array(mx.where(scale_bytes == minifloat.SCALE_NAN_BYTE, 0, fp8))
 
     def encode_f4(self, x: mx.array, codes: U8, scale: U8) -> None:
         count = -(-x.shape[0] // F4_BLOCK)
         padded = mx.pad(x, (0, count * F4_BLOCK - x.shape[0])).reshape(count, F4_BLOCK)
-        k = bits.scale_exponents(mx.max(mx.abs(padded), axis=1), minifloat.E2M1, OPS)
-        scale[:] = np.array((k + 127).astype(mx.uint8))
-        y = padded * bits.power_of_two(-k, OPS)[:, None]
+        amax = mx.max(mx.abs(padded), axis=1)
+        k = bits.scale_exponents(amax, minifloat.E2M1, OPS)
+        scale_bytes = bits.scale_bytes(k, amax, OPS)
+        scale[:] = np.array(scale_bytes.astype(mx.uint8))
+        # Zero codes where a NaN or ±Inf made the scale NaN, as the reference.
+        bad = (scale_bytes == minifloat.SCALE_NAN_BYTE)[:, None]
+        y = mx.where(bad, 0.0, padded) * bits.power_of_two(-k, OPS)[:, None]
         nibbles = bits.encode_minifloat(y, minifloat.E2M1, OPS).reshape(-1)
         packed = (nibbles[0::2] | (nibbles[1::2] << 4)).astype(mx.uint8)
         codes[:] = np.array(packed[: codes.shape[0]])

@@ -445,12 +445,18 @@ class TorchBackend:
             low, high = torch.aminmax(x)
             amax = torch.maximum(high, -low).reshape(1)
         k = bits.scale_exponents(amax, minifloat.E4M3, OPS)
-        scale.copy_((k + 127).to(torch.uint8))
+        scale.copy_(bits.scale_bytes(k, amax, OPS).to(torch.uint8))
         inverse = bits.power_of_two(-k, OPS)  # exact, and stays on the device (no wait for it)
         tmp = self.scratch(min(self.codec_block, x.shape[0]), "codec")
         for lo, hi in blocks(0, x.shape[0], self.codec_block):
             y = torch.mul(x[lo:hi], inverse, out=tmp[: hi - lo])
             codes[lo:hi].view(torch.float8_e4m3fn).copy_(y)
+        # A NaN or ±Inf inside: NaN scale (above) and zero codes, as the reference.
+        bad = ~torch.isfinite(amax)
+        if self.device.type != "cpu":
+            codes.masked_fill_(bad, 0)  # no wait for the device
+        elif bool(bad):
+            codes.zero_()
 
     def encode_f4(self, x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor) -> None:
         for lo, hi in blocks(0, x.shape[0], self.codec_block):
@@ -458,8 +464,15 @@ class TorchBackend:
             chunk = torch.zeros(count * F4_BLOCK, dtype=torch.float32, device=self.device)
             chunk[: hi - lo] = x[lo:hi]
             chunk = chunk.view(count, F4_BLOCK)
-            k = bits.scale_exponents(block_amax(chunk), minifloat.E2M1, OPS)
-            scale[lo // F4_BLOCK : lo // F4_BLOCK + count].copy_((k + 127).to(torch.uint8))
+            amax = block_amax(chunk)
+            k = bits.scale_exponents(amax, minifloat.E2M1, OPS)
+            scale_bytes = bits.scale_bytes(k, amax, OPS)
+            scale[lo // F4_BLOCK : lo // F4_BLOCK + count].copy_(scale_bytes.to(torch.uint8))
+            # Zero codes where a NaN or ±Inf made the scale NaN, as the reference (on CPU
+            # only when there is one: a look costs nothing there, the fill a pass).
+            bad = (scale_bytes == minifloat.SCALE_NAN_BYTE)[:, None]
+            if self.device.type != "cpu" or bool(bad.any()):
+                chunk.masked_fill_(bad, 0.0)
             y = chunk * bits.power_of_two(-k, OPS)[:, None]
             nibbles = bits.encode_minifloat(y, minifloat.E2M1, OPS).view(-1)
             packed = (nibbles[0::2] | (nibbles[1::2] << 4)).to(torch.uint8)
