@@ -8,12 +8,13 @@ From the delta payloads' bytes to theta's and momentum's payload bytes, as
 fragment of ``--mib`` MiB, mean merge:
 
 - ``numpy``: the host path of a numpy closer (unchanged by the device path);
-- ``torch, host decode``: the torch closer before issue 14's device decode: deltas decoded
-  and judged by numpy on the host, merged by torch (copied to its device), encoded on the
-  host;
-- ``torch, on device``: the torch closer now (:attr:`gm_shell.fragments.FragmentCodec.device`):
-  deltas decoded and judged on torch's device, merged there, encoded there, theta brought
-  home once.
+- ``torch, host decode``: deltas decoded and judged by numpy on the host, merged by torch
+  (copied to its device), encoded on the host: a torch closer on CPU (before issue 14's
+  device decode, and again since, :func:`gm_shell.fragments.on_accelerator`);
+- ``torch, on device``: a torch closer on an accelerator
+  (:attr:`gm_shell.fragments.FragmentCodec.device`): deltas decoded and judged on torch's
+  device, merged there, encoded there, theta brought home once. Measured on CPU too
+  (called directly), which is how the CPU rule was chosen.
 
 The three paths run interleaved, ``--repeat`` times after one warm-up, on the same
 payloads; the two torch paths' thetas are compared bit for bit. On CUDA each path's time
@@ -63,7 +64,7 @@ def paths(host: FragmentCodec, torch_codec: FragmentCodec, k: int) -> dict[str, 
         for _ in range(k)
     ]
     who = Contributions(learners=tuple(f"n{i}" for i in range(k)), weights=(1.0 / k,) * k)
-    device = torch_codec.device
+    device = torch_codec.compute  # the device path, even on CPU where the runtime skips it
     momentum_there = device.asarray(momentum.copy())
 
     def on_host(codec: FragmentCodec) -> Any:

@@ -413,12 +413,13 @@ def gm_close_round(
     What ``gm_shell.runtime`` does between fetching the snapshots' payloads and uploading the
     commit: each delta checked (size, blake3 digest), decoded and judged finite; the merge,
     Nesterov step and cosine on the ``compute`` backend; theta and momentum encoded and hashed,
-    and the new theta brought back to the host for the commit cache. With a torch backend all of
-    it but the checks and hashes runs on its device (``FragmentCodec.device``: decoding, merge,
-    encoding), as the runtime does it; with numpy, on the host. The current theta (host) and
-    momentum (on the device) are held in memory, as a closer that committed the fragment before
-    holds them. One fragment of all the tensors (P=1) in ``wire`` format, the run's config
-    otherwise.
+    and the new theta brought back to the host for the commit cache. With a torch backend on an
+    accelerator all of it but the checks and hashes runs there (``FragmentCodec.device``:
+    decoding, merge, encoding), as the runtime does it; on CPU decoding and encoding run on the
+    host (numpy) and the merge on the compute backend (``FragmentCodec.merge_held``). The
+    current theta (host) and momentum (where the closer holds it) are held in memory, as a
+    closer that committed the fragment before holds them. One fragment of all the tensors
+    (P=1) in ``wire`` format, the run's config otherwise.
     """
     from gm_shell.fragments import FragmentCodec, Role, compute_backend
     from gm_shell.run import draft_manifest
@@ -461,7 +462,7 @@ def gm_close_round(
     for _ in range(repeat):
         t0 = time.perf_counter()
         deltas = [fragments.load(0, Role.DELTA, ref, data, device) for data, ref in payloads]
-        merged = fragments.merge_on(device, 0, theta0, momentum0, deltas, who)
+        merged = fragments.merge_held(0, theta0, momentum0, deltas, who)
         data, _ = fragments.encode(0, Role.THETA, 2, merged.theta, device)
         fragments.encode(0, Role.MOMENTUM, 2, merged.momentum, device)
         theta = fragments.brought_home(0, Role.THETA, merged.theta, data, device)

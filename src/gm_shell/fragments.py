@@ -30,16 +30,19 @@ Merges run on the chosen compute backend (torch where installed: on CPU its
 arrays share memory with the host buffers, so nothing is copied).
 
 Where the closer's payloads live (:attr:`FragmentCodec.device`). With a torch
-compute backend, a closer's deltas and momentum are decoded by torch on the
-compute device (:meth:`FragmentCodec.load` with ``backend``), judged finite there,
-merged and outer-stepped there (:meth:`FragmentCodec.merge_on`), and theta and
-momentum are encoded there (:meth:`FragmentCodec.encode` with ``backend``): only
-the quantized codes cross to the host, once each way, and the new theta is copied
-back once for the commit cache a learner aligns from. Checking, decompressing and
-parsing a payload stay on the host (bytes from the bucket). With numpy,
-:attr:`~FragmentCodec.device` is the host and every call is the host path. A
-learner's payloads (its deltas out, its commits in) always take the host path: its
-model's copies go through :mod:`gm_shell.staging` instead.
+compute backend on an accelerator (CUDA, MPS), a closer's deltas and momentum are
+decoded by torch on the compute device (:meth:`FragmentCodec.load` with
+``backend``), judged finite there, merged and outer-stepped there
+(:meth:`FragmentCodec.merge_on`), and theta and momentum are encoded there
+(:meth:`FragmentCodec.encode` with ``backend``): only the quantized codes cross to
+the host, once each way, and the new theta is copied back once for the commit cache
+a learner aligns from. Checking, decompressing and parsing a payload stay on the
+host (bytes from the bucket). With numpy, MLX or torch on CPU,
+:attr:`~FragmentCodec.device` is the host and every call is the host path (on CPU,
+numpy's codecs beat torch's and there is no transfer to save); torch on CPU still
+merges, from the host arrays it shares memory with. A learner's payloads (its deltas
+out, its commits in) always take the host path: its model's copies go through
+:mod:`gm_shell.staging` instead.
 """
 
 from __future__ import annotations
@@ -149,11 +152,19 @@ class FragmentCodec:
         }
         self._numpy = NumpyBackend()
         self._compute: Backend[Any] = compute or self._numpy
-        self.device: Backend[Any] = self._compute if self._compute.name == "torch" else self._numpy
+        self.device: Backend[Any] = self._compute if on_accelerator(self._compute) else self._numpy
         """Where a closer's payloads are decoded, merged and encoded: the torch compute
-        backend's device, else the host (numpy; an MLX compute backend merges host arrays)."""
+        backend where its device is an accelerator (CUDA, MPS), else the host (numpy). On
+        CPU there are no transfers to save and numpy's codecs are faster than torch's
+        (bench/README.md: fp4 1.9x, f32 1.5x slower on the device path), so a CPU torch
+        backend merges host arrays (:meth:`merge`) as before issue 14; an MLX backend too."""
         self._local = threading.local()
         self._limits: dict[tuple[int, WireFormat], Bounds] = {}
+
+    @property
+    def compute(self) -> Backend[Any]:
+        """The merge backend (torch, numpy or MLX), on whatever device it has."""
+        return self._compute
 
     def wire(self, fragment: int, role: Role) -> WireLayout:
         return self._wires[(fragment, self._formats[role])]
@@ -308,6 +319,21 @@ class FragmentCodec:
             merged, theta=compute.to_numpy(merged.theta), momentum=compute.to_numpy(merged.momentum)
         )
 
+    def merge_held(
+        self,
+        fragment: int,
+        theta: F32,
+        momentum: Any | None,
+        deltas: Sequence[Any],
+        contributions: Contributions,
+    ) -> Merged[Any]:
+        """The closer's merge of deltas and momentum as :meth:`load` with :attr:`device`
+        gave them: on the accelerator (:meth:`merge_on`, buffers there), else host arrays
+        merged by the compute backend (:meth:`merge`, fresh host buffers)."""
+        if self.device is self._compute:
+            return self.merge_on(self._compute, fragment, theta, momentum, deltas, contributions)
+        return self.merge(fragment, theta, momentum, deltas, contributions)
+
     def merge_on(
         self,
         compute: Backend[A],
@@ -395,6 +421,13 @@ class Merged(Generic[A]):
     momentum: A
     cosine: float | None
     outliers: tuple[str, ...]
+
+
+def on_accelerator(compute: Backend[Any]) -> bool:
+    """Whether ``compute`` is torch on a device other than the CPU (numpy and MLX have none
+    of their own: MLX's arrays are the host's memory)."""
+    device = getattr(compute, "device", None)
+    return compute.name == "torch" and device is not None and device.type != "cpu"
 
 
 def compute_backend(name: str, *, torch_model: bool = True) -> Backend[Any]:

@@ -238,8 +238,8 @@ class Runtime:
         self._reads = Reader(
             node=node, mailbox=mailbox, codec=codec, compute=self._compute, emit=hub.emit, clock=now
         )
-        # A closer's deltas and momentum stay where it merges them (codec.device: the torch
-        # compute device, else the host); commits are host arrays, which a learner aligns from.
+        # A closer's deltas and momentum stay where it merges them (codec.device: torch's
+        # accelerator, else the host); commits are host arrays, which a learner aligns from.
         self._deltas: FragmentCache[Any] = FragmentCache(cache_bytes)
         self._commits: FragmentCache[F32] = FragmentCache(cache_bytes)
         self._momenta: FragmentCache[Any] = FragmentCache(cache_bytes)
@@ -801,9 +801,9 @@ class Runtime:
         return Verified(now_s=now(), req=cmd.req, reason=None)
 
     async def _merge(self, cmd: Merge) -> Event:
-        """Merge on the codec's device: deltas and momentum are decoded there (and cached
-        there), theta and momentum encoded there; the new theta comes back to the host once,
-        for the commit cache a learner aligns from."""
+        """Merge on the codec's device (an accelerator, else the host): deltas and momentum
+        are decoded there (and cached there), theta and momentum encoded there; the new theta
+        comes back to the host once, for the commit cache a learner aligns from."""
         fragment = cmd.fragment
         base = cmd.base
         device = self._codec.device
@@ -826,7 +826,7 @@ class Runtime:
             final=finals if any(finals) else (),
         )
         merged = await self._compute(
-            self._codec.merge_on, device, fragment, theta, momentum, deltas, contributions
+            self._codec.merge_held, fragment, theta, momentum, deltas, contributions
         )
         writes = [
             self._write(self._commits, fragment, Role.THETA, cmd.round, merged.theta, home=True)

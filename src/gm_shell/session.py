@@ -291,7 +291,8 @@ class SessionOptions:
         join_timeout_s: how long entering the session waits for the newest commit.
         compute: merge backend: ``auto`` (torch on the CUDA device if there is one, else
             torch on CPU if installed, else numpy), ``torch`` (CPU) or ``numpy``. With
-            torch, a closer decodes, merges and encodes its payloads on torch's device.
+            torch on an accelerator, a closer decodes, merges and encodes its payloads
+            there (on CPU it decodes and encodes with numpy, torch merging the host arrays).
         cache_bytes: memory for payloads this node keeps to avoid downloading them again
             (with torch on an accelerator, a closer's deltas and momentum are kept there).
         max_sweep_rounds: rounds of garbage a closer sweeps per commit, at most.

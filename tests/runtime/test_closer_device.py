@@ -83,7 +83,7 @@ def test_any_payload_decodes_and_is_judged_alike_on_the_device(
     repeat = -(-(wire.code_bytes + wire.scale_bytes) // len(noise))
     raw = noise * repeat
     data, ref = payload(codec, 0, Codes(raw[: wire.code_bytes], raw[wire.code_bytes :]))
-    host, there = loaded(codec, ref, data, None), loaded(codec, ref, data, codec.device)
+    host, there = loaded(codec, ref, data, None), loaded(codec, ref, data, codec.compute)
     if isinstance(host, Reason):
         assert there is host
         return
@@ -104,20 +104,41 @@ def test_a_non_finite_delta_is_rejected_by_name_on_the_device(device: str, fmt: 
         x = values(codec, 0)
         x[7] = bad
         data, ref = codec.encode(0, Role.DELTA, 1, x)
-        for on in (None, codec.device):
+        for on in (None, codec.compute):
             with pytest.raises(UnusablePayloadError) as caught:
                 codec.load(0, Role.DELTA, ref, data, on)
             assert caught.value.reason is Reason.NONFINITE
-        theta = codec.load(0, Role.THETA, ref, data, codec.device)  # a commit is not judged
-        assert not np.isfinite(codec.device.to_numpy(theta)[7])
+        theta = codec.load(0, Role.THETA, ref, data, codec.compute)  # a commit is not judged
+        assert not np.isfinite(codec.compute.to_numpy(theta)[7])
 
 
-def test_the_device_is_the_torch_backend_only() -> None:
+def test_the_device_is_torch_on_an_accelerator_only() -> None:
+    """On CPU the host path is faster (bench/README.md), so a CPU torch backend only merges."""
     assert isinstance(FragmentCodec(manifest()).device, NumpyBackend)
     assert isinstance(FragmentCodec(manifest(), backend("numpy")).device, NumpyBackend)
     assert isinstance(FragmentCodec(manifest(), backend("mlx")).device, NumpyBackend)
-    torch_codec = FragmentCodec(manifest(), backend("torch"))
-    assert torch_codec.device is torch_codec._compute
+    assert isinstance(FragmentCodec(manifest(), backend("torch")).device, NumpyBackend)
+    for device in DEVICES[1:]:
+        torch_codec = FragmentCodec(manifest(), backend("torch", device=device))
+        assert torch_codec.device is torch_codec.compute
+
+
+@devices
+def test_the_closer_merges_what_it_holds_on_the_device_or_the_host(device: str) -> None:
+    """``merge_held``, the runtime's call, from what :meth:`load` gave with ``codec.device``:
+    torch's buffers on an accelerator, host arrays on CPU (merged by torch there all the
+    same): the bits of torch's merge either way, left where they were held."""
+    codec = FragmentCodec(manifest(), TorchBackend(device=device, block=64, codec_block=64))
+    held, compute = codec.device, codec.compute
+    encoded = [codec.encode(0, Role.DELTA, 1, values(codec, 0, seed) * 0.01) for seed in (1, 2)]
+    deltas = [codec.load(0, Role.DELTA, ref, data, held) for data, ref in encoded]
+    who = Contributions(learners=("n0", "n1"), weights=(0.5, 0.5))
+    theta = values(codec, 0)
+    merged = codec.merge_held(0, theta, None, deltas, who)
+    assert isinstance(merged.theta, np.ndarray) == (device == "cpu")
+    there = [compute.asarray(held.to_numpy(x)) for x in deltas]
+    expected = compute.to_numpy(codec.merge_on(compute, 0, theta, None, there, who).theta)
+    np.testing.assert_array_equal(held.to_numpy(merged.theta), expected)
 
 
 @devices
@@ -148,7 +169,7 @@ def test_the_device_merge_equals_the_host_merge(
     }
     codec = codec_on(device, **config)
     host = FragmentCodec(manifest(**config))  # numpy: the reference path
-    dev = codec.device
+    dev = codec.compute  # the device path, called directly (on CPU the runtime takes the host's)
     rng = np.random.default_rng(seed)
     fragment = int(rng.integers(0, 2))
     theta = values(codec, fragment, seed)
