@@ -42,6 +42,7 @@ from gm_core.records import (
     Claim,
     FragmentState,
     Manifest,
+    PayloadRef,
     RoundRecord,
     Snapshot,
     Timing,
@@ -102,10 +103,41 @@ def read_tape(view: ClusterView) -> dict[int, RoundRecord]:
     return out
 
 
+_ROUND_SCOPED = (keys.SnapshotKey, keys.ClaimKey, keys.PayloadKey, keys.FollowKey)
+"""Kinds of keys written for one round's decision (the round is in the key)."""
+
+
+def timely(store: ModelStore) -> tuple[tuple[str, bytes], ...]:
+    """The ghost history of creations, late writes left out.
+
+    A write is *late* when its key belongs to round ``r`` (a snapshot, claim, payload or
+    follow marker) and a record of round ``r`` was created before it (spec/protocol.md
+    §15.4): the round's decision is made, so the object can take no part in it, and late
+    collection deletes it. Only such a write may re-create a key that garbage collection
+    swept — e.g. a restarted learner re-publishing the round its earlier incarnation had
+    published, after the round was committed and swept (swarm seed 101760). Every other
+    re-creation is still a violation.
+    """
+    decided: set[int] = set()
+    out = []
+    for key, data in store.created:
+        parsed = _parse_or_none(key)
+        if isinstance(parsed, keys.RoundKey):
+            record = _as(RoundRecord, data)
+            if record is not None:
+                decided.add(record.round)
+        elif isinstance(parsed, _ROUND_SCOPED) and parsed.round in decided:
+            continue
+        out.append((key, data))
+    return tuple(out)
+
+
 def _created(
     view: ClusterView, kind: type[keys.SnapshotKey] | type[keys.ClaimKey]
 ) -> dict[str, bytes]:
-    return {k: d for k, d in view.store.created if isinstance(_parse_or_none(k), kind)}
+    """The objects of ``kind`` created in time, by key (each key once: see
+    :func:`one_record_per_round`)."""
+    return {k: d for k, d in timely(view.store) if isinstance(_parse_or_none(k), kind)}
 
 
 @functools.lru_cache(maxsize=65536)
@@ -171,9 +203,10 @@ def _unacceptable(
 
 
 def one_record_per_round(view: ClusterView) -> tuple[str, ...]:
-    """Each round key was created once, and decodes to a record of that round."""
+    """Each key was created once in time (:func:`timely`), and each round key decodes to a
+    record of that round."""
     seen: dict[str, int] = {}
-    for key, _ in view.store.created:
+    for key, _ in timely(view.store):
         seen[key] = seen.get(key, 0) + 1
     out = [f"{k} created {n} times" for k, n in seen.items() if n > 1]
     tape = read_tape(view)
@@ -266,8 +299,12 @@ def one_snapshot_per_learner_per_round(view: ClusterView) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _snapshot_of(items: Iterable[tuple[str, bytes]], round_: int, learner: str) -> Snapshot | None:
-    """``learner``'s snapshot of ``round_``, at whichever of its slots holds one."""
+def _snapshot_of(
+    items: Iterable[tuple[str, bytes]], round_: int, learner: str, payload: PayloadRef | None = None
+) -> Snapshot | None:
+    """``learner``'s snapshot of ``round_``, at whichever of its slots holds one (the one
+    naming ``payload`` if several were created, else the first)."""
+    found = []
     for key, data in items:
         parsed = _parse_or_none(key)
         if isinstance(parsed, keys.SnapshotKey) and (parsed.round, parsed.learner) == (
@@ -276,8 +313,8 @@ def _snapshot_of(items: Iterable[tuple[str, bytes]], round_: int, learner: str) 
         ):
             snap = _as(Snapshot, data)
             if snap is not None and (snap.learner, snap.round) == (learner, round_):
-                return snap
-    return None
+                found.append(snap)
+    return next((x for x in found if x.payload == payload), found[0] if found else None)
 
 
 def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
@@ -550,13 +587,21 @@ def merge_weights(store: ModelStore, merge: Merge, max_share: float | None) -> t
     folder, normalized to sum to 1 (equal weights when all are 0), in learner order;
     with ``max_share``, no share is above ``max(max_share, 1)/n`` and the others keep
     their proportions (:func:`_capped_as_stated`).
+
+    The snapshots are those ever created in the folder (the ghost history), not those in
+    it now: a closer that fell behind may merge a round that another closer has since
+    committed and swept (its record write then finds the key taken); it read the
+    snapshots while they were there (swarm seeds 102383, 102501). Where a learner's key
+    was created again after the sweep (a late write), the snapshot that carries the
+    merged payload is the one read.
     """
     names = [x.learner for x in merge.contributions]
     out = [] if names == sorted(set(names)) else [f"round {merge.round}: contributors {names}"]
     snaps = []
-    folder = [(k, store.objects[k].data) for k in store.list(keys.snapshot_prefix(merge.round))]
+    prefix = keys.snapshot_prefix(merge.round)
+    folder = [(k, d) for k, d in store.created if k.startswith(prefix)]
     for x in merge.contributions:
-        snap = _snapshot_of(folder, merge.round, x.learner)
+        snap = _snapshot_of(folder, merge.round, x.learner, x.payload)
         if snap is None or snap.steps < 1:
             return (*out, f"round {merge.round}: merges {x.learner} without a snapshot")
         if (x.payload, x.final) != (snap.payload, snap.final):

@@ -39,6 +39,15 @@ def test_long_swarm_breaks_no_invariant(chunk: int) -> None:
     _run_seeds(100_000 + chunk * 4 * CHUNK, 4 * CHUNK, duration_s=30.0)
 
 
+@pytest.mark.parametrize("seed", [100285, 101760, 102383, 102501])
+def test_long_swarm_seeds_that_failed_once(seed: int) -> None:
+    """100285: a learner closed while booting raised in ``advance``; 101760: a restarted
+    learner re-published a round after it was committed and swept (a late write); 102383,
+    102501: a closer that fell behind merged a round already committed and swept (the merge
+    invariant looked for the snapshots in the store as it is now)."""
+    _run_seeds(seed, 1, duration_s=30.0)
+
+
 def test_swarm_scenarios_differ_and_are_pure_functions_of_the_seed() -> None:
     assert swarm.scenario(5) == swarm.scenario(5)
     shapes = {(s.learners, s.closers, s.colocate, s.config) for s in map(swarm.scenario, range(40))}
