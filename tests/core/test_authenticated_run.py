@@ -129,9 +129,13 @@ def test_a_forger_without_the_key_changes_nothing(
         c = step(c, rng)
     for key, blob in data.draw(forgeries(c)):
         c = cl.inject(c, key, blob)
-    committed = len(cl.records(c))
     for _ in range(600):
         c = step(c, rng)
+    # Progress is promised under a fair schedule, not a random one: 600 random moves with
+    # 30-odd requests in flight may starve one (seed 55066, before 275: a closer's record
+    # write never landed in 228 s). So the run ends with a fair stretch, forgeries still in.
+    committed = len(cl.records(c))
+    c = drive(c, 200, rng)
     assert cl.check(c) == []
     assert not forged_participants(c)
     for r, record in enumerate(cl.records(c)):  # every record on the tape is the run's own
