@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from gm_core import codec, keys
-from gm_core.records import AUTH_ALG, ROLE_CLOSER, ROLE_LEARNER, AuthInfo, Member, Roster
+from gm_core.records import AUTH_ALG, ROLE_CLOSER, ROLE_LEARNER, AuthInfo, Manifest, Member, Roster
 
 KEY_BYTES = 32
 """A run key is this many random bytes (64 hex characters in ``GM_RUN_KEY``)."""
@@ -399,6 +399,20 @@ def _framed(mac_key: bytes, parts: tuple[bytes, ...]) -> hmac.HMAC:
 def for_run(run_id: str, run_auth: RunAuth | None) -> Envelope:
     """The envelope of run ``run_id``'s objects other than its manifest."""
     return Envelope(auth=run_auth, run_id=run_id)
+
+
+def for_machine(node: str, manifest: Manifest, run_auth: RunAuth | None) -> Envelope:
+    """The envelope a learner or closer machine of ``node`` seals and opens with.
+
+    Raises ValueError for an invalid node id, or a ``run_auth`` that does not match the
+    manifest (:func:`mismatch`): both are the caller's configuration, refused before the
+    machine exists."""
+    if not keys.valid_id(node):
+        raise ValueError(f"invalid node id {node!r}")
+    refused = mismatch(manifest.auth, run_auth)
+    if refused is not None:
+        raise ValueError(refused)
+    return for_run(manifest.run_id, run_auth)
 
 
 def for_manifest(run_auth: RunAuth | None) -> Envelope:

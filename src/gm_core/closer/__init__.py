@@ -106,17 +106,12 @@ def initial(
 
     ``run_auth``: the run key's subkeys (None: an open run); it must match the manifest.
     """
-    if not keys.valid_id(node):
-        raise ValueError(f"invalid node id {node!r}")
-    refused = auth.mismatch(manifest.auth, run_auth)
-    if refused is not None:
-        raise ValueError(refused)
     return CloserState(
         node=node,
         manifest=manifest,
         schema_digest=schema_digest,
         options=options or CloserOptions(),
-        envelope=auth.for_run(manifest.run_id, run_auth),
+        envelope=auth.for_machine(node, manifest, run_auth),
     )
 
 
