@@ -108,17 +108,19 @@ _ROUND_SCOPED = (keys.SnapshotKey, keys.ClaimKey, keys.PayloadKey, keys.FollowKe
 
 
 def timely(store: ModelStore) -> tuple[tuple[str, bytes], ...]:
-    """The ghost history of creations, late writes left out.
+    """The ghost history of creations, late re-creations left out.
 
-    A write is *late* when its key belongs to round ``r`` (a snapshot, claim, payload or
-    follow marker) and a record of round ``r`` was created before it (spec/protocol.md
-    §15.4): the round's decision is made, so the object can take no part in it, and late
-    collection deletes it. Only such a write may re-create a key that garbage collection
-    swept — e.g. a restarted learner re-publishing the round its earlier incarnation had
-    published, after the round was committed and swept (swarm seed 101760). Every other
-    re-creation is still a violation.
+    A creation is a *late re-creation* when its key was created before, belongs to round
+    ``r`` (a snapshot, claim, payload or follow marker) and a record of round ``r`` was
+    created in between (spec/protocol.md §15.4): garbage collection swept the key after
+    the round was decided, so the object can take no part in that decision, and late
+    collection deletes it — e.g. a restarted learner re-publishing the round its earlier
+    incarnation had published (swarm seed 101760). Every other re-creation is still a
+    violation. A key's first creation always counts, so a history whose order is not
+    the order of writes (the runtime tests' bucket reading, sorted by key) loses nothing.
     """
     decided: set[int] = set()
+    seen: set[str] = set()
     out = []
     for key, data in store.created:
         parsed = _parse_or_none(key)
@@ -126,8 +128,9 @@ def timely(store: ModelStore) -> tuple[tuple[str, bytes], ...]:
             record = _as(RoundRecord, data)
             if record is not None:
                 decided.add(record.round)
-        elif isinstance(parsed, _ROUND_SCOPED) and parsed.round in decided:
+        elif isinstance(parsed, _ROUND_SCOPED) and parsed.round in decided and key in seen:
             continue
+        seen.add(key)
         out.append((key, data))
     return tuple(out)
 
