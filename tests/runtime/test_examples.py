@@ -116,7 +116,7 @@ def test_torchrun_ddp_and_fsdp2_example_groups_train_one_run(tmp_path: Path) -> 
         )
     for group in groups.values():
         output = group.communicate(timeout=300)[0]
-        assert group.returncode == 0, output[-3000:]
+        assert group.returncode == 0, f"exit {group.returncode}: {output[-3000:]}"
         # Two ranks print to one pipe: their lines may run together, so match, not split.
         finals = sorted(re.findall(r"rank (\d+) final: model at round (-?\d+)", output))
         assert [rank for rank, _ in finals] == ["0", "1"], output[-3000:]
