@@ -50,8 +50,8 @@ Frameworks are imported only when a model of theirs is adapted.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
-from typing import Any, Protocol, cast
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -298,7 +298,11 @@ class _TorchFragment:
     memoryviews of their own memory: a plain ``memcpy`` that keeps the GIL, so the training
     thread cannot lose it to another thread halfway through a step (torch and numpy copies
     release it, and winning it back can take as long as the other thread's Python work).
-    The views are rebuilt whenever a parameter's storage moved (``p.data = …``, ``.to()``).
+    The views are rebuilt whenever a parameter's storage moved (``p.data = …``, ``.to()``):
+    :meth:`gather` and :meth:`scatter` check every parameter's ``data_ptr()`` first. A planned
+    due step copies without that check (:meth:`copy_bound`: the first torch call after a
+    training step costs ~15 us of cold code, more than the copy) and its copy is checked
+    after the fact instead (:meth:`bound_to`, see :class:`DirectCopy`).
 
     Other parameters go through torch: small fragments through a staging buffer whose
     per-tensor views are made once (torch's per-call overhead — making views, entering
@@ -311,19 +315,47 @@ class _TorchFragment:
         self.layout = layout
         self._params = params
         self._bytes = [(4 * s.start, 4 * s.stop) for s in layout.spans]
-        self._bound: list[int] = []
-        self._direct: list[memoryview] | None = None
+        self._binding: Binding = UNBOUND
+        """The parameters' data pointers, and byte views of their memory (None where torch
+        must copy); replaced whole (one attribute: a reader on another thread sees either)."""
         self._staging: F32 | None = None
         self._staged: list[Any] = []
         self._cuda: CudaStage | None = None
 
     def _direct_views(self) -> list[memoryview] | None:
         """Byte views of the parameters' memory, or None where torch must do the copy."""
-        pointers = [p.data_ptr() for p in self._params]
-        if pointers != self._bound:
-            self._bound = pointers
-            self._direct = _host_bytes(self._params)
-        return self._direct
+        pointers = tuple(map(_data_ptr(), self._params))
+        if pointers != self._binding[0]:
+            self._binding = (pointers, _host_bytes(self._params))
+        return self._binding[1]
+
+    def slots(self, out: F32) -> list[memoryview] | None:
+        """Byte views of ``out``, one per parameter, if the fragment is copied directly
+        (any thread: no torch)."""
+        if self._binding[1] is None:
+            return None
+        flat = out.data.cast("B")
+        return [flat[lo:hi] for lo, hi in self._bytes]
+
+    def copy_bound(self, slots: list[memoryview]) -> tuple[int, ...] | None:
+        """Copy the parameters into ``slots`` through the views bound last, unchecked; the
+        data pointers those views were bound to (None: not bound, nothing copied)."""
+        pointers, direct = self._binding
+        if direct is None:
+            return None
+        for slot, param in zip(slots, direct, strict=True):
+            slot[:] = param
+        return pointers
+
+    def bound_to(self, pointers: tuple[int, ...]) -> bool:
+        """Whether the parameters still sit at ``pointers``; if not, the views are dropped
+        (the next copy binds afresh, checked). Reads only the pointers, under the GIL, like
+        the Python code that moves a parameter (``p.data = …``), so any thread may ask."""
+        if tuple(map(_data_ptr(), self._params)) == pointers:
+            return True
+        if self._binding[0] == pointers:
+            self._binding = UNBOUND
+        return False
 
     def _views(self, flat: F32) -> list[Any]:
         import torch
@@ -376,6 +408,34 @@ class _TorchFragment:
             device = cuda_device(self._params)
             self._cuda = None if device is None else CudaStage(self.layout, device)
         return self._cuda
+
+
+Binding = tuple[tuple[int, ...], list[memoryview] | None]
+UNBOUND: Binding = ((), None)
+
+
+def _data_ptr() -> Callable[[Any], int]:
+    """``Tensor.data_ptr`` unbound (``map`` calls it without a Python frame per parameter)."""
+    import torch
+
+    return cast(Callable[[Any], int], torch.Tensor.data_ptr)
+
+
+@runtime_checkable
+class DirectCopy(Protocol):
+    """A fragment whose parameters a planned due step copies through views bound earlier.
+
+    The binding is checked after the copy, not before (:meth:`bound_to`, by the loop before
+    the copy is published): a parameter cannot move back to the memory it left while the
+    views hold that memory alive, so pointers unchanged after the copy were unchanged during
+    it — unless the training code moved a parameter away and back to the very same tensor
+    around that ``step()``, which this check cannot see."""
+
+    def slots(self, out: F32) -> list[memoryview] | None: ...
+
+    def copy_bound(self, slots: list[memoryview]) -> tuple[int, ...] | None: ...
+
+    def bound_to(self, pointers: tuple[int, ...]) -> bool: ...
 
 
 def torch_held(layout: Layout, params: Sequence[Any], flat: F32) -> F32:

@@ -90,7 +90,7 @@ import attrs
 from gm_core.commands import Pace
 from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment
-from gm_shell.replica import Replica, Taken
+from gm_shell.replica import Prepared, Replica, Taken
 
 
 class StalledError(RuntimeError):
@@ -217,6 +217,8 @@ class Pacer:
         self._notes: list[Note] = []
         self._signalled = False
         self._plan: Plan | None = None
+        self._prepared: tuple[Prepared, ...] = ()
+        """The buffers ``_plan``'s captures copy into, made ready by the loop."""
         self._next_step = 0
         self._stalled = True
         self._failure: BaseException | None = None
@@ -251,10 +253,14 @@ class Pacer:
             self._refresh()
             self._cond.notify_all()
 
-    def plan(self, plan: Plan | None) -> None:
-        """What the core will say at the step it waits for (None: ask it then)."""
+    def plan(self, plan: Plan | None, prepared: tuple[Prepared, ...] | None = None) -> None:
+        """What the core will say at the step it waits for (None: ask it then), and the
+        buffers its captures copy into (:meth:`Replica.prepare`; made here if not given)."""
+        if prepared is None:
+            prepared = self._replica.prepare(plan.captures) if plan is not None else ()
         with self._cond:
-            self._plan = plan
+            self._replica.unprepare(self._prepared)
+            self._plan, self._prepared = plan, prepared
 
     def view(self) -> tuple[int, list[Note], list[Work]]:
         """The version, notes and queue as they are now (a feed's starting point)."""
@@ -284,7 +290,8 @@ class Pacer:
         """
         with self._cond:
             self._work, self._notes, self._signalled = [], [], False
-            self._plan, self._next_step, self._stalled = None, 0, True
+            self._replica.unprepare(self._prepared)
+            self._plan, self._prepared, self._next_step, self._stalled = None, (), 0, True
             self._reported = (-1, -1)
             self._refresh()
             self._cond.notify_all()
@@ -345,10 +352,9 @@ class Pacer:
         if plan.applied:  # the queue holds exactly these commits (see _usable_plan)
             self._fold_in(self._work)
             self._work = []
-        take, keep = self._replica.take, self._keep_copies
-        taken = tuple([take(r, f, keep) for r, f in plan.captures])
+        taken = self._replica.take_planned(self._prepared, self._keep_copies)
         self._notes.append(StepNote(self.step, self.tokens, plan, taken))
-        self._plan = None
+        self._plan, self._prepared = None, ()
         self._next_step, self._stalled = plan.next_step, False
         self._reported = (self.step, self.tokens)
         self.version += 1

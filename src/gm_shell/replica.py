@@ -44,14 +44,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
 from gm_core.numerics import align
 from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment, FragmentPlan
-from gm_shell.models import FragmentAccess, ModelAdapter
+from gm_shell.models import DirectCopy, FragmentAccess, ModelAdapter
 
 POOLED = 2
 """Free buffers kept per fragment. A ``carry`` copy comes back only when its round's
@@ -74,12 +74,25 @@ class Taken(NamedTuple):
     theta: F32
     kept: bool
     """The replica keeps ``theta`` for carry: the delta goes to a fresh buffer."""
+    bound: tuple[int, ...] | None = None
+    """The data pointers of the parameters ``theta`` was copied from without a check (a
+    planned due step), to be checked before it is published (:meth:`Replica.verify`)."""
 
     def delta(self) -> F32:
         """``anchor − θ``: in place unless the replica kept θ (any thread)."""
         if self.kept:
             return np.subtract(self.anchor, self.theta)
         return np.subtract(self.anchor, self.theta, out=self.theta)
+
+
+class Prepared(NamedTuple):
+    """A buffer made ready for a planned capture before its step (:meth:`Replica.prepare`)."""
+
+    round: int
+    fragment: int
+    theta: F32
+    slots: list[memoryview] | None
+    """Byte views of ``theta``, one per parameter, for a direct copy (None: ``gather``)."""
 
 
 class Replica:
@@ -107,6 +120,48 @@ class Replica:
         if keep_copy:
             self._taken[round_] = theta
         return Taken(round_, fragment, anchor, theta, keep_copy)
+
+    def prepare(self, captures: Sequence[tuple[int, int]]) -> tuple[Prepared, ...]:
+        """Buffers for the captures (round, fragment) of a planned due step, with the byte
+        views a direct copy writes (any thread: the due step then only copies)."""
+        prepared = []
+        for round_, fragment in captures:
+            access = self.fragments[fragment]
+            theta = self._buffer(fragment, access.layout.total)
+            slots = access.slots(theta) if isinstance(access, DirectCopy) else None
+            prepared.append(Prepared(round_, fragment, theta, slots))
+        return tuple(prepared)
+
+    def unprepare(self, prepared: Sequence[Prepared]) -> None:
+        """The buffers of a plan that was not carried out are free again (any thread)."""
+        for item in prepared:
+            self._give_back(item.fragment, item.theta)
+
+    def take_planned(self, prepared: Sequence[Prepared], keep_copy: bool) -> tuple[Taken, ...]:
+        """θ of each prepared capture now, into its buffer: through the views the fragment
+        bound last, unchecked where it has them (:meth:`verify` checks them before the copy
+        is published), else by a checked ``gather``."""
+        taken = []
+        for round_, fragment, theta, slots in prepared:
+            access = self.fragments[fragment]
+            bound = None
+            if slots is not None:
+                bound = cast(DirectCopy, access).copy_bound(slots)
+            if bound is None:
+                access.gather(theta)
+            if keep_copy:
+                self._taken[round_] = theta
+            anchor = self._anchors[fragment]
+            assert anchor is not None, "a fragment is captured only after the join loaded it"
+            taken.append(Taken(round_, fragment, anchor, theta, keep_copy, bound))
+        return tuple(taken)
+
+    def verify(self, taken: Taken) -> bool:
+        """Whether ``taken`` was copied from where the parameters are (after the fact: see
+        :class:`gm_shell.models.DirectCopy`); a copy made with the check always was."""
+        if taken.bound is None:
+            return True
+        return cast(DirectCopy, self.fragments[taken.fragment]).bound_to(taken.bound)
 
     def _buffer(self, fragment: int, size: int) -> F32:
         free = self._free[fragment]

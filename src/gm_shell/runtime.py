@@ -121,7 +121,7 @@ from gm_shell.pacer import (
     queued_applies,
 )
 from gm_shell.reads import Reader
-from gm_shell.replica import Replica, Taken
+from gm_shell.replica import Prepared, Replica, Taken
 
 LOG = logging.getLogger("gm")
 T = TypeVar("T")
@@ -532,7 +532,11 @@ class Runtime:
         if self.learner is self._planned and applies == self._planned_applies:
             return
         self._planned, self._planned_applies = self.learner, applies
-        self._hand_over(functools.partial(self.pacer.plan, self._forecast(applies)))
+        plan = self._forecast(applies)
+        prepared: tuple[Prepared, ...] = ()
+        if plan is not None and self._replica is not None:
+            prepared = self._replica.prepare(plan.captures)  # outside the pacer's lock
+        self._hand_over(functools.partial(self.pacer.plan, plan, prepared))
 
     def _forecast(self, applies: tuple[int, ...]) -> Plan | None:
         """What the learner will answer to the step its pace waits for, asked of the core.
@@ -544,11 +548,13 @@ class Runtime:
         commit queued (``applies``), the plan folds them in first and asks the core what
         it then says — the order the slow path takes (report, stall, fold in, capture),
         minus the waits. None where training will stall there anyway or the runtime has
-        failed: the training thread then asks at that step.
+        failed: the training thread then asks at that step. None too while a failed
+        capture waits to be retried: when it is retried depends on the clock (a retry
+        falling due between the plan and its step would add a capture the plan lacks).
         """
         state = self.learner
         pace = state.pace if state is not None else None
-        if state is None or pace is None or self.failure is not None:
+        if state is None or pace is None or self.failure is not None or state.retries:
             return None
         if pace.stalled:
             return self._forecast_resume(state, applies)
@@ -760,6 +766,12 @@ class Runtime:
 
     async def _publish(self, req: int, taken: Taken) -> Event:
         try:
+            if self._replica is not None and not self._replica.verify(taken):
+                self._replica.recycle(taken)
+                raise RuntimeError(
+                    f"a parameter of fragment {taken.fragment} moved to other memory around "
+                    f"the step of round {taken.round}'s capture; it is captured afresh"
+                )
             data, ref = await self._compute(self._encode_delta, taken)
             await self._mailbox.put_once(ref.key, data)  # taken: the same bytes are there
         except Exception:

@@ -39,10 +39,11 @@ STEPS = 48
 
 
 def train_and_record(
-    alignment: str, pause_s: float
+    alignment: str, pause_s: float, move_at: frozenset[int] = frozenset()
 ) -> tuple[Mailbox, Any, list[np.ndarray], dict[int, list[np.ndarray]]]:
     """A lone learner (no closer: every anchor stays the run's initial value) trains
-    ``STEPS`` steps; θ of every fragment as ``step()`` found it, by step."""
+    ``STEPS`` steps; θ of every fragment as ``step()`` found it, by step. Before training
+    the steps ``move_at``, every parameter moves to new memory (``p.data = p.data.clone()``)."""
     mailbox = Mailbox.open(f"memory://due-{uuid.uuid4().hex[:10]}/run")
     model, train_step = torch_model(seed=3)
     algorithm = DiLoCo(
@@ -63,6 +64,10 @@ def train_and_record(
         count = len(manifest.plan.fragments)
         initial = [replica.read(f) for f in range(count)]
         for step in range(1, STEPS + 1):
+            if step in move_at:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.data = p.data.clone()
             x = rng.normal(size=(16, IN)).astype(np.float32)
             train_step(x, x @ TEACHER)
             seen[step] = [replica.read(f) for f in range(count)]
@@ -105,6 +110,44 @@ def test_each_delta_is_the_parameters_at_its_due_step_though_training_goes_strai
     finally:
         loop.stop()
         mailbox.close()
+
+
+def test_a_due_step_that_copied_a_moved_parameter_is_captured_afresh() -> None:
+    """A planned due step copies CPU fp32 parameters through the views an earlier copy
+    bound, without checking first (``_TorchFragment.copy_bound``); the loop checks the
+    parameters' data pointers before it publishes the copy. Training that moves every
+    parameter to new memory a step before a due step makes that copy stale (the views
+    still read the old memory): it is never published, the round is captured afresh
+    (``PublishFailed``, then a snapshot of a later step), and every delta in the bucket
+    is θ of the step its snapshot names."""
+    moves = frozenset({5, 23})
+    mailbox, manifest, initial, seen = train_and_record("overwrite", 0.005, moves)
+    cfg = manifest.config
+    fragments = FragmentCodec(manifest)
+    loop = LoopThread("due-step-test")
+    afresh = 0
+    try:
+        for round_ in range(STEPS):
+            due = schedule.step_of(round_, cfg.sync_every, cfg.fragments)
+            if due > STEPS - 8:  # a round captured afresh near the end may not make it
+                break
+            got = loop.run(mailbox.get(keys.snapshot(round_, "solo")))
+            assert got is not None, f"round {round_} (due at step {due}) was never published"
+            snapshot = codec.decode(Snapshot, got.data)
+            assert snapshot.steps >= due
+            afresh += snapshot.steps > due
+            payload = loop.run(mailbox.get(snapshot.payload.key))
+            assert payload is not None
+            delta = fragments.load(snapshot.fragment, Role.DELTA, snapshot.payload, payload.data)
+            np.testing.assert_array_equal(
+                delta,
+                initial[snapshot.fragment] - seen[snapshot.steps][snapshot.fragment],
+                err_msg=f"round {round_}: not the parameters of step {snapshot.steps}",
+            )
+    finally:
+        loop.stop()
+        mailbox.close()
+    assert afresh >= len(moves), f"{afresh} rounds captured afresh after {len(moves)} moves"
 
 
 def test_with_commits_folded_in_at_due_steps_each_delta_is_from_the_anchor_it_names() -> None:
