@@ -110,8 +110,9 @@ def next_closer(
     ``me`` itself when it is a dedicated closer (leadership stays put between two of
     them) or when no other dedicated closer's lease was seen to change within
     ``PREFER_WINDOW_TIMEOUTS`` lease timeouts (``renewed``: node -> when, on this
-    node's clock); otherwise the first such closer in byte order, so every committer
-    that sees the same closers live names the same one.
+    node's clock; the caller drops a closer it has since seen stale); otherwise the first
+    such closer in byte order, so every committer that sees the same closers live names
+    the same one.
     """
     if timeout_s < 0:
         raise ValueError(f"timeout_s must be >= 0, got {timeout_s}")

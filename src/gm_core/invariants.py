@@ -36,6 +36,7 @@ from typing import TypeVar
 import attrs
 
 from gm_core import closer, codec, keys, learner
+from gm_core.closer import commit
 from gm_core.commands import Merge
 from gm_core.records import (
     AlgorithmConfig,
@@ -543,7 +544,8 @@ class Closing:
     judged: frozenset[str]
     """Accepted or rejected."""
     live: frozenset[str]
-    """Learners whose lease the closer saw change within the lease timeout."""
+    """Learners whose lease the closer saw change within the lease timeout, and its own node's
+    learner while it has not looked at that lease (protocol.md §9.4)."""
     lapsed: frozenset[str] = frozenset()
     """Learners not live whose lease the closer had seen live while the round was open."""
     garbage: frozenset[str] = frozenset()
@@ -559,6 +561,8 @@ def knowledge(state: closer.CloserState, now_s: float) -> Closing:
     seen = {n: v.changed_at_s for n, v in state.leases.items() if v.etag is not None}
     live = {n for n, at_s in seen.items() if now_s - at_s <= timeout_s}
     lapsed = {n for n, at_s in seen.items() if at_s + timeout_s >= state.opened_at_s} - live
+    if commit._own_unknown(state):
+        live.add(state.node)  # its own learner, live until its lease is looked at
     return Closing(
         closer=state.node,
         round=state.round,

@@ -73,3 +73,19 @@ def test_a_leader_that_first_sees_a_dead_closers_lease_does_not_name_it() -> Non
     later = [r for r in cl.records(c) if r.round > restarted_round]
     assert len(later) >= 3, len(later)
     assert all(r.next_closer != "d" for r in later), [(r.round, r.next_closer) for r in later]
+
+
+def test_a_closer_taken_over_for_looking_dead_is_not_named_again() -> None:
+    # The round d was named for is taken over once; the taker then knows d's lease stale and
+    # must not name d for the next rounds. Naming it while d had been seen renewing within
+    # the two-timeout window made the next two rounds each wait out another takeover.
+    rng = random.Random(11)
+    c = drive(_started(), 160, rng)
+    crashed_round = cl.records(c)[-1].round
+    c = drive(cl.crash(c, "d"), 240, rng)
+    later = [r for r in cl.records(c) if r.round > crashed_round]
+    assert len(later) >= 5, len(later)
+    assert [r.claim > 0 for r in later[:3]] == [True, False, False], [
+        (r.round, r.closer, r.next_closer, r.claim) for r in later[:3]
+    ]
+    assert all(r.next_closer == "a" for r in later)

@@ -102,8 +102,12 @@ def test_an_elected_node_that_another_takes_over_from_goes_back_to_training() ->
     taken = max(r.round for r in cl.records(c))
     c = drive(c, 120, rng)  # a runs again: it follows b's rounds
     assert _serving(c) == ["b"]
-    relieved = [n for n, x in c.notes if x.kind == "relieved"]
-    assert relieved == ["a"]
+    # a is relieved, and stays so: running again, its views of the others are stale, so it
+    # may first be relieved for seeing no other learner live and, finding them again while
+    # it still leads in its own view, be elected once more before b's record relieves it.
+    turns = [(n, x.kind) for n, x in c.notes if x.kind in ("elected", "relieved")]
+    assert {n for n, kind in turns if kind == "relieved"} == {"a"}, turns
+    assert [kind for n, kind in turns if n == "a"][-1] == "relieved", turns
     c = cl.rejoin(c, "a")
     c = drive(c, 200, rng)
     later = [r for r in cl.records(c) if r.round > taken]

@@ -150,8 +150,8 @@ def _relieve(state: CloserState, cmds: list[Command]) -> CloserState:
 
     Only another closer's record relieves it, proof that a closer other than this one is
     alive and leads. Its own record may name a dedicated closer (``next_closer`` names one
-    seen renewing up to two lease timeouts ago, such as one it has just taken a round over
-    from for looking dead); it then stays elected: that closer, if alive, commits the next
+    seen renewing up to two lease timeouts ago, which may have died since); it then stays
+    elected: that closer, if alive, commits the next
     round and its record relieves this node; if dead, this node takes the round over again.
     Relieving it on its own record made it flap, elected and relieved round after round, in
     the process test on SeaweedFS.
@@ -322,9 +322,11 @@ def _lease_outcome(
         return state
     view = _seen(state, name, state.leases.get(name), event, cmds)
     if view.etag is None and name not in state.entries:
-        # Released or never there: forget it until it publishes or its lease is listed.
+        # Released or never there: forget it until it publishes or its lease is listed
+        # (this node's own learner until it publishes: the listing skips this node).
         leases = {n: v for n, v in state.leases.items() if n != name}
-        return attrs.evolve(state, leases=leases, dead=state.dead - {name})
+        dead = state.dead | {name} if name == state.node else state.dead - {name}
+        return attrs.evolve(state, leases=leases, dead=dead)
     return collect._judged(state, name, view, now_s)
 
 
@@ -385,10 +387,28 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
             cmds.append(Notify(kind="claims_exhausted", round=state.round, detail=detail))
         return attrs.evolve(state, waiting_since_s=NEVER)
     claim = Claim(round=state.round, attempt=attempt, node=state.node)
+    state = _stale_closer(state, closer)
     state, req = issue(state, Purpose(kind=Ask.CLAIM, round=state.round, name=str(attempt)))
     key = election.claim_key(state.envelope, state.round, attempt)
     cmds.append(PutOnce(req=req, key=key, data=state.envelope.pack(key, claim)))
     return attrs.evolve(state, phase=Phase.CLAIMING)
+
+
+def _stale_closer(state: CloserState, closer: str) -> CloserState:
+    """``closer`` looked dead (or stuck) here: no record of this node names it again until its
+    lease is seen to change anew (:func:`gm_core.election.next_closer`).
+
+    Its last renewal may be less than the preference window old when a follower takes its
+    round over, or a look finds its lease stale; naming it then made each of the next rounds
+    wait out another takeover (spec/protocol.md §9.1). A follower's looks at the closer's
+    lease become the view the next listing compares with: the listing's own view may be
+    rounds old, and the lease changed since then (before the closer died) is no renewal.
+    """
+    renewed = {n: t for n, t in state.renewed.items() if n != closer}
+    others = state.others
+    if closer in others and state.closer_lease is not None and state.phase is Phase.FOLLOWING:
+        others = {**others, closer: state.closer_lease}
+    return attrs.evolve(state, renewed=renewed, others=others)
 
 
 def _takeover_deadlines(state: CloserState) -> tuple[float, float]:

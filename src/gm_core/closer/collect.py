@@ -377,6 +377,8 @@ def _newcomer_outcome(
         state = attrs.evolve(state, others={**state.others, name: view}, dedicated=known)
         if dedicated and old is not None and old.changed_at_s != view.changed_at_s:
             state = attrs.evolve(state, renewed={**state.renewed, name: now_s})
+        elif not liveness.is_live(view, now_s, state.manifest.config.lease_timeout_s):
+            state = boot._stale_closer(state, name)
     return _collect_lease(state, name, view, now_s, cmds)
 
 
@@ -427,4 +429,7 @@ def _unreported(state: CloserState) -> list[str]:
     a crashed node's lease stays in the bucket, and probing it forever costs.
     """
     judged = {n for n, e in state.entries.items() if not e.invalid}
-    return sorted(n for n in state.leases if n not in judged and n not in state.dead)
+    known = set(state.leases)
+    if commit._own_unknown(state) and judged - {state.node}:
+        known.add(state.node)  # the round could close without it: see whether it trains
+    return sorted(n for n in known if n not in judged and n not in state.dead)

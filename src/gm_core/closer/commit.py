@@ -64,7 +64,25 @@ from gm_core.tape import BadRecord, expected_prev, record_key, slot_of
 
 def _live(state: CloserState, now_s: float) -> frozenset[str]:
     timeout_s = state.manifest.config.lease_timeout_s
-    return frozenset(n for n, v in state.leases.items() if liveness.is_live(v, now_s, timeout_s))
+    live = {n for n, v in state.leases.items() if liveness.is_live(v, now_s, timeout_s)}
+    return frozenset(live | {state.node} if _own_unknown(state) else live)
+
+
+def _own_unknown(state: CloserState) -> bool:
+    """Whether this node's own learner, training, is live as far as this closer knows, with
+    its lease not looked at yet: it counts as live (the round waits for it) until a look.
+
+    Other learners are known from the lease listing; the listing skips this node, whose
+    learner was known only from a snapshot landing while its round was open. A learner on
+    the leader's node slower than the others then never was: the rounds closed once the
+    others were in, and with ``follow`` set it read each marker, published, and found the
+    round closed, in none of them (spec/coordination.md §7, the model cluster). Its lease
+    is looked at once another learner has reported in a round it has not
+    (:func:`gm_core.closer.collect._unreported`): absent, it is counted dead until a
+    snapshot of it is seen (its learner has left, the closer serves on).
+    """
+    learns = state.options.learns_here and not state.serving
+    return learns and state.node not in state.leases and state.node not in state.dead
 
 
 def _lapsed(state: CloserState, now_s: float) -> frozenset[str]:
@@ -352,7 +370,7 @@ def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundReco
 def _membership(state: CloserState, now_s: float) -> tuple[str, ...]:
     """The learners seen live at commit (:mod:`gm_core.batch`): renewing leases, snapshots
     judged this round (not forged ones: nobody proved to be that learner), and this node's
-    own learner, whose lease the closer never lists. Written only in runs that split a
+    own learner, counted even before its lease is listed. Written only in runs that split a
     ``global_batch_size``: elsewhere the record stays what gm before the field writes and
     reads (the codec leaves an added field out while it holds its absent value)."""
     judged = {
