@@ -90,7 +90,7 @@ import attrs
 from gm_core.commands import Pace
 from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment
-from gm_shell.replica import Prepared, Replica, Taken
+from gm_shell.replica import Prepared, Replica, Taken, new_tuple
 
 
 class StalledError(RuntimeError):
@@ -353,7 +353,7 @@ class Pacer:
             self._fold_in(self._work)
             self._work = []
         taken = self._replica.take_planned(self._prepared, self._keep_copies)
-        self._notes.append(StepNote(self.step, self.tokens, plan, taken))
+        self._notes.append(new_tuple(StepNote, (self.step, self.tokens, plan, taken)))
         self._plan, self._prepared = None, ()
         self._next_step, self._stalled = plan.next_step, False
         self._reported = (self.step, self.tokens)
