@@ -46,7 +46,8 @@ unit's folder, answered :attr:`Outcome.HELD` or :attr:`Outcome.LOST`.
 ``1 + prefetch`` units at once; each is checked as above when it starts.
 
 **Giving back.** A node that stops training with units claimed but not started (an
-``either`` node elected closer) sends :class:`GiveBack`: for each such unit it writes
+``either`` node elected closer) sends :class:`GiveBack`: it lists the queue (units
+claimed under its id before a restart are its too) and for each such unit writes
 the next claim attempt naming ``""``, so the unit is held by nobody and any node takes
 it at once, with no lease timeout to wait out. A write that finds the attempt taken
 means a peer re-issued the unit already: nothing to give.
@@ -318,7 +319,9 @@ def _request(state: QueueState, event: Want | Finish | Watch | GiveBack) -> Tran
     if isinstance(event, GiveBack):
         if state.current is not None:
             raise ValueError(f"unit {state.current.unit!r} is not finished yet")
-        return _give_next(attrs.evolve(state, phase=Phase.GIVING))
+        # Its claims may predate this machine (a restart under the same id): list the queue
+        # and give back every unit whose newest claim names this node (:func:`_give_own`).
+        return _scan(state)
     if isinstance(event, Watch):
         if state.current is None:
             raise ValueError("no unit is being trained here: nothing to watch")
@@ -457,6 +460,8 @@ def _scanned(state: QueueState, event: Listed) -> Transition:
 def _read_next(state: QueueState, now_s: float) -> Transition:
     if state.todo:
         return _issue(state, Get(req=0, key=state.todo[0]))
+    if isinstance(state.task, GiveBack):
+        return _give_own(state)
     return _choose_or_probe(state, now_s)
 
 
@@ -748,6 +753,22 @@ def _give_next(state: QueueState) -> Transition:
         return _give_next(attrs.evolve(state, held=tuple(h for h in state.held if h != held)))
     body = spec.envelope.seal(key, encode_claim(held.unit, held.attempt + 1, ""))
     return _issue(state, PutOnce(req=0, key=key, data=body))
+
+
+def _give_own(state: QueueState) -> Transition:
+    """Give back the units held here and not started, and every unit not done whose newest
+    claim names this node although this machine never claimed it: claimed before a restart
+    under the same id. Left held, such a unit of an elected node, whose lease the closer
+    keeps renewing, was never re-issued while the node served (the model checker's
+    either_gives_back, a restart then an election before the first unit)."""
+    done = _done_units(state)
+    known = {h.unit for h in state.held}
+    found = tuple(
+        Held(unit=unit, attempt=state.listing[unit].claims[-1], resumed=True)
+        for unit, node in sorted(_holders(state).items())
+        if node == state.spec.node and unit not in done and unit not in known
+    )
+    return _give_next(attrs.evolve(state, phase=Phase.GIVING, held=state.held + found))
 
 
 def _given(state: QueueState) -> Transition:

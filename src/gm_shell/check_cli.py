@@ -14,7 +14,10 @@ searches and reported as "coordination" sets) and ends with one summary line
 (``6/6 bound sets PASS, N states``); ``--jobs`` explores that many
 sets at once, each in a process of its own (a search is one process's tables, so the
 sets are what is spread over the cores), and prints the verdicts in the sets' order,
-so the output is the same whatever finishes first. Flag values are
+so the output is the same whatever finishes first. ``--plant NAME`` explores one planted
+bug's bound set with its rule broken (:mod:`gm_core.check.plants`, the protocol's and the
+coordination sets' alike) and says whether the verdict is the one the plants' table
+lists (exit status 0 when it is). Flag values are
 checked by argparse (exit status 2, like an unreadable ``--replay``).
 
 Exit status: 0 when every explored state is sound, 1 on a counterexample, 3 when
@@ -37,7 +40,7 @@ from typing import Any, overload
 import attrs
 
 from gm_core import cluster
-from gm_core.check import actions, barrier, queue, search
+from gm_core.check import actions, barrier, plants, queue, search
 from gm_core.check.bounds import CI_BOUNDS, COORDINATION_BOUNDS, DEEP_BOUNDS, LONG_BOUNDS
 from gm_core.check.explore import ROLE_CODES, Bounds, ExploreProgress, Outcome, explore, narrate
 from gm_core.records import Alignment
@@ -153,6 +156,11 @@ def register(p: argparse.ArgumentParser) -> None:
         help="from every state, the healed fair run must commit within --progress-within",
     )
     p.add_argument("--replay", metavar="ACTIONS", help="replay a counterexample's actions")
+    p.add_argument(
+        "--plant",
+        choices=sorted(plants.PLANTS),
+        help="explore a planted bug's bound set with its rule broken: is it caught as listed?",
+    )
     p.add_argument("--ci", action="store_true", help="check the bound sets make test pins")
     p.add_argument("--long", action="store_true", help="check the larger bound sets too")
     p.add_argument(
@@ -213,6 +221,8 @@ def explore_coordination(bounds: CoordinationBounds) -> CoordinationOutcome:
 
 def main(args: argparse.Namespace) -> int:
     quiet = not progress_wanted(args)
+    if args.plant is not None:
+        return judge_plant(plants.PLANTS[args.plant], quiet=quiet)
     if args.ci or args.long:
         sets: dict[str, AnyBounds] = {
             **CI_BOUNDS,
@@ -233,6 +243,17 @@ def main(args: argparse.Namespace) -> int:
             return usage_error("check", f"argument --replay: {error}")
         return replay(bounds, path)
     return EXIT[run("check", bounds, quiet=quiet).verdict]
+
+
+def judge_plant(plant: plants.Plant, *, quiet: bool = True) -> int:
+    """Explore ``plant``'s bound set with its rule broken, print the verdict (and trace) and
+    whether it is the one the table lists; exit status 0 when it is."""
+    with plants.planted(plant):
+        outcome = run(f"planted {plant.name}", plant.bounds, quiet=quiet)
+    found = outcome.verdict != "pass"
+    listed = "caught" if plant.caught else f"missed ({plant.why_missed})"
+    print(f"{plant.name}: {'caught' if found else 'missed'}; the table says {listed}")
+    return 0 if found == plant.caught else 1
 
 
 def summary_line(outcomes: Sequence[AnyOutcome]) -> str:

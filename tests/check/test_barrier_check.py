@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from pins import check_pinned, coordination_table
 
-from gm_core import barrier
 from gm_core.check.barrier import BarrierBounds, explore
+from gm_core.check.plants import PLANTS, planted
 
 PINNED = {
     "barrier: two parties": 5_533,
@@ -29,19 +29,17 @@ def test_every_barrier_set_is_pinned() -> None:
     assert set(BOUNDS) == set(PINNED)  # a set without a pin runs with -1 and fails
 
 
-def test_releasing_one_arrival_early_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = barrier.is_full
-    monkeypatch.setattr(barrier, "is_full", lambda arrived, parties: real(arrived + 1, parties))
-    outcome = explore(BarrierBounds(parties=2, waiters=2, timeout_s=1.5))
+def test_releasing_one_arrival_early_is_found() -> None:
+    plant = PLANTS["barrier-releases-one-early"]
+    with planted(plant):
+        outcome = explore(plant.bounds)
     assert outcome.violation == ("p0 found generation 0 released for ('p0',)",)
     assert len(outcome.trace) == 4
 
 
-def test_a_marker_naming_every_arrival_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
-    def everyone(state: barrier.BarrierState) -> tuple[str, ...]:
-        return tuple(sorted({*state.arrived, state.spec.party}))
-
-    monkeypatch.setattr(barrier, "_members", everyone)
-    outcome = explore(BarrierBounds(parties=1, waiters=2, timeout_s=1.5))
+def test_a_marker_naming_every_arrival_is_found() -> None:
+    plant = PLANTS["barrier-names-every-arrival"]
+    with planted(plant):
+        outcome = explore(plant.bounds)
     assert outcome.violation == ("p0 found generation 0 released for ('p0', 'p1')",)
     assert len(outcome.trace) == 6

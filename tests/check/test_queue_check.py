@@ -6,13 +6,12 @@ detector, and planted bugs are found with a shortest trace."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import pytest
 from pins import check_pinned, coordination_table
 
-from gm_core import queue
+from gm_core.check import queue as checked
 from gm_core.check.bounds import COORDINATION_BOUNDS
+from gm_core.check.plants import PLANTS, planted
 from gm_core.check.queue import QueueBounds, explore
 from gm_shell import check_cli
 
@@ -22,6 +21,9 @@ PINNED = {
     "queue: one node, two units, two lost responses": 783,
     "queue: two nodes race for one unit": 29_555,
     "ranks: one node, two ranks, a crash, a watch": 685,
+    "ranks: one node, two ranks, it looks when its rank is done": 148,
+    "queue: one node, two units, it looks when they are done": 582,
+    "queue: an either node elected after a unit, prefetch 1": 1_312,
 }
 """States of the queue's and the ranks' sets ``gm check --ci`` explores."""
 BOUNDS = coordination_table(QueueBounds, PINNED)
@@ -36,17 +38,14 @@ def test_every_queue_set_is_pinned() -> None:
     assert set(BOUNDS) == set(PINNED)  # a set without a pin runs with -1 and fails
 
 
-def never_superseded(attempt: int, claims: Iterable[int]) -> bool:
-    return False
+SUPERSEDED = PLANTS["queue-holder-never-superseded"]
 
 
 @pytest.mark.parametrize("ranked", [False, True])
-def test_a_holder_that_never_sees_it_was_superseded_is_found(
-    monkeypatch: pytest.MonkeyPatch, ranked: bool
-) -> None:
+def test_a_holder_that_never_sees_it_was_superseded_is_found(ranked: bool) -> None:
     """A rank kept by two nodes: the one judged dead is still told it holds it."""
-    monkeypatch.setattr(queue, "superseded", never_superseded)
-    outcome = explore(QueueBounds(nodes=2, units=1, ranks=ranked, watches=1))
+    with planted(SUPERSEDED):
+        outcome = explore(QueueBounds(nodes=2, units=1, ranks=ranked, watches=1))
     unit = "0000" if ranked else "u0"
     assert outcome.violation == (
         f"n0 told it holds {unit} under claim 0 while claim 1 of n1 was the highest",
@@ -54,20 +53,11 @@ def test_a_holder_that_never_sees_it_was_superseded_is_found(
     assert len(outcome.trace) == 15
 
 
-def test_a_restarted_node_that_does_not_resume_its_own_unit_is_found(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_restarted_node_that_does_not_resume_its_own_unit_is_found() -> None:
     """Its unit stays claimed by a live node (itself) for ever: nobody trains it."""
-    real = queue.choose
-
-    def not_mine(units: Iterable[str], **named: object) -> tuple[tuple[str, int], ...]:
-        holders = named["holders"]
-        assert isinstance(holders, dict)
-        picks = real(units, **named)  # type: ignore[arg-type]
-        return tuple(p for p in picks if holders.get(p[0]) != named["me"])
-
-    monkeypatch.setattr(queue, "choose", not_mine)
-    outcome = explore(QueueBounds(nodes=1, units=2, crashes=1))
+    plant = PLANTS["queue-no-resume"]
+    with planted(plant):
+        outcome = explore(plant.bounds)
     assert outcome.violation == (
         "a fair run does not come to rest in 5000 steps",
         "units never done: ('u0',)",
@@ -75,18 +65,49 @@ def test_a_restarted_node_that_does_not_resume_its_own_unit_is_found(
     assert ("crash", 0) in outcome.trace
 
 
+def test_finishing_on_the_claimed_ranks_only_is_found_by_finished_sound_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reference's rule: a rank nobody took does not hold the run open. The node leaves
+    after rank 0 and looks: finished.json is written with rank 1 not done. No other check
+    sees it (the node left; nobody was to train rank 1)."""
+    plant = PLANTS["finish-on-claimed-ranks"]
+    with planted(plant):
+        outcome = explore(plant.bounds)
+        assert outcome.violation == ("finished.json written with 0001 not done",)
+        assert ("look", 0) in outcome.trace
+        monkeypatch.setattr(checked, "_finished_unsound", lambda *a: [])
+        assert explore(plant.bounds).violation == ()
+
+
+def test_an_either_node_keeping_its_prefetched_unit_is_found_by_either_gives_back_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Elected between units, it ends its give-back at once, its claims kept (the shortest
+    trace: u0 claimed, a crash and restart, the election). Relieved later it resumes its
+    unit, so every unit is still done: only either_gives_back sees that it served holding a
+    unit nobody else could take while its lease stayed live."""
+    plant = PLANTS["either-keeps-unstarted-claims"]
+    with planted(plant):
+        outcome = explore(plant.bounds)
+        assert outcome.violation == ("n0 serves still holding u0 under claim 0, not started",)
+        assert ("elect", 0) in outcome.trace
+        monkeypatch.setattr(checked, "_kept", lambda *a: [])
+        assert explore(plant.bounds).violation == ()
+
+
 def test_gm_check_ci_runs_the_coordination_sets_and_prints_a_planted_bug_with_its_trace(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     name = "queue: one node, two units, a crash and restart"
     outcome = check_cli.run(name, COORDINATION_BOUNDS[name], quiet=True)
     assert (outcome.verdict, outcome.states) == ("pass", PINNED[name])
     assert capsys.readouterr().out.startswith(f"{name}: PASS  296 states;")
-    monkeypatch.setattr(queue, "superseded", never_superseded)
-    planted = check_cli.run("planted", QueueBounds(nodes=2, units=1, ranks=True, watches=1))
+    with planted(SUPERSEDED):
+        found = check_cli.run("planted", QueueBounds(nodes=2, units=1, ranks=True, watches=1))
     printed = capsys.readouterr().out
-    assert planted.verdict == "violation"
+    assert found.verdict == "violation"
     assert "violated: n0 told it holds 0000 under claim 0" in printed
     assert "shortest trace (15 actions)" in printed
-    assert check_cli.summary_line([outcome, planted]).startswith("1/2 bound sets PASS, 1 VIOLATION")
-    assert check_cli.EXIT[planted.verdict] == 1
+    assert check_cli.summary_line([outcome, found]).startswith("1/2 bound sets PASS, 1 VIOLATION")
+    assert check_cli.EXIT[found.verdict] == 1

@@ -558,6 +558,29 @@ def test_a_node_that_gives_back_leaves_every_unit_to_its_live_peers(
     assert world.early == []
 
 
+def test_a_node_restarted_and_elected_before_its_first_unit_gives_its_old_units_back() -> None:
+    """Its claims from before the restart are its own too: an elected node's lease stays live
+    (its closer renews it), so a unit it kept would never be re-issued while it served. Found
+    by the model checker's either_gives_back (a crash and restart, then an election)."""
+    world = World(units=("u0", "u1", "u2"), envelope=KEYED, prefetch=1)
+    started(world, "a")
+    world.act("a")  # claims two units, starts one
+    world.until(world.training("a"))
+    before = {h.unit: h.attempt for h in world.states["a"].held}
+    assert len(before) == 2
+    world.crash("a")
+    started(world, "a")
+    world.feed("a", GiveBack(now_s=world.now_s))  # elected before it asked for a unit
+    world.until(world.idle("a"))
+    assert world.states["a"].outcome is Outcome.GIVEN
+    assert all(world.claims()[u, a + 1] == "" for u, a in before.items())
+    started(world, "b")
+    world.run_fair(resting=frozenset({"a"}))
+    assert world.now_s < TIMEOUT_S  # taken at once, no lease timeout waited out
+    assert "b" in world.exhausted
+    check_ledger(world, exactly_once=True)
+
+
 def test_giving_back_while_training_a_unit_is_refused() -> None:
     world = World(units=("u0",), envelope=OPEN)
     started(world, "a")

@@ -122,6 +122,17 @@ COORDINATION_BOUNDS: dict[str, QueueBounds | BarrierBounds] = {
     "ranks: one node, two ranks, a crash, a watch": QueueBounds(
         nodes=1, units=2, ranks=True, crashes=1, watches=1
     ),
+    # finished_sound: the node leaves after its rank and looks; rank 1 holds the run open.
+    "ranks: one node, two ranks, it looks when its rank is done": QueueBounds(
+        nodes=1, units=2, ranks=True, crashes=1, looks=1
+    ),
+    "queue: one node, two units, it looks when they are done": QueueBounds(
+        nodes=1, units=2, crashes=1, looks=1
+    ),
+    # either_gives_back: elected between units, it gives its prefetched unit back.
+    "queue: an either node elected after a unit, prefetch 1": QueueBounds(
+        nodes=1, units=2, prefetch=1, crashes=1, elections=1
+    ),
     "barrier: two parties": BarrierBounds(parties=2, waiters=2, timeout_s=1.5),
     "barrier: one party, two waiters overflow": BarrierBounds(parties=1, waiters=2, timeout_s=1.5),
     "barrier: two parties, a lost response": BarrierBounds(

@@ -10,7 +10,10 @@ block (:func:`planted`), and names the bound set in which a correct protocol
 passes and the broken one should not. ``gm check --plant NAME`` runs it;
 ``tests/check`` asserts the verdict of each against :attr:`Plant.caught`, the
 table spec/protocol.md §15.9 reports. A plant the checker misses is listed as
-missed, with the reason, rather than left out: that is the measurement.
+missed, with the reason, rather than left out: that is the measurement. The shared
+queue's, the ranks' and the barrier's plants name a coordination set
+(:class:`~gm_core.check.queue.QueueBounds`, :class:`~gm_core.check.barrier.BarrierBounds`),
+explored by that search (:func:`explore`), and are judged the same way.
 
 The replaced attributes are looked up at call time (module globals), so the
 real machines run with exactly one rule changed. Plants are for the checker's
@@ -20,16 +23,21 @@ own tests; nothing else imports this module.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
 import attrs
 
-from gm_core import auth, closer, liveness, timing, verdicts
-from gm_core.check.bounds import CI_BOUNDS
+from gm_core import auth, barrier, closer, completion, liveness, queue, timing, verdicts
+from gm_core.check import barrier as barrier_check
+from gm_core.check import explore as cluster_check
+from gm_core.check import queue as queue_check
+from gm_core.check.barrier import BarrierBounds
+from gm_core.check.bounds import CI_BOUNDS, COORDINATION_BOUNDS
 from gm_core.check.explore import Bounds
+from gm_core.check.queue import QueueBounds
 from gm_core.closer import boot, collect
 from gm_core.commands import Command, PutOnce
 from gm_core.records import Reason, Timing
@@ -46,7 +54,7 @@ class Plant:
     attribute: str
     broken: Callable[[Any], Any]
     """Given the real attribute, the broken one."""
-    bounds: Bounds
+    bounds: Bounds | QueueBounds | BarrierBounds
     caught: bool
     """Whether the checker's verdict catches it at ``bounds`` (the measured table)."""
     why_missed: str = ""
@@ -63,6 +71,27 @@ def planted(plant: Plant) -> Iterator[None]:
         yield
     finally:
         setattr(plant.module, plant.attribute, real)
+
+
+def caught(plant: Plant) -> tuple[bool, tuple[str, ...]]:
+    """Explore ``plant``'s bounds with its rule broken: whether the verdict is not a pass, and
+    what it says (the violated invariants, or the verdict's name)."""
+    with planted(plant):
+        return explore(plant.bounds)
+
+
+def explore(bounds: Bounds | QueueBounds | BarrierBounds) -> tuple[bool, tuple[str, ...]]:
+    """Explore a bound set with its own search: whether the verdict is not a pass, and what
+    it says."""
+    if isinstance(bounds, Bounds):
+        outcome = cluster_check.explore(bounds)
+        return outcome.verdict != "pass", (outcome.verdict,)
+    found = (
+        queue_check.explore(bounds)
+        if isinstance(bounds, QueueBounds)
+        else barrier_check.explore(bounds)
+    )
+    return bool(found.violation), found.violation
 
 
 def _quorum_off_by_one(real: Callable[..., bool]) -> Callable[..., bool]:
@@ -126,6 +155,52 @@ def _linear_merge_weight(real: Callable[[int, int], float]) -> Callable[[int, in
         return real(tokens, steps) / max(tokens, 1)
 
     return merge_weight
+
+
+def _never_superseded(real: Callable[..., bool]) -> Callable[..., bool]:
+    def superseded(attempt: int, claims: Iterable[int]) -> bool:
+        return False
+
+    return superseded
+
+
+def _no_resume(real: Callable[..., tuple[tuple[str, int], ...]]) -> Callable[..., Any]:
+    def choose(units: Iterable[str], **named: Any) -> tuple[tuple[str, int], ...]:
+        picks = real(units, **named)
+        return tuple(p for p in picks if named["holders"].get(p[0]) != named["me"])
+
+    return choose
+
+
+def _keep_unstarted(real: Callable[..., Any]) -> Callable[..., Any]:
+    def give_next(state: queue.QueueState) -> Any:
+        return queue._reply(state, queue.Outcome.GIVEN)
+
+    return give_next
+
+
+def _claimed_ranks_only(real: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    def slices(shape: completion.Shape, markers: Any) -> list[Any]:
+        found = real(shape, markers)
+        if isinstance(shape, completion.Ranked):
+            return [s for s in found if s in markers]
+        return found
+
+    return slices
+
+
+def _release_one_early(real: Callable[[int, int], bool]) -> Callable[[int, int], bool]:
+    def is_full(arrived: int, parties: int) -> bool:
+        return real(arrived + 1, parties)
+
+    return is_full
+
+
+def _name_every_arrival(real: Callable[..., tuple[str, ...]]) -> Callable[..., tuple[str, ...]]:
+    def members(state: barrier.BarrierState) -> tuple[str, ...]:
+        return tuple(sorted({*state.arrived, state.spec.party}))
+
+    return members
 
 
 PLANTS: dict[str, Plant] = {
@@ -212,6 +287,68 @@ PLANTS: dict[str, Plant] = {
             attribute="_signed",
             broken=_trust_any_signer,
             bounds=CI_BOUNDS["a member forges a commit (per-node keys)"],
+            caught=True,
+        ),
+        Plant(
+            name="queue-holder-never-superseded",
+            rule="queue: losing a unit (coordination §2.2)",
+            change="superseded is always False: a holder judged dead keeps its unit",
+            module=queue,
+            attribute="superseded",
+            broken=_never_superseded,
+            bounds=COORDINATION_BOUNDS["queue: two nodes race for one unit"],
+            caught=True,
+        ),
+        Plant(
+            name="queue-no-resume",
+            rule="queue: resumable (coordination §2.2)",
+            change="choose never offers a node its own claimed units",
+            module=queue,
+            attribute="choose",
+            broken=_no_resume,
+            bounds=COORDINATION_BOUNDS["queue: one node, two units, a crash and restart"],
+            caught=True,
+        ),
+        Plant(
+            name="either-keeps-unstarted-claims",
+            rule="either: giving back (coordination §6.3)",
+            change="an elected node's give-back ends at once, its prefetched claim kept",
+            module=queue,
+            attribute="_give_next",
+            broken=_keep_unstarted,
+            bounds=COORDINATION_BOUNDS["queue: an either node elected after a unit, prefetch 1"],
+            caught=True,
+        ),
+        Plant(
+            name="finish-on-claimed-ranks",
+            rule="run completion (coordination §5.2)",
+            change="a rank without a done marker does not hold the run open (the reference's rule)",
+            module=completion,
+            attribute="_slices",
+            broken=_claimed_ranks_only,
+            bounds=COORDINATION_BOUNDS[
+                "ranks: one node, two ranks, it looks when its rank is done"
+            ],
+            caught=True,
+        ),
+        Plant(
+            name="barrier-releases-one-early",
+            rule="barrier: release (coordination §4.2)",
+            change="is_full counts one more arrival than there is",
+            module=barrier,
+            attribute="is_full",
+            broken=_release_one_early,
+            bounds=COORDINATION_BOUNDS["barrier: two parties"],
+            caught=True,
+        ),
+        Plant(
+            name="barrier-names-every-arrival",
+            rule="barrier: release (coordination §4.2)",
+            change="a marker names every arrival, not exactly parties",
+            module=barrier,
+            attribute="_members",
+            broken=_name_every_arrival,
+            bounds=COORDINATION_BOUNDS["barrier: one party, two waiters overflow"],
             caught=True,
         ),
     )

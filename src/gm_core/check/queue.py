@@ -31,24 +31,43 @@ Checked in every world (:func:`violations`), restated from spec/coordination.md 
   unit — assigned, or "held" by a watch — its claim is, at that instant, the highest claim
   of the unit in the store and names it: two nodes are never both told so at once.
 
-Checked where nothing is left to do (:func:`stuck`): every unit has a counted completion.
+- **finished_sound** (with ``looks``): ``finished.json`` is created only once every unit
+  (rank) has a valid done marker in the store, and it counts exactly the counted
+  completions (the lowest valid attempt of each) and their tokens. A node whose data ran
+  out — a queue node told ``exhausted``, a ranked node once its rank is done, which then
+  trains nothing more, as :meth:`gm_shell.Session.run` — deletes its lease and may *look*
+  (:mod:`gm_core.finish`); leases here are the nodes' renewal counts, listed and read like
+  objects (a serving node's says ``closer``). Whether every learner's lease had stopped is
+  the look's own rule, judged on its clock, and not restated.
+- **either_gives_back** (with ``elections``): an ``either`` node elected closer gives back
+  its unstarted units (:class:`gm_core.queue.GiveBack`, sent only between units, as
+  ``Session.run`` does); when that is done, no unit without a done marker has its newest
+  claim naming the node. A serving node trains nothing until relieved (an action; a fair
+  run relieves it when nothing else is left, as the closer does with no other learner live).
+
+Checked where nothing is left to do (:func:`stuck`): every unit has a counted completion
+(not with ranked looks: a ranked node leaves after its one rank, and a rank nobody is left
+to take stays open, which is what finished_sound is about).
 """
 
 from __future__ import annotations
 
 import attrs
 
-from gm_core import auth, completion, keys, queue, ranks
+from gm_core import auth, completion, finish, keys, queue, ranks
 from gm_core.check import search
 from gm_core.commands import Command, Delete, Get, List, Probe, PutOnce, WakeAt
+from gm_core.election import ELECTED
 from gm_core.events import (
     Event,
+    GotObject,
     Listed,
     Probed,
     RequestFailed,
     Started,
     TimerFired,
 )
+from gm_core.records import Lease
 from gm_core.store_model import ModelStore
 
 NAME = "q"
@@ -70,6 +89,10 @@ class QueueBounds:
     losses: int = 0
     renewals: int = 0
     watches: int = 0
+    looks: int = 0
+    """Looks at whether the run is finished, by nodes whose data ran out (finished_sound)."""
+    elections: int = 0
+    """Times an idle node may be elected closer and give its units back (either_gives_back)."""
     max_states: int = 2_000_000
 
 
@@ -83,19 +106,27 @@ class Node:
     seen_top: tuple[tuple[str, int], ...] = ()
     """Per unit, the highest claim attempt the node's last judged listing of it showed (-1:
     its own claim missing)."""
+    serving: bool = False
+    """Elected closer (``elections``): it trains nothing until relieved."""
+    finisher: finish.FinishState | None = None
+    """Its look at whether the run is finished (``looks``), once its data ran out."""
+    finisher_timer_s: float | None = None
 
 
 @attrs.frozen(kw_only=True)
 class World:
     store: ModelStore
     nodes: tuple[Node, ...]
-    inflight: tuple[tuple[int, int, Command], ...]
-    """(node, incarnation, command) in flight."""
+    inflight: tuple[tuple[int, int, Command, str], ...]
+    """(node, incarnation, command, machine) in flight; the machine is ``"q"`` (the queue's)
+    or ``"f"`` (the finish look's)."""
     incarnations: tuple[int, ...]
     crashes: int
     losses: int
     renewals: int
     watches: int
+    looks: int = 0
+    elections: int = 0
     bad: tuple[str, ...] = ()
     """What went wrong at the instant it happened (a node told it holds a unit that is not
     its; a done marker sent after judging another claim highest)."""
@@ -103,7 +134,7 @@ class World:
 
 Action = tuple[str, int]
 """``("deliver" | "lose", index)`` into in-flight, or ``("fire" | "act" | "watch" |
-"renew" | "crash", node)``."""
+"renew" | "crash" | "look" | "fire-look" | "elect" | "relieve", node)``."""
 
 
 def names(bounds: QueueBounds) -> list[str]:
@@ -143,6 +174,8 @@ def initial(bounds: QueueBounds) -> World:
         losses=bounds.losses,
         renewals=bounds.renewals,
         watches=bounds.watches if bounds.ranks else 0,
+        looks=bounds.looks,
+        elections=0 if bounds.ranks else bounds.elections,
     )
     for index in range(bounds.nodes):
         world = _start(world, bounds, index, clock_s=0.0, epoch=0)
@@ -177,7 +210,7 @@ def _feed(world: World, bounds: QueueBounds, index: int, event: queue.QueueEvent
         if isinstance(cmd, WakeAt):
             timer_s = cmd.at_s
         elif isinstance(cmd, Get | PutOnce | List | Delete | Probe):
-            inflight.append((index, world.incarnations[index], cmd))
+            inflight.append((index, world.incarnations[index], cmd, "q"))
             done = _parse(cmd.key) if isinstance(cmd, PutOnce) else None
             if isinstance(done, keys.QueueDoneKey):
                 top = seen_top.get(done.unit, -1)
@@ -186,6 +219,9 @@ def _feed(world: World, bounds: QueueBounds, index: int, event: queue.QueueEvent
                         f"{name} sent {done.unit} done/{done.attempt} after judging "
                         f"claim {top} highest"
                     )
+    giving = isinstance(before.task, queue.GiveBack) or isinstance(event, queue.GiveBack)
+    if giving and state.task is None:
+        bad.extend(_kept(world.store, bounds, name))  # either_gives_back
     checked = before.phase is queue.Phase.CHECKING and isinstance(event, Listed)
     told = state.outcome in (queue.Outcome.ASSIGNED, queue.Outcome.HELD)
     if checked and told and state.current is not None:
@@ -201,6 +237,68 @@ def _feed(world: World, bounds: QueueBounds, index: int, event: queue.QueueEvent
         node, state=state, timer_s=timer_s, seen_top=tuple(sorted(seen_top.items()))
     )
     return attrs.evolve(world, nodes=tuple(nodes), inflight=tuple(inflight), bad=tuple(bad))
+
+
+def _kept(store: ModelStore, bounds: QueueBounds, name: str) -> list[str]:
+    """Units not done whose newest claim still names ``name``, which has given its units
+    back and trains none (restated: the claims and done markers in the store now)."""
+    out = []
+    for unit in units(bounds):
+        top, holder = _highest(store, bounds, unit)
+        prefix = keys.queue_unit_prefix(_queue_name(bounds), unit)
+        done = any(isinstance(_parse(k), keys.QueueDoneKey) for k in store.list(prefix))
+        if holder == name and not done:
+            out.append(f"{name} serves still holding {unit} under claim {top}, not started")
+    return out
+
+
+def _ended(node: Node, bounds: QueueBounds) -> bool:
+    """Whether the node's data ran out (with ``looks``): it trains nothing more, its learner
+    closed (lease deleted), and it may look at whether the run is finished."""
+    if not bounds.looks:
+        return False
+    if bounds.ranks:
+        return node.state.outcome is queue.Outcome.DONE
+    return node.state.outcome is queue.Outcome.EXHAUSTED
+
+
+def _feed_finisher(world: World, bounds: QueueBounds, index: int, event: Event) -> World:
+    node = world.nodes[index]
+    assert node.finisher is not None
+    state, cmds = finish.advance(node.finisher, event)
+    timer_s = node.finisher_timer_s
+    inflight = list(world.inflight)
+    for cmd in cmds:
+        if isinstance(cmd, WakeAt):
+            timer_s = cmd.at_s
+        elif isinstance(cmd, Get | PutOnce | List):
+            inflight.append((index, world.incarnations[index], cmd, "f"))
+    nodes = list(world.nodes)
+    nodes[index] = attrs.evolve(node, finisher=state, finisher_timer_s=timer_s)
+    return attrs.evolve(world, nodes=tuple(nodes), inflight=tuple(inflight))
+
+
+def _look(world: World, bounds: QueueBounds, index: int) -> World:
+    shape: completion.Shape = (
+        completion.Ranked(bounds.units)
+        if bounds.ranks
+        else completion.Queued(frozenset(units(bounds)))
+    )
+    spec = finish.FinishSpec(
+        node=names(bounds)[index],
+        shape=shape,
+        queue=_queue_name(bounds),
+        round=0,
+        lease_timeout_s=bounds.timeout_s,
+        poll_s=bounds.poll_s,
+        wait_s=2 * bounds.timeout_s,
+        envelope=ENVELOPE,
+    )
+    node = world.nodes[index]
+    nodes = list(world.nodes)
+    nodes[index] = attrs.evolve(node, finisher=finish.initial(spec))
+    world = attrs.evolve(world, nodes=tuple(nodes), looks=world.looks - 1)
+    return _feed_finisher(world, bounds, index, Started(now_s=node.clock_s))
 
 
 def _attempt(state: queue.QueueState, unit: str) -> int:
@@ -247,8 +345,14 @@ def _parse(key: str) -> keys.ParsedKey | None:
         return None
 
 
-def _idle(node: Node) -> bool:
+def _quiet(node: Node) -> bool:
+    """Its queue machine waits for the trainer."""
     return node.state.phase is queue.Phase.IDLE and node.state.task is None
+
+
+def _idle(node: Node, bounds: QueueBounds) -> bool:
+    """Its trainer may act: the queue waits for it, it is not serving, its data not done."""
+    return _quiet(node) and not node.serving and not _ended(node, bounds)
 
 
 def actions(world: World, bounds: QueueBounds) -> list[Action]:
@@ -260,10 +364,18 @@ def actions(world: World, bounds: QueueBounds) -> list[Action]:
     for index, node in enumerate(world.nodes):
         if node.timer_s is not None and node.timer_s <= bounds.max_time_s:
             out.append(("fire", index))
-        if _idle(node):
+        if node.finisher_timer_s is not None and node.finisher_timer_s <= bounds.max_time_s:
+            out.append(("fire-look", index))
+        if _idle(node, bounds):
             out.append(("act", index))
             if world.watches > 0 and node.state.current is not None:
                 out.append(("watch", index))
+            if world.elections > 0 and node.state.current is None:
+                out.append(("elect", index))
+        if node.serving and _quiet(node):
+            out.append(("relieve", index))
+        if world.looks > 0 and node.finisher is None and _ended(node, bounds):
+            out.append(("look", index))
         if world.renewals > 0:
             out.append(("renew", index))
         if world.crashes > 0:
@@ -273,8 +385,10 @@ def actions(world: World, bounds: QueueBounds) -> list[Action]:
 
 def step(world: World, bounds: QueueBounds, action: Action) -> World:
     kind, at = action
-    if kind in ("fire", "act", "watch", "renew"):
+    if kind in ("fire", "act", "watch", "renew", "fire-look", "elect", "relieve"):
         return _node_action(world, bounds, kind, at)
+    if kind == "look":
+        return _look(world, bounds, at)
     if kind == "crash":
         incarnations = list(world.incarnations)
         incarnations[at] += 1
@@ -284,10 +398,10 @@ def step(world: World, bounds: QueueBounds, action: Action) -> World:
             world, incarnations=tuple(incarnations), inflight=inflight, crashes=world.crashes - 1
         )
         return _start(world, bounds, at, node.clock_s, node.epoch)
-    index, incarnation, cmd = world.inflight[at]
+    index, incarnation, cmd, machine = world.inflight[at]
     world = attrs.evolve(world, inflight=world.inflight[:at] + world.inflight[at + 1 :])
     node = world.nodes[index]
-    store, outcome = _execute(world.store, world.nodes, cmd, node.clock_s)
+    store, outcome = _execute(world.store, world.nodes, bounds, cmd, node.clock_s)
     world = attrs.evolve(world, store=store)
     if kind == "lose":
         req = getattr(cmd, "req", 0)
@@ -295,6 +409,8 @@ def step(world: World, bounds: QueueBounds, action: Action) -> World:
         world = attrs.evolve(world, losses=world.losses - 1)
     if incarnation != world.incarnations[index]:
         return world  # the node that asked has crashed since
+    if machine == "f":
+        return _feed_finisher(world, bounds, index, outcome)
     return _feed(world, bounds, index, outcome)
 
 
@@ -311,7 +427,20 @@ def _node_action(world: World, bounds: QueueBounds, kind: str, at: int) -> World
         nodes[at] = attrs.evolve(node, clock_s=clock_s, timer_s=None, epoch=epoch)
         world = attrs.evolve(world, nodes=tuple(nodes))
         return _feed(world, bounds, at, TimerFired(now_s=clock_s))
+    if kind == "fire-look":
+        assert node.finisher_timer_s is not None
+        clock_s = max(node.clock_s, node.finisher_timer_s)
+        nodes[at] = attrs.evolve(node, clock_s=clock_s, finisher_timer_s=None)
+        world = attrs.evolve(world, nodes=tuple(nodes))
+        return _feed_finisher(world, bounds, at, TimerFired(now_s=clock_s))
+    if kind == "relieve":
+        nodes[at] = attrs.evolve(node, serving=False)
+        return attrs.evolve(world, nodes=tuple(nodes))
     now_s = node.clock_s
+    if kind == "elect":
+        nodes[at] = attrs.evolve(node, serving=True)
+        world = attrs.evolve(world, nodes=tuple(nodes), elections=world.elections - 1)
+        return _feed(world, bounds, at, queue.GiveBack(now_s=now_s))
     if kind == "watch":
         world = attrs.evolve(world, watches=world.watches - 1)
         return _feed(world, bounds, at, queue.Watch(now_s=now_s))
@@ -325,14 +454,24 @@ def _node_action(world: World, bounds: QueueBounds, kind: str, at: int) -> World
 
 
 def _execute(
-    store: ModelStore, nodes: tuple[Node, ...], cmd: Command, now_s: float
+    store: ModelStore, nodes: tuple[Node, ...], bounds: QueueBounds, cmd: Command, now_s: float
 ) -> tuple[ModelStore, Event]:
-    if isinstance(cmd, Probe):  # a lease's ETag is its node's renewal count
-        lease = _parse(cmd.key)
-        assert isinstance(lease, keys.LeaseKey)
-        index = int(lease.node[1:])
-        return store, Probed(now_s=now_s, req=cmd.req, etag=f"l{nodes[index].epoch}")
-    return search.execute(store, cmd, now_s)
+    """A request's outcome. Leases are not objects here: a lease's ETag is its node's renewal
+    count, and a node whose data ran out has none (its learner deleted it)."""
+    leases = [n for n in range(len(nodes)) if not _ended(nodes[n], bounds)]
+    if isinstance(cmd, List) and cmd.prefix == keys.LEASES_PREFIX:
+        found = tuple(sorted(keys.lease(names(bounds)[n]) for n in leases))
+        return store, Listed(now_s=now_s, req=cmd.req, keys=found)
+    if not isinstance(cmd, Probe | Get) or not isinstance(lease := _parse(cmd.key), keys.LeaseKey):
+        return search.execute(store, cmd, now_s)
+    index = int(lease.node[1:])
+    etag = f"l{nodes[index].epoch}" if index in leases else None
+    if isinstance(cmd, Probe):
+        return store, Probed(now_s=now_s, req=cmd.req, etag=etag)
+    roles = ELECTED if nodes[index].serving else ("learner",)
+    body = Lease(node=lease.node, roles=roles, seq=nodes[index].epoch, renew_s=1.0)
+    data = None if etag is None else ENVELOPE.pack(cmd.key, body)
+    return store, GotObject(now_s=now_s, req=cmd.req, data=data, etag=etag)
 
 
 def _freeze(value: object) -> object:
@@ -361,6 +500,8 @@ def fingerprint(world: World) -> object:
         world.losses,
         world.renewals,
         world.watches,
+        world.looks,
+        world.elections,
         world.bad,
     )
 
@@ -368,9 +509,12 @@ def fingerprint(world: World) -> object:
 def violations(world: World, bounds: QueueBounds) -> list[str]:
     out = []
     claims: dict[tuple[str, int], str] = {}
+    dones: dict[str, dict[int, completion.DoneMarker]] = {}
     for key, data in world.store.created:
         parsed = _parse(key)
-        if isinstance(parsed, keys.QueueClaimKey):
+        if key == keys.finished():
+            out.extend(_finished_unsound(bounds, data, dones))
+        elif isinstance(parsed, keys.QueueClaimKey):
             claims[parsed.unit, parsed.attempt] = _claim_node(
                 key, data, parsed.unit, parsed.attempt
             )
@@ -378,12 +522,37 @@ def violations(world: World, bounds: QueueBounds) -> list[str]:
             body = ENVELOPE.open(key, data)
             marker = completion.decode_done(body, parsed.attempt) if isinstance(body, bytes) else ""
             writer = claims.get((parsed.unit, parsed.attempt))
-            if isinstance(marker, completion.DoneMarker) and marker.node != writer:
-                out.append(
-                    f"{marker.node} wrote {parsed.unit} done/{parsed.attempt}, "
-                    f"claimed by {writer or 'nobody'}"
-                )
+            if isinstance(marker, completion.DoneMarker):
+                dones.setdefault(parsed.unit, {})[parsed.attempt] = marker
+                if marker.node != writer:
+                    out.append(
+                        f"{marker.node} wrote {parsed.unit} done/{parsed.attempt}, "
+                        f"claimed by {writer or 'nobody'}"
+                    )
     return [*world.bad, *out]
+
+
+def _finished_unsound(
+    bounds: QueueBounds, data: bytes, dones: dict[str, dict[int, completion.DoneMarker]]
+) -> list[str]:
+    """finished_sound, at the instant ``finished.json`` was created: ``dones`` holds the valid
+    done markers created before it, by unit and attempt (restated: the lowest counts)."""
+    missing = [u for u in units(bounds) if not dones.get(u)]
+    if missing:
+        return [f"finished.json written with {', '.join(missing)} not done"]
+    body = ENVELOPE.open(keys.finished(), data)
+    summary = completion.decode_summary(body) if isinstance(body, bytes) else "unopened"
+    if not isinstance(summary, completion.Summary):
+        return [f"finished.json unreadable: {summary}"]
+    counted = [dones[u][min(dones[u])] for u in units(bounds)]
+    tokens, steps = sum(m.tokens for m in counted), sum(m.steps for m in counted)
+    if (summary.slices, summary.steps, summary.tokens) != (len(counted), steps, tokens):
+        return [
+            f"finished.json counts {summary.slices} slices, {summary.steps} steps, "
+            f"{summary.tokens} tokens; the counted completions are {len(counted)}, {steps}, "
+            f"{tokens}"
+        ]
+    return []
 
 
 def stuck(world: World, bounds: QueueBounds) -> list[str]:
@@ -391,7 +560,7 @@ def stuck(world: World, bounds: QueueBounds) -> list[str]:
     to act, no timer due before it — a fair run from here (deliveries in order, trainers
     acting, timers firing past the horizon, no more faults) gives every unit a counted
     completion."""
-    if world.inflight or any(_idle(n) for n in world.nodes):
+    if world.inflight or any(_idle(n, bounds) for n in world.nodes):
         return []
     if any(n.timer_s is not None and n.timer_s <= bounds.max_time_s for n in world.nodes):
         return []
@@ -399,6 +568,8 @@ def stuck(world: World, bounds: QueueBounds) -> list[str]:
     out = list(world.bad)
     if not quiet:
         out.append(f"a fair run does not come to rest in {FAIR_RUN_STEPS} steps")
+    if bounds.ranks and bounds.looks:
+        return out
     markers: dict[completion.Slice, dict[int, completion.DoneMarker | None]] = {}
     for key in world.store.list(keys.queue_units_prefix(_queue_name(bounds))):
         parsed = _parse(key)
@@ -423,8 +594,10 @@ def _fair_run(world: World, bounds: QueueBounds) -> tuple[World, bool]:
     for _ in range(FAIR_RUN_STEPS):
         if world.inflight:
             world = step(world, bounds, ("deliver", 0))
-        elif acting := [i for i, n in enumerate(world.nodes) if _idle(n)]:
+        elif acting := [i for i, n in enumerate(world.nodes) if _idle(n, bounds)]:
             world = _node_action(world, bounds, "act", acting[0])
+        elif serving := [i for i, n in enumerate(world.nodes) if n.serving and _quiet(n)]:
+            world = _node_action(world, bounds, "relieve", serving[0])
         elif timers := [(n.timer_s, i) for i, n in enumerate(world.nodes) if n.timer_s is not None]:
             world = _node_action(world, bounds, "fire", min(timers)[1])
         else:
@@ -439,7 +612,7 @@ def explore(bounds: QueueBounds) -> search.Outcome[Action]:
         actions=lambda world: actions(world, bounds),
         step=lambda world, action: step(world, bounds, action),
         fingerprint=fingerprint,
-        check=lambda world: violations(world, bounds) + stuck(world, bounds),
+        check=lambda world: list(dict.fromkeys(violations(world, bounds) + stuck(world, bounds))),
         max_states=bounds.max_states,
         what=bounds,
     )
