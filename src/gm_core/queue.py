@@ -280,6 +280,8 @@ class QueueState:
     mismatch: str = ""
     rejected: int = 0
     rejections: tuple[Rejection, ...] = ()
+    given: tuple[str, ...] = ()
+    """Units this machine gave back (its claim naming nobody created), in order."""
 
 
 def initial(spec: QueueSpec) -> QueueState:
@@ -356,7 +358,7 @@ def _answered(state: QueueState, event: Event) -> Transition:
     if phase is Phase.MARKING and isinstance(event, PutDone):
         return _marked(state, event)
     if phase is Phase.GIVING and isinstance(event, PutDone):
-        return _given(state)
+        return _given(state, event)
     return state, []
 
 
@@ -771,13 +773,14 @@ def _give_own(state: QueueState) -> Transition:
     return _give_next(attrs.evolve(state, phase=Phase.GIVING, held=state.held + found))
 
 
-def _given(state: QueueState) -> Transition:
+def _given(state: QueueState, event: PutDone) -> Transition:
     # Written, or the attempt was taken (a peer re-issued the unit): not ours either way.
     assert isinstance(state.command, PutOnce)
     claim = keys.parse(state.command.key)
     assert isinstance(claim, keys.QueueClaimKey)
     held = tuple(h for h in state.held if h.unit != claim.unit)
-    return _give_next(attrs.evolve(state, held=held, command=None))
+    given = (*state.given, claim.unit) if event.created else state.given
+    return _give_next(attrs.evolve(state, held=held, command=None, given=given))
 
 
 def _drop(state: QueueState, unit: str, why: str) -> tuple[QueueState, Notify]:

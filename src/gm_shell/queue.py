@@ -141,13 +141,14 @@ class Consumer:
         self._serve(core.Finish(now_s=_now(), unit=unit, steps=steps, tokens=tokens))
         return self.state.outcome is core.Outcome.DONE
 
-    def give_back(self) -> int:
-        """Give back every unit claimed here and not started (this node stops training):
-        peers take them at once. How many there were."""
-        unstarted = sum(not h.started for h in self.state.held)
+    def give_back(self) -> tuple[str, ...]:
+        """Give back every unit claimed here and not started (this node stops training), and
+        any claimed under this node's id before a restart: peers take them at once. The
+        units given back (a claim a peer had already re-issued is not among them)."""
+        before = len(self.state.given)
         if self.state.outcome is not core.Outcome.EXHAUSTED:
             self._serve(core.GiveBack(now_s=_now()))
-        return unstarted
+        return self.state.given[before:]
 
     def watch(self, period_s: float, on_lost: Callable[[], None]) -> None:
         """Check every ``period_s`` (on the loop) that the unit being trained is still this

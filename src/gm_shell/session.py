@@ -534,9 +534,9 @@ class Session:
         self.relieved = 0
         """How often this elected ``either`` node was relieved (another closer leads) and
         went back to training."""
-        self.given_back = 0
-        """Units this ``either`` node had claimed and not started when elected: given back
-        (summed over its elections)."""
+        self.given_back: list[str] = []
+        """Units this ``either`` node had claimed and not started when elected, given back
+        (over its elections, in order)."""
         if self.role is Role.EITHER:
             self._hub.subscribe(self._on_event)
 
@@ -1171,7 +1171,9 @@ class Session:
                 consumer.finish(unit.unit, steps, counted)
             given = consumer.give_back()
             self.given_back += given
-            events.LOG.info("%s: elected closer: gave back %d unstarted units", self.node, given)
+            events.LOG.info(
+                "%s: elected closer: gave back %d unstarted units %s", self.node, len(given), given
+            )
             return True
         finally:
             consumer.close()

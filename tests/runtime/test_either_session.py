@@ -90,14 +90,16 @@ def test_an_either_node_elected_after_the_closer_is_killed_closes_the_rounds(
     done = done_markers(objects)
     assert sorted(done) == [f"u{i:02d}" for i in range(UNITS)]
     assert all(len(attempts) == 1 for attempts in done.values()), done
-    # A unit given back went on at a later claim (0: the elected node's, 1: given back,
-    # naming nobody) and was finished by another node. With prefetch 1 a node claims two
-    # units when it holds none unstarted, so while it trains the second of a pair it holds
-    # nothing to give: 0 or 1 per election by timing (the give-back itself is
-    # property-tested in tests/core/test_queue.py).
-    given = sum(o["given_back"] for o in outcomes.values())
-    handed = {u: m for u, attempts in done.items() for a, m in attempts.items() if a >= 1}
-    assert len(handed) >= given, (handed, outcomes)
+    # What is promised of the give-back, whatever the timing: a unit given back (its claim
+    # k+1 naming nobody written) was claimed again above it and finished there, once, at
+    # attempt >= 2. How many there are is timing: with prefetch 1 a node claims two units
+    # when it holds none unstarted, so while it trains the second of a pair it holds nothing
+    # to give, 0 or 1 per election (the give-back itself is property-tested, and checked
+    # exhaustively as either_gives_back, in tests/core/test_queue.py and tests/check).
+    for node, outcome in outcomes.items():
+        assert len(outcome["given_back"]) <= 1 + outcome["relieved"], (node, outcome)
+        for unit in outcome["given_back"]:
+            assert min(done[unit]) >= 2, (node, unit, done[unit])
 
 
 def lease_roles(objects: Mapping[str, Stored], node: str) -> tuple[str, ...]:
