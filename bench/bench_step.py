@@ -175,7 +175,8 @@ import json, sys, time
 sys.path.insert(0, {refdir!r})
 from gradientmail import DiLoCo, MemoryMailbox, Session
 from gradientmail.learner import Learner
-from numpy_adapter import ArrayAdapter, NumpyBackend
+from gradientmail.adapters import MemoryAdapter
+from numpy_adapter import ArrayAdapter, NumpyBackend, tensors_of
 from refkit import model_arrays
 enter, leave, due = [], [], set()
 queue_snapshot = Learner._publish
@@ -189,8 +190,9 @@ def step(_batch):
         time.sleep({step_s!r})
     leave.append(time.perf_counter_ns())
     return 1
+arrays = model_arrays(8, 4096)
 session = Session(
-    ArrayAdapter(model_arrays(8, 4096)),
+    ArrayAdapter(arrays) if {copies!r} else MemoryAdapter(tensors_of(arrays)),
     algorithm=DiLoCo(sync_every={sync_every!r}, fragments={fragments!r}),
     mailbox=MemoryMailbox(), node_id="solo", backend=NumpyBackend(), callbacks=(),
     poll_interval={poll_s!r},
@@ -203,16 +205,24 @@ print(json.dumps([gaps, ["due" if i + 1 in due else "other" for i in range(len(g
 
 
 def reference_loop(
-    steps: int, sync_every: int, fragments: int, step_s: float, poll_s: float
+    steps: int,
+    sync_every: int,
+    fragments: int,
+    step_s: float,
+    poll_s: float,
+    *,
+    copies: bool = True,
 ) -> Sample | str:
     """The reference's Session.run over the same loop, or why it could not run.
 
     It polls every ``poll_s`` as gm does (its default, 1 s, would let it commit a round
     only every few seconds, and skip the captures in between). Its model is a
     ``numpy_adapter.ArrayAdapter``, whose snapshots copy the fragment's bytes as its torch
-    adapter does, so both sides copy the same 64 KiB at a due step. Its due steps are those
-    at which its learner queued a snapshot (``Learner._publish``
-    is wrapped to note the step; the wrapper adds a call to those steps only).
+    adapter does, so both sides copy the same 64 KiB at a due step; with ``copies`` False
+    its own ``MemoryAdapter`` instead, whose model is immutable bytes: its snapshot hands
+    out references and copies nothing (less work than a real model's due step). Its due
+    steps are those at which its learner queued a snapshot (``Learner._publish`` is
+    wrapped to note the step; the wrapper adds a call to those steps only).
     """
     if not REFERENCE_PYTHON.exists():
         return "bench/.venv-ref is missing (bash bench/setup_reference.sh)"
@@ -223,6 +233,7 @@ def reference_loop(
         fragments=fragments,
         step_s=step_s,
         poll_s=poll_s,
+        copies=copies,
     )
     try:
         done = subprocess.run(
@@ -263,14 +274,17 @@ def table(title: str, gm: Sample, ref: Sample | str, bare: list[int], note: str 
         ("all steps", {"other", "due", "waited"}),
         ("due steps", {"due", "waited"}),
         ("due steps, no commit waited for", {"due"}),
+        ("due steps, gm waited for a commit (in_flight)", {"waited"}),
     ]
     if set(gm[1]) == {"other"}:
         rows = rows[:1]
+    if "waited" not in gm[1]:
+        rows = rows[:3]
     bare_figures = summary(bare)
     for label, kinds in rows:
         ours = summary([g for g, k in zip(*gm, strict=True) if k in kinds])
         theirs = None
-        if not isinstance(ref, str):
+        if not isinstance(ref, str) and any(k in kinds for k in ref[1]):
             theirs = summary([g for g, k in zip(*ref, strict=True) if k in kinds])
         count = sum(1 for k in gm[1] if k in kinds)
         ref_count = "-" if theirs is None else sum(1 for k in ref[1] if k in kinds)
@@ -298,6 +312,12 @@ def main() -> None:
     parser.add_argument("--poll-ms", type=float, default=10.0, help="poll, rounds due")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side, alternately")
     parser.add_argument("--no-reference", action="store_true")
+    parser.add_argument(
+        "--reference-copies-nothing",
+        action="store_true",
+        help="the reference's MemoryAdapter (immutable bytes: its due step copies nothing) "
+        "instead of an adapter over arrays whose snapshot copies, as its torch adapter does",
+    )
     args = parser.parse_args()
     step_s = args.step_ms / 1e3
     started = time.monotonic()
@@ -306,7 +326,9 @@ def main() -> None:
     def ref(steps: int, sync_every: int, fragments: int, s: float, poll_s: float) -> Sample | str:
         if args.no_reference:
             return "skipped (--no-reference)"
-        return reference_loop(steps, sync_every, fragments, s, poll_s)
+        return reference_loop(
+            steps, sync_every, fragments, s, poll_s, copies=not args.reference_copies_nothing
+        )
 
     idle_gm: list[Sample] = []
     idle_ref: list[Sample | str] = []
@@ -330,7 +352,8 @@ def main() -> None:
     table(
         f"step() with rounds due: {args.due_steps} steps of {args.step_ms:g} ms x "
         f"{args.repeat}, H=8, P=2 (a round every 4 steps), 128 KiB model, learner+closer "
-        f"over memory://, both poll every {args.poll_ms:g} ms",
+        f"over memory://, both poll every {args.poll_ms:g} ms; the reference's due step "
+        + ("copies nothing" if args.reference_copies_nothing else "copies its fragment too"),
         pool(due_gm),
         pool_reference(due_ref),
         bare_loop(args.due_steps, step_s),
