@@ -22,7 +22,8 @@ what the session adds, and a bare loop over the same ``train`` is shown beside i
   fell behind (the core stalls training there; the reference instead postpones the
   round): on a loaded machine, where the closer's round takes longer than two rounds
   of steps, those waits are in gm's tail, so the due steps at which gm waited for
-  no commit are shown apart too (for the reference, that row is all its due steps).
+  nothing (no stall, no report to the loop: ``Pacer.waits``) and those at which it
+  waited are shown apart too (for the reference, the first row is all its due steps).
 
 The two sides run ``--repeat`` times each, alternately (gm, reference, gm, …), and the
 samples of each side are pooled, so a change of load during the run falls on both; the
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +96,8 @@ def gaps(enter: list[int], leave: list[int]) -> list[int]:
 
 Sample = tuple[list[int], list[str]]
 """Gaps in nanoseconds, and what each step was: ``other``, ``due``, or ``waited`` (a gm due
-step at which the core stalled training until a commit was folded in)."""
+step that waited for the loop: the core stalled training until a commit was folded in, or
+had not planned the step)."""
 
 
 def _signed_solo(signed: bool) -> dict[str, Any]:
@@ -124,8 +127,10 @@ def gm_loop(
     keys too (the node signs everything it writes and checks every signature it reads).
 
     A lone learner on a fresh run never skips ahead, so round ``r`` is due at
-    ``step_of(r)``; the core stalls that step while ``r > aligned + in_flight``, which
-    ``Session.round`` (the newest round folded in) shows just before the call.
+    ``step_of(r)``. The core stalls that step while ``r > aligned + in_flight``: the step
+    then reports to the loop and waits until the commit is folded in, as it reports where
+    the loop has not planned the step (``Pacer.waits`` counts both, the round trips and the
+    sleeps; read inside ``train``, outside the measured gaps).
     """
     import torch
 
@@ -143,24 +148,38 @@ def gm_loop(
         run_key=run_key,
         **_signed_solo(signed),
     )
-    due = {schedule.step_of(r, sync_every, fragments): r for r in range(steps)}
-    kinds: list[str] = []
+    due = {schedule.step_of(r, sync_every, fragments) for r in range(steps)}
+    seen: list[tuple[int, tuple[int, ...]]] = []
 
-    def classify(batch: int) -> None:
-        """What the coming ``step()`` is (inside ``train``: not timed as the session's)."""
-        round_ = due.get(batch + 1)
-        if round_ is None:
-            kinds.append("other")
-        else:
-            kinds.append("waited" if round_ > session.round + IN_FLIGHT else "due")
+    def look(_batch: int) -> None:
+        """The training thread's waits for the loop so far (round trips and sleeps; a lock
+        found held is the step's own cost, not counted) and the anchors the model holds
+        (a fold-in replaces its fragment's), before the coming ``step()``."""
+        pacer, replica = session._pacer, session._replica
+        assert pacer is not None
+        assert replica is not None
+        waited = pacer.waits
+        seen.append((waited.round_trips + waited.sleeps, tuple(map(id, replica._anchors))))
 
-    train, enter, leave = timed_train(step_s, classify)
+    train, enter, leave = timed_train(step_s, look)
     with session:
         for batch in range(steps):
             train(batch)
             session.step(samples=1)
         rounds = session.round + 1
-    return (gaps(enter, leave), kinds[:-1]), rounds  # gap i holds the step() of iteration i
+    kinds = [  # gap i holds the step() of iteration i, which brings the count to i + 1
+        kind(i + 1 in due, before, after) for i, (before, after) in enumerate(pairwise(seen))
+    ]
+    return (gaps(enter, leave), kinds), rounds
+
+
+def kind(due: bool, before: tuple[int, Any], after: tuple[int, Any]) -> str:
+    """What a gm ``step()`` was, from the waits and anchors seen before and after it."""
+    if not due:
+        return "other"
+    if after[0] > before[0]:
+        return "waited"
+    return "folded" if after[1] != before[1] else "due"
 
 
 def bare_loop(steps: int, step_s: float) -> list[int]:
@@ -184,15 +203,23 @@ def publish(self, run, state, round, *, final):
     due.add(len(leave))  # the step count this step() brings the learner to
     return queue_snapshot(self, run, state, round, final=final)
 Learner._publish = publish
+class Counted(MemoryAdapter):
+    applied = 0
+    def apply(self, tensors):
+        self.applied += 1
+        return super().apply(tensors)
+arrays = model_arrays(8, 4096)
+model = ArrayAdapter(arrays) if {copies!r} else Counted(tensors_of(arrays))
+applied = []
 def step(_batch):
     enter.append(time.perf_counter_ns())
     if {step_s!r}:
         time.sleep({step_s!r})
+    applied.append(model.applied)  # commits folded in before the coming step()
     leave.append(time.perf_counter_ns())
     return 1
-arrays = model_arrays(8, 4096)
 session = Session(
-    ArrayAdapter(arrays) if {copies!r} else MemoryAdapter(tensors_of(arrays)),
+    model,
     algorithm=DiLoCo(sync_every={sync_every!r}, fragments={fragments!r}),
     mailbox=MemoryMailbox(), node_id="solo", backend=NumpyBackend(), callbacks=(),
     poll_interval={poll_s!r},
@@ -200,7 +227,11 @@ session = Session(
 session.join()
 session.run(step, range({steps!r}))
 gaps = [enter[i + 1] - leave[i] for i in range(len(enter) - 1)]
-print(json.dumps([gaps, ["due" if i + 1 in due else "other" for i in range(len(gaps))]]))
+kinds = [
+    "other" if i + 1 not in due else "folded" if applied[i + 1] > applied[i] else "due"
+    for i in range(len(gaps))
+]
+print(json.dumps([gaps, kinds]))
 """
 
 
@@ -271,26 +302,29 @@ def table(title: str, gm: Sample, ref: Sample | str, bare: list[int], note: str 
         print(f"  reference: {ref}")
     print(f"  {'us per step':<22}{'gm':>10}{'reference':>12}{'ref/gm':>9}{'bare loop':>12}")
     rows = [
-        ("all steps", {"other", "due", "waited"}),
-        ("due steps", {"due", "waited"}),
-        ("due steps, no commit waited for", {"due"}),
-        ("due steps, gm waited for a commit (in_flight)", {"waited"}),
+        ("all steps", {"other", "due", "folded", "waited"}),
+        ("due steps", {"due", "folded", "waited"}),
+        ("due steps that only copied (no commit folded in, no wait)", {"due"}),
+        ("due steps that folded a commit in first, without a wait", {"folded"}),
+        ("due steps at which gm waited for the loop (in_flight stall or no plan)", {"waited"}),
     ]
     if set(gm[1]) == {"other"}:
         rows = rows[:1]
-    if "waited" not in gm[1]:
-        rows = rows[:3]
     bare_figures = summary(bare)
+    nothing = dict.fromkeys(("median_us", "p90_us", "p99_us", "mean_us"), float("nan"))
+
+    def figures(sample: Sample | str, kinds: set[str]) -> tuple[dict[str, float], int | str]:
+        if isinstance(sample, str):
+            return nothing, "-"
+        chosen = [g for g, k in zip(*sample, strict=True) if k in kinds]
+        return (summary(chosen) if chosen else nothing), len(chosen)
+
     for label, kinds in rows:
-        ours = summary([g for g, k in zip(*gm, strict=True) if k in kinds])
-        theirs = None
-        if not isinstance(ref, str) and any(k in kinds for k in ref[1]):
-            theirs = summary([g for g, k in zip(*ref, strict=True) if k in kinds])
-        count = sum(1 for k in gm[1] if k in kinds)
-        ref_count = "-" if theirs is None else sum(1 for k in ref[1] if k in kinds)
+        ours, count = figures(gm, kinds)
+        theirs, ref_count = figures(ref, kinds)
         print(f"  {label} (gm {count}, reference {ref_count})")
         for key in ("median_us", "p90_us", "p99_us", "mean_us"):
-            value = theirs[key] if theirs is not None else float("nan")
+            value = theirs[key]
             ratio = value / ours[key] if ours[key] > 0 else float("nan")
             name = "  " + key.removesuffix("_us")
             line = f"  {name:<22}{ours[key]:>10.2f}{value:>12.2f}{ratio:>8.1f}x"

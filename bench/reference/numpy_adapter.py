@@ -114,6 +114,8 @@ class ArrayAdapter(Adapter):
     def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
         self._arrays = {name: np.array(array, dtype=np.float32) for name, array in arrays.items()}
         self._schema = MemoryAdapter(tensors_of(arrays)).schema()
+        self.applied = 0
+        """Calls of :meth:`apply` (commits written into the model), for bench_step.py."""
 
     def schema(self) -> Schema[DType]:
         return self._schema
@@ -125,6 +127,7 @@ class ArrayAdapter(Adapter):
         }
 
     def apply(self, tensors: Mapping[str, TensorBytes]) -> None:
+        self.applied += 1
         for name, tensor in tensors.items():
             np.copyto(self._arrays[name], to_f32(tensor))
 
