@@ -12,16 +12,16 @@ import random
 
 import attrs
 import pytest
-from fast_cluster import FAST_C, FAST_L, C, L, random_step
+from fast_cluster import FAST_C, FAST_L, C, L, drive, random_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gm_core import auth, codec, keys, modelkeys, tape
+from gm_core import auth, codec, keys, modelkeys, slots, tape
 from gm_core import cluster as cl
 from gm_core.auth import Envelope, Unauthenticated, Why
 from gm_core.check import forger
 from gm_core.invariants import FORGED_TOKENS
-from gm_core.records import AlgorithmConfig, Member, Roster, RoundRecord
+from gm_core.records import AlgorithmConfig, Member, Roster, RoundRecord, Snapshot
 
 RUN_KEY = bytes(range(32))
 ROLES = {"a": ("learner",), "b": ("learner",), "c": ("closer",), "d": ("learner", "closer")}
@@ -266,3 +266,78 @@ def test_a_closer_cannot_write_a_record_in_another_closers_name(signer: str, nam
         assert f"signed by {signer}" in parsed.reason
     without = auth.for_run("run", auth.derive(RUN_KEY))  # the run key alone: nobody to check
     assert without.not_signed_by(data, "anyone") is None
+
+
+def as_member(c: cl.Cluster, key: str, body: bytes) -> bytes:
+    """``body`` at ``key`` tagged with the run key and signed by the member ``evil``."""
+    assert c.run_auth is not None
+    assert c.run_auth.signing is not None
+    evil = modelkeys.signing(c.run_auth.signing.roster, forger.EVIL)
+    run = auth.for_run(c.manifest.run_id, attrs.evolve(c.run_auth, signing=evil))
+    return run.seal(key, body)
+
+
+@pytest.mark.parametrize("seed", [2, 11])
+def test_a_member_squatting_a_learners_slot_0_costs_it_nothing(seed: int) -> None:
+    """``evil`` (a member) writes, at n2's slot 0 of each of the next 12 rounds, a snapshot in
+    n2's name, tagged and signed as itself: the slot is skipped (``not_allowed``), n2 writes
+    its slot 1 and is merged from it. Skipping a slot is not a verdict on the learner: no
+    ``rejected`` event names n2 in a round that merged it (only a round that closed before
+    its next slot was read may still name it)."""
+    rng = random.Random(seed)
+    c = member_run()
+    while not cl.records(c):
+        c = random_step(c, rng, sorted(CLUSTER_ROLES))
+    first = cl.records(c)[-1].round + 1
+    rounds = range(first, first + 12)
+    for r in rounds:
+        key = keys.snapshot(r, "n2")
+        fragment = r % CLUSTER_CONFIG.fragments
+        forged = attrs.evolve(a_snapshot(c), round=r, fragment=fragment)
+        c = cl.inject(c, key, as_member(c, key, codec.encode(forged)))
+    while cl.records(c)[-1].round < rounds[-1] + CLUSTER_CONFIG.fragments:
+        c = drive(c, 1, rng)
+    assert cl.check(c) == []
+    squatted = {r for r in rounds if keys.snapshot(r, "n2") in c.hostile}
+    by_round = {r.round: r for r in cl.records(c) if r.round in squatted}
+    merged = {r for r, rec in by_round.items() if "n2" in {p.learner for p in rec.participants}}
+    assert merged, squatted
+    created = {key for key, _ in c.store.created}
+    run = auth.for_run(c.manifest.run_id, c.run_auth)
+    assert {slots.snapshot_key(run, r, "n2", 1) for r in merged} <= created
+    skipped = [n for _, n in c.notes if n.kind == "snapshot_unauthenticated" and n.round in merged]
+    assert skipped
+    assert all("not_allowed" in n.detail for n in skipped)
+    # What the closer of each round said of n2 is what its record says: a skipped slot
+    # alone is no verdict (it is one only if the round closed before n2's next slot).
+    said = {
+        (n.round, n.detail)
+        for node, n in c.notes
+        if n.kind == "rejected"
+        and n.detail.startswith("n2:")
+        and n.round in by_round
+        and node == by_round[n.round].closer
+    }
+    recorded = {
+        (r, f"n2: {j.reason}")
+        for r, record in by_round.items()
+        for j in record.rejections
+        if j.learner == "n2"
+    }
+    assert said == recorded
+
+
+def a_snapshot(c: cl.Cluster) -> Snapshot:
+    """A snapshot in n2's name as a member can write one (its payload a real commit's)."""
+    newest = cl.records(c)[-1]
+    return Snapshot(
+        learner="n2",
+        round=newest.round + 1,
+        fragment=0,
+        base_version=newest.frontier[0].version,
+        steps=CLUSTER_CONFIG.sync_every,
+        tokens=FORGED_TOKENS,
+        step_s=0.1,
+        schema_digest=c.schema_digest,
+        payload=newest.frontier[0].theta,
+    )

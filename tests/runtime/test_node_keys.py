@@ -216,6 +216,25 @@ def test_a_member_cannot_commit_nor_publish_as_another_and_the_run_goes_on(
     assert any("mallory is not a closer" in d for _, d in details)
     if events.SnapshotUnauthenticated in kinds:  # when n1 was not first at the key
         assert any("not n1's" in d for _, d in details)
+    # Where a closer found mallory's snapshot at n1's slot 0, it read n1's slot 1 and merged
+    # it: the squat cost n1 nothing, and no event says n1 was rejected (issue 12).
+    seen = {
+        e.round
+        for r in results
+        for e in r["events"]
+        if isinstance(e, events.SnapshotUnauthenticated) and "not n1's" in e.detail
+    }
+    by_round = {rec.round: rec for rec in records}
+    seen &= set(by_round)  # (not the round the run stopped in)
+    merged = {r for r in seen if "n1" in {p.learner for p in by_round[r].participants}}
+    assert merged == seen, f"n1 not merged in squatted rounds {sorted(seen - merged)}"
+    blamed = {
+        e.round
+        for r in results
+        for e in r["events"]
+        if isinstance(e, events.Rejected) and e.learner == "n1"
+    }
+    assert not blamed & merged, f"n1 named rejected in rounds it was merged in: {blamed & merged}"
     evaluator, _ = torch_model(seed=42)
     loaded = align(evaluator, mailbox=url, run_key=RUN_KEY)
     assert loaded.round == records[-1].round

@@ -239,7 +239,8 @@ def _forget(state: CloserState, learner: str) -> CloserState:
 def _reject(
     state: CloserState, learner: str, reason: Reason, cmds: list[Command], *, invalid: bool = False
 ) -> CloserState:
-    cmds.append(Notify(kind="rejected", round=state.round, detail=f"{learner}: {reason}"))
+    if not invalid:  # a skipped slot is a verdict only if it stands at commit (commit._committed)
+        cmds.append(rejected(state.round, learner, reason))
     old = state.entries.get(learner)
     entry = Entry(
         learner=learner,
@@ -250,6 +251,11 @@ def _reject(
         invalid=invalid,
     )
     return _set_entry(state, entry)
+
+
+def rejected(round_: int, learner: str, reason: Reason) -> Notify:
+    """The note that ``learner``'s snapshot is not in round ``round_``'s merge, and why."""
+    return Notify(kind="rejected", round=round_, detail=f"{learner}: {reason}")
 
 
 def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:

@@ -466,6 +466,11 @@ def _committed(
     """The record is in the bucket: publish the hint, sweep old rounds, open the next round."""
     detail = f"version={record.version} participants={len(record.participants)}"
     cmds.append(Notify(kind="committed", round=record.round, detail=detail))
+    for rejection in record.rejections:
+        entry = state.entries.get(rejection.learner)
+        if entry is not None and entry.invalid:  # the object at its slot was no snapshot of it,
+            # and none came at the next slot before the round closed: now it is a verdict
+            cmds.append(collect.rejected(record.round, rejection.learner, rejection.reason))
     if state.own_draft is not None:  # our record counted our requests up to its merge
         state = attrs.evolve(state, own_base=state.own_draft, own_draft=None)
     state, req = issue(state, Purpose(kind=Ask.HEAD))
