@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -440,6 +441,112 @@ async def forge_next_record(url: str, options: MailboxOptions, witness: Witness)
             if await mailbox.put_once(key, codec.encode(forged)) is PutOutcome.CREATED:
                 return forged.round
             await asyncio.sleep(0.05)
+
+
+FORGED_VALUE = 7.0
+"""Every parameter of the model a far-ahead forged record commits (nobody trained it)."""
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["open", "keyed"])
+def test_a_late_joiner_ignores_a_far_ahead_record_and_a_head_naming_it(
+    tmp_path: Path, keyed: bool
+) -> None:
+    """A plausible copy of the newest record 1,000 rounds ahead, committing a model of the
+    writer's own (a payload under the digest a reader without the key computes), and the
+    head hint naming it. In an open run both open: only the chained tape (protocol.md
+    §16.5) keeps a joiner off it — it has no predecessor, so it is a stray. A node joining
+    late (learner and closer) joins at the real tape, and the run goes on with it: its
+    model is never the forged one, the stray is named, no record but the run's follows.
+    With a run key neither opens: the head is no hint, and the joiner's walk from round 0
+    never reaches the stray."""
+    url, options = file_run(tmp_path)
+    h = make_harness(url, options, tmp_path, quorum=1)
+    key_spec: dict[str, Any] = {"run_key": KEY.hex()} if keyed else {}
+    witness = Witness(url, options, run_key=KEY if keyed else None)
+    try:
+        h.spawn("n0", seed=0, **key_spec)
+        wait_until("the run to exist", lambda: started(h, "n0"), 60)
+        witness.start()
+        wait_until("a few commits", lambda: len(tape(witness)) >= 3, 60)
+        ahead = asyncio.run(forge_far_ahead(url, options, tape(witness)[-1]))
+        h.spawn("n1", **key_spec)
+        # n0 rewrites the head at each commit: name the stray again until n1 has joined.
+        asyncio.run(hint_at(url, options, ahead_round(ahead), until=lambda: started(h, "n1")))
+        joined = len(tape(witness))
+        wait_until(
+            "the late joiner to be merged",
+            lambda: any(
+                "n1" in {p.learner for p in r.participants} for r in tape(witness)[joined:]
+            ),
+            90,
+        )
+        codes = h.stop("n1", "n0")
+        results = {name: h.result(name) for name in ("n0", "n1")}
+        n1_events = h.events("n1")
+    finally:
+        h.close()
+        witness.stop()
+    assert codes == {"n1": 0, "n0": 0}
+    judgement = judge(url, options, witness, foreign=[ahead])
+    assert not judgement.violations, judgement.violations
+    assert all(r.round < ahead_round(ahead) for r in judgement.records)
+    for name, result in results.items():
+        params = np.concatenate([np.ravel(p) for p in result["params"]])
+        assert np.isfinite(params).all(), name
+        assert not np.isclose(params, FORGED_VALUE).any(), name  # never the forged model
+        assert result["round"] < ahead_round(ahead), (name, result["round"])
+    if not keyed:  # keyed, the bare head is no hint: the walk from round 0 never meets the stray
+        named = [e["detail"] for e in n1_events if e["event"] == "record_rejected"]
+        assert any("a stray record" in d for d in named), named
+
+
+def ahead_round(key: str) -> int:
+    parsed = keys.parse(key)
+    assert isinstance(parsed, keys.RoundKey)
+    return parsed.round
+
+
+async def forge_far_ahead(url: str, options: MailboxOptions, newest: RoundRecord) -> str:
+    """The newest record copied 1,000 rounds ahead, its fragment's theta a payload of the
+    forger's model, bare (this writer has no key), and the head naming it; returns its key."""
+    with Mailbox.open(url, options=options) as mailbox:
+        got = await mailbox.get(keys.manifest())
+        assert got is not None
+        manifest = codec.decode(Manifest, unwrapped(got.data))
+        round_ = newest.round + 1000
+        fragment = schedule.fragment_of(round_, manifest.config.fragments)
+        ours = FragmentCodec(manifest)
+        model = np.full(ours.size(fragment), FORGED_VALUE, np.float32)
+        data, ref = await asyncio.to_thread(ours.encode, fragment, Role.THETA, round_, model)
+        await mailbox.put_once(ref.key, data)
+        state = attrs.evolve(newest.frontier[fragment], theta=ref, momentum=None)
+        state = attrs.evolve(state, version=state.version + 1)
+        forged = attrs.evolve(
+            newest,
+            round=round_,
+            step=schedule.step_of(round_, manifest.config.sync_every, manifest.config.fragments),
+            fragment=fragment,
+            version=state.version,
+            theta=state.theta,
+            outer=None,
+            update=None,
+            frontier=tuple(state if f == fragment else s for f, s in enumerate(newest.frontier)),
+        )
+        key = keys.round_record(round_)
+        assert await mailbox.put_once(key, codec.encode(forged)) is PutOutcome.CREATED
+        return key
+
+
+async def hint_at(
+    url: str, options: MailboxOptions, round_: int, until: Callable[[], bool]
+) -> None:
+    """Write a head naming ``round_`` (bare) every 20 ms until ``until()``, for at most 60 s."""
+    deadline = time.monotonic() + 60
+    with Mailbox.open(url, options=options) as mailbox:
+        while not until():
+            assert time.monotonic() < deadline, "the late joiner never joined"
+            await mailbox.put(keys.head(), codec.encode(Head(round=round_)))
+            await asyncio.sleep(0.02)
 
 
 def test_the_model_bytes_are_the_workers_parameters() -> None:
