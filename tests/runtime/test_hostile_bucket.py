@@ -41,6 +41,7 @@ from runtime_bucket import Witness, judge
 from runtime_harness import Harness, file_run, make_harness, wait_until
 from runtime_worker import HIDDEN, IN
 from test_chaos import started
+from test_node_keys import committing
 
 from gm_core import codec, keys, plan, schedule
 from gm_core.records import (
@@ -519,19 +520,7 @@ async def forge_far_ahead(url: str, options: MailboxOptions, newest: RoundRecord
         model = np.full(ours.size(fragment), FORGED_VALUE, np.float32)
         data, ref = await asyncio.to_thread(ours.encode, fragment, Role.THETA, round_, model)
         await mailbox.put_once(ref.key, data)
-        state = attrs.evolve(newest.frontier[fragment], theta=ref, momentum=None)
-        state = attrs.evolve(state, version=state.version + 1)
-        forged = attrs.evolve(
-            newest,
-            round=round_,
-            step=schedule.step_of(round_, manifest.config.sync_every, manifest.config.fragments),
-            fragment=fragment,
-            version=state.version,
-            theta=state.theta,
-            outer=None,
-            update=None,
-            frontier=tuple(state if f == fragment else s for f, s in enumerate(newest.frontier)),
-        )
+        forged = committing(newest, round_, ref, manifest.config)
         key = keys.round_record(round_)
         assert await mailbox.put_once(key, codec.encode(forged)) is PutOutcome.CREATED
         return key

@@ -28,7 +28,15 @@ from test_authenticated import run_pair
 from test_session import FAST, algorithm, flat, train
 
 from gm_core import auth, keys, plan, schedule
-from gm_core.records import FragmentState, Manifest, Member, RoundRecord, Snapshot
+from gm_core.records import (
+    AlgorithmConfig,
+    FragmentState,
+    Manifest,
+    Member,
+    PayloadRef,
+    RoundRecord,
+    Snapshot,
+)
 from gm_core.tape import chain_digest
 from gm_shell import NodeKeyError, ResumeError, Session, align, events, resume
 from gm_shell.cli import main
@@ -117,22 +125,33 @@ async def _own_theta(box: Mailbox, m: Mallory, fragment: int, round_: int) -> Fr
     return FragmentState(version=0, theta=ref, momentum=None)
 
 
-async def _forge(box: Mailbox, m: Mallory, newest: RoundRecord) -> None:
-    config = m.manifest.config
-    target = newest.round + 1
-    fragment = schedule.fragment_of(target, config.fragments)
-    own = await _own_theta(box, m, fragment, target)
-    state = attrs.evolve(own, version=newest.frontier[fragment].version + 1)
-    record = attrs.evolve(
+def committing(
+    newest: RoundRecord, round_: int, theta: PayloadRef, config: AlgorithmConfig
+) -> RoundRecord:
+    """``newest`` copied to ``round_``, committing ``theta`` as the next version of that
+    round's fragment (no momentum): a plausible commit of a forger's own model."""
+    fragment = schedule.fragment_of(round_, config.fragments)
+    state = FragmentState(version=newest.frontier[fragment].version + 1, theta=theta, momentum=None)
+    return attrs.evolve(
         newest,
-        round=target,
-        step=schedule.step_of(target, config.sync_every, config.fragments),
+        round=round_,
+        step=schedule.step_of(round_, config.sync_every, config.fragments),
         fragment=fragment,
         version=state.version,
         theta=state.theta,
         outer=None,
         update=None,
         frontier=tuple(state if f == fragment else s for f, s in enumerate(newest.frontier)),
+    )
+
+
+async def _forge(box: Mailbox, m: Mallory, newest: RoundRecord) -> None:
+    config = m.manifest.config
+    target = newest.round + 1
+    fragment = schedule.fragment_of(target, config.fragments)
+    own = await _own_theta(box, m, fragment, target)
+    record = attrs.evolve(
+        committing(newest, target, own.theta, config),
         prev=chain_digest(newest),
         rejections=(),
         closer="mallory",  # in another closer's name it is refused whoever may write records
