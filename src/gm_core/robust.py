@@ -16,7 +16,7 @@ backends compute) and carried out by those backends:
   ``k`` are rejected: the most extreme first, so the median of the survivors is
   still a value an honest majority produced.
 * **Clipping** (``clip_norm_factor``): a surviving delta whose norm is above
-  ``factor`` times the survivors' median norm is scaled down to exactly that norm,
+  ``factor`` times the survivors' lower median norm is scaled down to exactly that norm,
   so no single delta moves the commit by more than ``factor`` typical steps.
 * **Trimming** (``merge="trimmed_mean"`` or ``"median"``): at every coordinate
   the ``t`` lowest and ``t`` highest values are dropped and the rest averaged
@@ -33,6 +33,15 @@ honest learners that saw more data count more, as under the mean. A learner's
 share of one coordinate is its share renormalized over that coordinate's
 survivors, so it can exceed ``max_share`` there — but only ever towards a value
 some other learner also lies beyond.
+
+Two learners (the "2-learner gap", spec/protocol.md §11.3): with two deltas there is
+no majority, so nothing can outvote a bad one, only bound it. Screening stays off; a
+robust rule counts the two equally (:func:`counts_equally`: nothing can be trimmed,
+and a share-weighted mean of two would follow whichever reports more tokens, which
+``max_share`` does not cap at ``k <= max_share``); clipping bounds by the lower median
+norm, the shorter of the two, so a x100 delta moves the commit at most
+``clip_norm_factor`` times as far as the other. A sign-flipped delta then cancels the
+honest one: no progress, but no harm.
 
 Everything here is a total function of plain numbers: norms and cosines come
 from peers' deltas, so NaN and ±Inf (an fp32 norm can overflow) are handled as
@@ -89,6 +98,17 @@ def median_norm(norms: Sequence[float]) -> float:
     return statistics.median(_norm_or_inf(n) for n in norms)
 
 
+def lower_median_norm(norms: Sequence[float]) -> float:
+    """The lower median of ``norms`` (of an even count, the lower middle one), NaN as +Inf.
+
+    What clipping bounds by: of two deltas the shorter one's norm, where the median (their
+    mean) would let a delta scaled x100 through at half its length.
+    """
+    if not norms:
+        raise ValueError("the median of no norms")
+    return statistics.median_low(_norm_or_inf(n) for n in norms)
+
+
 def _excess(norm: float, bound: float) -> float:
     """How far beyond ``bound`` a norm lies, relative to it (0 within, Inf for any norm over 0)."""
     if norm <= bound:
@@ -131,15 +151,17 @@ def outliers(
 
 
 def clip_scales(norms: Sequence[float], factor: float | None) -> tuple[float, ...]:
-    """Per delta, the factor that brings its norm down to ``factor · median(norms)``.
+    """Per delta, the factor that brings its norm down to ``factor · lower_median(norms)``.
 
     1.0 for every delta within that bound (and for all when ``factor`` is None); a
     delta with an infinite or NaN norm is scaled to 0 unless the median itself is
-    infinite (then nothing can be bounded and nothing is clipped).
+    infinite (then nothing can be bounded and nothing is clipped). The *lower* median,
+    so that two deltas are bounded too (:func:`lower_median_norm`); with an odd count it
+    is the median.
     """
     if factor is None or not norms:
         return tuple(1.0 for _ in norms)
-    bound = factor * median_norm(norms)
+    bound = factor * lower_median_norm(norms)
     scales: list[float] = []
     for raw in norms:
         norm = _norm_or_inf(raw)
@@ -162,6 +184,21 @@ class MergePlan:
     scales: tuple[float, ...]
     rule: MergeRule
     trim: int
+
+
+def counts_equally(config: AlgorithmConfig, k: int) -> bool:
+    """Whether a merge of ``k`` deltas under ``config`` gives each the same share.
+
+    Only a robust rule that would trim but cannot: two deltas under ``median``, or under
+    ``trimmed_mean`` with a ``trim_fraction`` above 0. Trimming nothing, the rule would be
+    the share-weighted mean of both, so the one reporting more tokens (near 2^63, say)
+    would decide every coordinate; counted equally, neither can pull a coordinate past
+    the midpoint of the two values. (Three or more always trim, and counting decides what
+    is trimmed, :func:`trim_count`.)
+    """
+    if k != 2 or config.merge not in ROBUST_RULES:
+        return False
+    return config.merge is MergeRule.MEDIAN or config.trim_fraction > 0.0
 
 
 def screens(config: AlgorithmConfig) -> bool:
@@ -203,6 +240,8 @@ def plan_merge(
     kept_shares = verdicts.capped_shares(
         verdicts.normalized_weights([shares[i] for i in kept]), config.max_share
     )
+    if counts_equally(config, len(kept)):
+        kept_shares = tuple(1.0 / len(kept) for _ in kept)
     scales = clip_scales([norms[i] for i in kept], config.clip_norm_factor) if norms else ()
     trim = trim_count(config.merge, len(kept), config.trim_fraction)
     return MergePlan(

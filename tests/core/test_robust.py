@@ -122,7 +122,7 @@ def test_clip_scales_bound_every_norm(ns: list[float], factor: float | None) -> 
     if factor is None or not ns:
         assert all(s == 1.0 for s in scales)
         return
-    bound = factor * robust.median_norm(ns)
+    bound = factor * robust.lower_median_norm(ns)
     for n, s in zip(ns, scales, strict=True):
         if math.isfinite(n) and 0.0 <= n <= bound:
             assert s == 1.0  # within the bound: untouched
@@ -178,7 +178,59 @@ def test_a_plan_without_screens_is_the_plain_merge(
     assert plan.kept == tuple(range(len(ws)))
     assert plan.rejected == ()
     assert plan.scales == (1.0,) * len(ws)
+    if robust.counts_equally(plain, len(ws)):  # two deltas under a robust rule (below)
+        shares = (0.5, 0.5)
     assert all(math.isclose(a, b, abs_tol=1e-12) for a, b in zip(plan.shares, shares, strict=True))
     if robust.screens(config):
         with pytest.raises(ValueError, match="norms and cosines"):
             robust.plan_merge(config, shares)
+
+
+# --- two learners (the "2-learner gap"): no majority to outvote either -------------------
+
+
+@given(
+    st.sampled_from([MergeRule.MEDIAN, MergeRule.TRIMMED_MEAN]),
+    st.floats(0.01, 0.49),
+    st.floats(1e-12, 1.0),
+    st.none() | st.floats(1.0, 4.0),
+)
+def test_two_deltas_under_a_robust_rule_count_equally(
+    rule: MergeRule, fraction: float, liar: float, max_share: float | None
+) -> None:
+    """Nothing can be trimmed of two values, so a robust rule would be the share-weighted
+    mean, and a learner claiming 2^63 tokens would decide every coordinate; it counts the
+    two learners equally instead (each 1/2), whatever they report."""
+    config = AlgorithmConfig(
+        sync_every=1, fragments=1, merge=rule, trim_fraction=fraction, max_share=max_share
+    )
+    shares = verdicts.capped_shares(verdicts.normalized_weights([liar, 1.0]), max_share)
+    plan = robust.plan_merge(config, shares)
+    assert plan.trim == 0
+    assert plan.shares == (0.5, 0.5)
+
+
+def test_two_deltas_under_the_mean_keep_their_token_shares() -> None:
+    """The mean stays token-weighted at two learners; only ``max_share`` below 2 caps it."""
+    for max_share, want in ((None, 0.9), (2.0, 0.9), (1.5, 0.75)):
+        config = AlgorithmConfig(sync_every=1, fragments=1, max_share=max_share)
+        shares = verdicts.capped_shares(verdicts.normalized_weights([9.0, 1.0]), max_share)
+        assert math.isclose(robust.plan_merge(config, shares).shares[0], want)
+
+
+normal_norms = st.just(0.0) | st.floats(1e-200, 1e30)  # (a subnormal bound rounds coarsely)
+
+
+@given(normal_norms, normal_norms, st.floats(1.0, 100.0))
+def test_clipping_two_deltas_bounds_the_longer_by_the_shorter(
+    a: float, b: float, factor: float
+) -> None:
+    """The clip bound is ``factor`` times the *lower* median norm: of two deltas, the
+    shorter's. So a delta scaled x100 moves the commit at most ``factor`` times as far as
+    the other one (the mean of the two norms, the plain median, would let it through)."""
+    scales = robust.clip_scales([a, b], factor)
+    short, long_ = sorted((a, b))
+    assert scales[[a, b].index(short)] == 1.0
+    assert max(n * s for n, s in zip((a, b), scales, strict=True)) <= factor * short * (1 + 1e-12)
+    if long_ > factor * short:
+        assert min(scales) < 1.0

@@ -152,3 +152,24 @@ def test_clipping_bounds_a_scaled_delta_to_the_median_norm() -> None:
     # theta - 1.0 * mean of clipped deltas: the wild one counts with the median's length.
     assert float(np.linalg.norm(merged.theta)) <= (sum(norms[:3]) + bound) / 4 * (1 + 1e-5)
     assert float(np.linalg.norm(merged.theta)) > 0.0
+
+
+@pytest.mark.parametrize("name", ["numpy", "torch"])
+def test_two_learners_one_scaled_and_lying_moves_the_commit_a_bounded_step(name: str) -> None:
+    """The 2-learner gap (gm_core.robust.counts_equally, protocol §11.3): of two deltas, one
+    honest and one x100 whose learner claims nearly all the tokens. No rule can outvote it;
+    under the median with clipping the two count equally and the wild one is clipped to
+    ``clip_norm_factor`` times the honest norm: the commit moves 1.5 honest steps
+    (factor 2), where the plain mean follows the liar 100 steps."""
+    honest = values(FragmentCodec(manifest()), 0, 4)
+    theta = np.zeros_like(honest)
+    deltas = [honest, 100.0 * honest]
+    contributions = Contributions(learners=("a", "evil"), weights=(1e-12, 1.0))
+    moved = {}
+    for rule, clip in ((MergeRule.MEAN, None), (MergeRule.MEDIAN, 2.0)):
+        cfg = manifest(merge=rule, clip_norm_factor=clip, outer_momentum=0.0, outer_lr=1.0)
+        merged = FragmentCodec(cfg, backend(name)).merge(0, theta, None, deltas, contributions)
+        assert merged.outliers == ()  # two deltas are never screened: no majority
+        moved[rule] = float(np.linalg.norm(merged.theta)) / float(np.linalg.norm(honest))
+    assert moved[MergeRule.MEAN] > 99.0
+    assert moved[MergeRule.MEDIAN] == pytest.approx(1.5, rel=1e-4)
