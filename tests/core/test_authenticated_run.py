@@ -357,15 +357,26 @@ def test_judging_leases_by_etag_alone_lets_a_replay_delay_the_takeover(
 ) -> None:
     """The planted bug for the test above: an observer that takes any new ETag as a renewal
     (format 1's rule) sees the crashed closer live while the replays go on, and takes its
-    round over only once no record came for the takeover timeout (measured at this seed:
-    the second round after the crash at 159 s, against 60 s when leases are verified)."""
+    rounds over only once no record came for the takeover timeout. Measured at this seed
+    over the same 400 ticks: 18 records after the crash with leases verified, 4 judged by
+    ETag (the third record at 61 s of model time, against 41 s). (Until 464e730 the planted
+    run committed at most one: each later round named the crashed closer next again and
+    waited out another takeover; a closer taken over is no longer named, so the contrast is
+    now the count.)"""
+    verified = committed_while_replaying()
     monkeypatch.setattr(
         liveness, "verified", lambda view, etag, seq, now_s: liveness.observe(view, etag, now_s)
     )
+    by_etag = committed_while_replaying()
+    assert by_etag * 3 <= verified, (by_etag, verified)
+
+
+def committed_while_replaying() -> int:
+    """Records after a closer's crash while its copied lease is written back every tick."""
     rng = random.Random(5)
     c, closer_, copied, before = closer_crashed(rng)
     c = replaying(c, closer_, copied, 400, rng)
-    assert cl.records(c)[-1].round <= before + 1
+    return len([r for r in cl.records(c) if r.round > before])
 
 
 def test_a_claim_flood_cannot_use_up_an_authenticated_runs_takeovers() -> None:
