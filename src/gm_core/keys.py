@@ -134,7 +134,10 @@ def valid_digest(s: str) -> bool:
 
 @attrs.frozen
 class ManifestKey:
-    """``manifest.json``."""
+    """``manifest.json`` (slot 0), or ``manifest.{slot:02d}.json`` (slots 1 to 15: what a
+    creator writes above objects it cannot use, spec/protocol.md §16.4.1)."""
+
+    slot: int = 0
 
 
 @attrs.frozen
@@ -299,9 +302,18 @@ def _id(s: str, what: str) -> str:
     return s
 
 
-def manifest() -> str:
-    """Key of the run's manifest."""
-    return MANIFEST
+MANIFEST_SLOTS = 16
+"""Slots of the manifest key (:data:`gm_core.slots.SLOTS`, which imports this module)."""
+
+
+def manifest(slot: int = 0) -> str:
+    """Key of slot ``slot`` of the run's manifest: format 1's key for slot 0, fixed names
+    above it (a node must find a run's manifest before it knows whether it has a key)."""
+    if slot == 0:
+        return MANIFEST
+    if not 0 < slot < MANIFEST_SLOTS:
+        raise ValueError(f"manifest slot must be in [0, {MANIFEST_SLOTS}), got {slot}")
+    return f"manifest.{slot:02d}{_JSON}"
 
 
 def head() -> str:
@@ -469,8 +481,8 @@ def follow(r: int) -> str:
 def build(parsed: ParsedKey) -> str:
     """The key a parsed value stands for; the inverse of :func:`parse`."""
     match parsed:
-        case ManifestKey():
-            return manifest()
+        case ManifestKey(slot=slot):
+            return manifest(slot)
         case HeadKey():
             return head()
         case RoundKey(round=r, name=name):
@@ -537,6 +549,15 @@ def _segments(key: str, parts: list[str], count: int) -> list[str]:
     return parts
 
 
+def _manifest_slot(key: str) -> int | None:
+    """The slot of ``manifest.NN.json`` (NN two digits, 01 to 15); None for any other key."""
+    stem = key.removeprefix("manifest.").removesuffix(_JSON)
+    if len(stem) != 2 or not stem.isdigit() or not stem.isascii() or len(key) != 16:
+        return None
+    slot = int(stem)
+    return slot if 0 < slot < MANIFEST_SLOTS else None
+
+
 def parse(key: str) -> ParsedKey:
     """Parse a key the builders produce; raise :class:`BadKey` for anything else.
 
@@ -551,6 +572,9 @@ def parse(key: str) -> ParsedKey:
     if len(parts) == 1:
         if key == MANIFEST:
             return ManifestKey()
+        slot = _manifest_slot(key)
+        if slot is not None:
+            return ManifestKey(slot=slot)
         if key == HEAD:
             return HeadKey()
         if key == FINISHED:

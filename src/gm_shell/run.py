@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 A run is born when its manifest is written create-once. Each node computes the
 manifest it would write — its algorithm config, its model's schema and the plan
-they imply — and reads ``manifest.json``:
+they imply — and reads the manifest (``manifest.json``, or the lowest slot above it
+that holds a manifest, when garbage was written there first: spec/protocol.md §16.4.1):
 
 - present: the node adopts it if :func:`gm_core.manifest.manifest_mismatch`
   finds no difference, and fails with a :class:`RunMismatchError` naming every
@@ -28,6 +29,7 @@ wrote).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 
 import attrs
@@ -47,6 +49,8 @@ from gm_core.records import (
 )
 from gm_shell.fragments import FragmentCodec, Role, payload_key
 from gm_shell.mailbox import Mailbox, PutOutcome, TooLargeError
+
+LOG = logging.getLogger("gm")
 
 INIT_ROUND = 0
 """Initial payloads live under round 0's payload folder, pinned until each fragment commits."""
@@ -103,30 +107,81 @@ async def read_manifest(
 ) -> Manifest | None:
     """The run's manifest, or None if the run does not exist yet.
 
-    Opened with this node's key (``run_auth``, None for an open node): a manifest this
-    node cannot verify, or one of the other mode, is refused with what to do. With
-    ``pinned`` (a :func:`gm_core.manifest.digest`), any other manifest raises
-    :class:`ManifestPinError`.
+    The manifest is the lowest *valid* of the manifest key's slots (spec/protocol.md
+    §16.4.1): opened with this node's key (``run_auth``, None for an open node) and
+    decoded. An object that is no manifest this node could use (garbage, a forged tag
+    under this node's key id) is skipped and named in the log; one that is a manifest
+    of the other mode or names another key id stops the search with what to do
+    (:class:`RunError`): it may be a real run that this node was started wrongly for,
+    so nothing is ever created above it. With ``pinned`` (a
+    :func:`gm_core.manifest.digest`), any other manifest raises :class:`ManifestPinError`.
     """
+    found = await find_manifest(mailbox, run_auth, pinned)
+    for skipped in found.skipped:
+        LOG.warning("%s: %s", mailbox.url, skipped)
+    return found.manifest
+
+
+@attrs.frozen
+class Found:
+    """What :func:`find_manifest` found: the manifest (None: not yet) and each slot below it
+    that held an object it skipped, with why (``manifest.json: unreadable: ...``)."""
+
+    manifest: Manifest | None
+    skipped: tuple[str, ...]
+
+
+async def find_manifest(
+    mailbox: Mailbox, run_auth: RunAuth | None, pinned: str | None = None
+) -> Found:
+    """:func:`read_manifest`'s search, saying what it skipped (for ``gm status``)."""
+    skipped: list[str] = []
+    for slot in range(keys.MANIFEST_SLOTS):
+        got = await _get_manifest(mailbox, slot)
+        if got is None:
+            return Found(manifest=None, skipped=tuple(skipped))
+        found = _judge_manifest(mailbox.url, slot, got, run_auth)
+        if isinstance(found, Manifest):
+            refused = None if pinned is None else pin_mismatch(pinned, found)
+            if refused is not None:
+                raise ManifestPinError(f"{mailbox.url}: {refused}")
+            return Found(manifest=found, skipped=tuple(skipped))
+        skipped.append(f"{keys.manifest(slot)}: {found}")
+    raise RunError(_exhausted(mailbox.url))
+
+
+def _exhausted(url: str) -> str:
+    return (
+        f"{url}: all {keys.MANIFEST_SLOTS} manifest slots hold objects that are no manifest"
+        " this node can use (slots_exhausted): remove them, or use another prefix"
+    )
+
+
+async def _get_manifest(mailbox: Mailbox, slot: int) -> bytes | None:
     try:
-        got = await mailbox.get(keys.manifest(), max_bytes=codec.MAX_RECORD_BYTES)
-    except TooLargeError as error:
+        got = await mailbox.get(keys.manifest(slot), max_bytes=codec.MAX_RECORD_BYTES)
+    except TooLargeError as error:  # a manifest this node cannot read: never write above it
         raise RunError(f"{mailbox.url}: the run's manifest is unreadable: {error}") from error
-    if got is None:
-        return None
-    body = auth.for_manifest(run_auth).open(keys.manifest(), got.data)
+    return None if got is None else got.data
+
+
+def _judge_manifest(url: str, slot: int, data: bytes, run_auth: RunAuth | None) -> Manifest | str:
+    """The manifest at ``slot``, or why it is skipped; :class:`RunError` for a manifest of
+    another mode or key (the node stops: it may have been started without the run's key)."""
+    key = keys.manifest(slot)
+    body = auth.for_manifest(run_auth).open(key, data)
     if isinstance(body, Unauthenticated):
-        raise RunError(f"{mailbox.url}: {_refusal(body, got.data, run_auth)}")
+        foreign = _foreign(body, data, run_auth)
+        if foreign is not None:
+            raise RunError(f"{url}: {foreign}")
+        return f"not authentic ({body.why}): {body.detail}"
     try:
         manifest = codec.decode(Manifest, body)
     except codec.CodecError as error:
-        raise RunError(f"{mailbox.url}: the run's manifest is unreadable: {error}") from error
+        return f"unreadable: {error}"
     problem = auth.mismatch(manifest.auth, run_auth)
     if problem is not None:
-        raise RunError(f"{mailbox.url}: {problem}")
-    refused = None if pinned is None else pin_mismatch(pinned, manifest)
-    if refused is not None:
-        raise ManifestPinError(f"{mailbox.url}: {refused}")
+        raise RunError(f"{url}: {problem}")
     return manifest
 
 
@@ -135,15 +190,25 @@ def pinned_digest(manifest_digest: str | None) -> str | None:
     return None if manifest_digest is None else parse_digest(manifest_digest)
 
 
-def _refusal(verdict: Unauthenticated, data: bytes, run_auth: RunAuth | None) -> str:
-    """What to tell a person whose node cannot verify the manifest it found."""
+def _foreign(verdict: Unauthenticated, data: bytes, run_auth: RunAuth | None) -> str | None:
+    """What to tell a person whose node found a manifest of another mode or key (None: the
+    object is garbage, or forged under this node's own key id, and is skipped)."""
+    if verdict.why is Why.NEWER_FORMAT:  # authentic: never skipped, never written above
+        return f"the run's manifest was written by a newer gm ({verdict.detail}): upgrade this node"
     claimed = auth.header_key_id(data)
-    if verdict.why is Why.UNTAGGED or claimed is not None:
-        theirs = AuthInfo(alg=auth.ALG, key_id=claimed) if claimed is not None else None
-        problem = auth.mismatch(theirs, run_auth)
-        if problem is not None:
-            return problem
-    return f"the run's manifest is not authentic ({verdict.why}): {verdict.detail}"
+    if claimed is not None:
+        return auth.mismatch(AuthInfo(alg=auth.ALG, key_id=claimed), run_auth)
+    if verdict.why is Why.UNTAGGED and _decodes(data):  # an open run's manifest
+        return auth.mismatch(None, run_auth)
+    return None
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        codec.decode(Manifest, data)
+    except codec.CodecError:
+        return False
+    return True
 
 
 def adopt(mine: Manifest | None, theirs: Manifest, url: str) -> Manifest:
@@ -170,6 +235,16 @@ async def create(
 
     states = await asyncio.gather(*(upload(f, x) for f, x in enumerate(initial)))
     manifest = attrs.evolve(draft, init=tuple(states))
-    data = auth.for_manifest(run_auth).pack(keys.manifest(), manifest)
-    outcome = await mailbox.put_once(keys.manifest(), data)
-    return manifest if outcome is PutOutcome.CREATED else None
+    sealing = auth.for_manifest(run_auth)
+    for slot in range(keys.MANIFEST_SLOTS):  # the lowest slot not holding garbage (§16.4.2)
+        key = keys.manifest(slot)
+        if await mailbox.put_once(key, sealing.pack(key, manifest)) is PutOutcome.CREATED:
+            return manifest
+        taken = await _get_manifest(mailbox, slot)
+        if taken is None:
+            return None  # gone again: the caller reads the run afresh
+        found = _judge_manifest(mailbox.url, slot, taken, run_auth)
+        if isinstance(found, Manifest):
+            return None  # another node's run won
+        LOG.warning("%s: %s: skipped (%s)", mailbox.url, key, found)
+    raise RunError(_exhausted(mailbox.url))

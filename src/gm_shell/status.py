@@ -52,7 +52,7 @@ from gm_shell import nodekeys
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.mailbox import Mailbox
 from gm_shell.reads import read_json
-from gm_shell.run import RunError, read_manifest
+from gm_shell.run import RunError, find_manifest
 from gm_shell.runkey import remote
 from gm_shell.stores import MailboxOptions, local_path
 from gm_shell.tapereads import SlotRead, read_record
@@ -542,7 +542,11 @@ async def gather_status(
     if last < 1:
         raise ValueError(f"last must be >= 1, got {last}")
     before = box.stats
-    manifest = await read_manifest(box, run_auth, pinned)
+    found = await find_manifest(box, run_auth, pinned)
+    manifest = found.manifest
+    if manifest is None and found.skipped:
+        skipped = "; ".join(found.skipped)
+        raise NoRunError(f"{box.url}: no run here (no manifest this node can use: {skipped})")
     if manifest is None:
         raise NoRunError(f"{box.url}: no run here (manifest.json is absent)")
     run_auth = nodekeys.reader(run_auth, manifest)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, find, given
 from hypothesis import strategies as st
 
-from gm_core import keys
+from gm_core import keys, slots
 from gm_core.keys import (
     BadKey,
     BarrierArrivalKey,
@@ -54,7 +54,7 @@ digests = st.text("0123456789abcdef", min_size=64, max_size=64)
 slot_names = st.none() | st.text("0123456789abcdef", min_size=16, max_size=16)
 
 parsed_keys: st.SearchStrategy[ParsedKey] = st.one_of(
-    st.just(ManifestKey()),
+    st.builds(ManifestKey, st.integers(0, keys.MANIFEST_SLOTS - 1)),
     st.just(HeadKey()),
     st.builds(RoundKey, rounds, slot_names),
     st.builds(SnapshotKey, rounds, ids, slot_names),
@@ -316,6 +316,7 @@ def test_parse_inverts_build(parsed: ParsedKey) -> None:
 @given(rounds, ids, digests, attempts)
 def test_parse_inverts_each_builder(r: int, name: str, digest: str, attempt: int) -> None:
     assert keys.parse(keys.manifest()) == ManifestKey()
+    assert keys.parse(keys.manifest(15)) == ManifestKey(slot=15) == keys.parse("manifest.15.json")
     assert keys.parse(keys.head()) == HeadKey()
     assert keys.parse(keys.round_record(r)) == RoundKey(r)
     assert keys.parse(keys.snapshot(r, name)) == SnapshotKey(r, name)
@@ -368,6 +369,12 @@ HOSTILE_KEYS = [
     "/",
     "manifest.json/",
     "/manifest.json",
+    "manifest.00.json",
+    "manifest.16.json",
+    "manifest.1.json",
+    "manifest.001.json",
+    "manifest.٠١.json",
+    "manifest.01.json/",
     "Manifest.json",
     "manifest.json\n",
     " head.json",
@@ -467,3 +474,9 @@ def test_round_of_payload_key_refuses_other_keys(r: int, name: str) -> None:
 def test_malformed_slot_names_are_bad_keys(key: str) -> None:
     with pytest.raises(keys.BadKey):
         keys.parse(key)
+
+
+def test_the_manifest_has_as_many_slots_as_every_create_once_key() -> None:
+    assert keys.MANIFEST_SLOTS == slots.SLOTS
+    with pytest.raises(ValueError, match="slot"):
+        keys.manifest(keys.MANIFEST_SLOTS)

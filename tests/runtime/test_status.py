@@ -552,10 +552,10 @@ def test_no_run_or_no_store_is_a_clear_error_with_exit_status_1(
     assert "no folder" in err
     assert not missing.exists()  # a status creates nothing
 
-    write(tmp_path, "manifest.json", b"{}")
+    write(tmp_path, "manifest.json", b"{}")  # skipped (a creator would write manifest.01.json)
     code, _, err = gm(capsys, url(tmp_path))
     assert code == 1
-    assert "manifest is unreadable" in err
+    assert "no run here (no manifest this node can use: manifest.json: unreadable:" in err
 
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
