@@ -16,10 +16,12 @@ thread must not wait for the loop: a round trip costs two GIL hand-offs, each
 as long as whatever Python the other thread runs meanwhile. So the loop asks
 the core in advance what it will say to that step — :meth:`Runtime._forecast`
 feeds a hypothetical ``Stepped`` to the pure ``advance`` and keeps only its
-captures and its next pace — and hands the answer over as a :class:`Plan`. At
-that step :meth:`Pacer.stepped` copies the planned fragments into buffers
-(:meth:`Replica.take`), leaves a :class:`StepNote` for the loop, adopts the
-planned pace, and returns; it signals the loop without waiting for it. Where
+captures and its next pace — and hands the answer over as a :class:`Plan`, with
+the buffers its copies go to (:meth:`Replica.prepare`). At that step
+:meth:`Pacer.stepped` copies the planned fragments into them, CPU parameters
+without a check the loop makes after the fact (:meth:`Replica.take_planned`,
+:class:`gm_shell.models.DirectCopy`), leaves a :class:`StepNote` for the loop,
+adopts the planned pace, and returns; it signals the loop without waiting for it. Where
 the core would stall that step only until a commit the training thread already
 holds is folded in, the plan says so (:attr:`Plan.applied`): the step folds it
 in and then copies, the order the slow path would take, minus its waits.

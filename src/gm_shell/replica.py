@@ -20,16 +20,17 @@ progress, ``θ ← θ + (Θ − anchor)``, i.e. carry with the old anchor as the
 snapshot. The core then keeps counting steps from the old anchor, so the next
 delta ``Θ − θ`` is again exactly the local steps it reports.
 
-Buffers. A copy is made into a buffer kept from an earlier capture, so a due
-step only copies (no allocation or page faults after the first cycles: on a
-due step that follows a pause, a fresh ``numpy.empty`` alone costs tens of
-microseconds of cold code). Ownership passes with the :class:`Taken`: the
-worker that encodes the delta gives the buffer back (:meth:`Taken.delta` then
-:meth:`Replica.recycle`), except a ``carry`` copy, which the replica keeps
-until the round's commit is applied; it is free again when that commit used it
-as the snapshot, since the commit's record names the delta, which the worker
-had finished encoding before it was uploaded. Folding a commit in uses a free
-buffer as its scratch too.
+Buffers. A copy is made into a buffer kept from an earlier capture, which the
+loop takes from the pool before a planned due step (:meth:`Replica.prepare`,
+with the byte views the copy writes), so a due step only copies (no allocation
+or page faults after the first cycles: on a due step that follows a pause, a
+fresh ``numpy.empty`` alone costs tens of microseconds of cold code). Ownership
+passes with the :class:`Taken`: the worker that encodes the delta gives the
+buffer back (:meth:`Taken.delta` then :meth:`Replica.recycle`), except a
+``carry`` copy, which the replica keeps until the round's commit is applied;
+it is free again when that commit used it as the snapshot, since the commit's
+record names the delta, which the worker had finished encoding before it was
+uploaded. Folding a commit in uses a free buffer as its scratch too.
 
 Anchors are fp32, and they are the commit *as the model holds it*: a bf16 model
 holds a committed fp32 value rounded to bf16, and anchoring at the unrounded
@@ -171,8 +172,12 @@ class Replica:
         return cast(DirectCopy, self.fragments[taken.fragment]).bound_to(taken.bound)
 
     def _buffer(self, fragment: int, size: int) -> F32:
-        free = self._free[fragment]
-        return free.pop() if free else np.empty(size, dtype=np.float32)
+        """A free buffer of the fragment, or a new one (any thread: the loop prepares plans
+        while the training thread folds commits in, so the pop itself is the test)."""
+        try:
+            return self._free[fragment].pop()
+        except IndexError:
+            return np.empty(size, dtype=np.float32)
 
     def _give_back(self, fragment: int, buffer: F32) -> None:
         free = self._free[fragment]
