@@ -357,3 +357,31 @@ def a_snapshot(c: cl.Cluster) -> Snapshot:
         schema_digest=c.schema_digest,
         payload=newest.frontier[0].theta,
     )
+
+
+@pytest.mark.parametrize("seed", [1, 4])
+def test_a_member_claim_at_the_next_takeovers_key_costs_one_bid(seed: int) -> None:
+    """The next closer crashes; ``evil`` (a member, role learner) has written the claim a
+    follower bids first (attempt 1, its keyed name: a member can compute it), signed as
+    itself. The follower's bid finds it taken, reads it, refuses it (``not_allowed``: only
+    closers claim) and bids attempt 2: the run is taken over and goes on."""
+    rng = random.Random(seed)
+    c = member_run()
+    while len(cl.records(c)) < 2:
+        c = drive(c, 1, rng)
+    crashed = cl.records(c)[-1].next_closer
+    c = cl.crash(c, crashed)
+    assert forger.possible(c, forger.Forgery.CLAIM)
+    c = forger.forge(c, forger.Forgery.CLAIM)
+    taken = cl.records(c)[-1].round + 1
+    hung = frozenset({crashed})
+    for _ in range(400):
+        if len(cl.records(c)) > taken + 2:
+            break
+        c = drive(c, 1, rng, hung=hung)
+    assert cl.check(c) == []
+    record = {r.round: r for r in cl.records(c)}[taken]
+    assert record.closer != crashed
+    assert record.claim >= 2  # attempt 1 is the member's, refused
+    refused = [n.detail for _, n in c.notes if n.kind == "claim_rejected" and n.round == taken]
+    assert any("not_allowed" in d and "claim 1" in d for d in refused), refused

@@ -89,6 +89,18 @@ CI_BOUNDS: dict[str, Bounds] = {
         member=True,
         forge=(Forgery.SNAPSHOT,),
     ),
+    # ...and the claim a follower bids first (attempt 1, its keyed name), while the named
+    # closer may crash: the follower refuses it (not_allowed: only closers claim) and bids 2.
+    "a member forges a claim (per-node keys)": Bounds(
+        roles=("lc", "c"),
+        rounds=1,
+        max_time_s=0.5,
+        crashes=1,
+        crashable=("n0",),
+        run_key=True,
+        member=True,
+        forge=(Forgery.CLAIM,),
+    ),
 }
 """The bounds ``make test`` checks and pins the state counts of."""
 

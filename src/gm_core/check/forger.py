@@ -5,8 +5,9 @@ Theory of operation
 The checker's other actors are the run's own nodes and the store's faults. The
 forger writes, at any moment the search chooses, one codec-valid object of a
 kind the bound set allows, at the key the run reads next: a snapshot of a
-learner that never joined (``evil``) claiming a large share of the round, or a
-round record for the next round that merges it. It writes as an outsider can:
+learner that never joined (``evil``) claiming a large share of the round, a
+round record for the next round that merges it, or the claim a follower bids
+first for the open round (attempt 1) naming ``evil``. It writes as an outsider can:
 bare in an open run, and in an authenticated run with the run's key id (which
 is public) and a tag it had to make up. Each kind is written at most once per
 path, so the search covers every moment at which it can land.
@@ -17,7 +18,8 @@ and its own key (gm_core.modelkeys' stand-in), so its objects carry a valid tag 
 valid signature, its own. It can then write what a run key alone cannot refuse: its
 record is refused only because a learner may not write records, and its snapshot, in
 the last learner's name at that learner's key, only because a learner may publish
-only as itself (both ``not_allowed``). Every forged snapshot claims
+only as itself (both ``not_allowed``); its claim (a member can compute the keyed
+name of attempt 1) only because a learner may not claim. Every forged snapshot claims
 :data:`gm_core.invariants.FORGED_TOKENS`, which is how the invariant tells a merged
 forgery from the victim's own snapshot.
 
@@ -36,8 +38,8 @@ import enum
 
 import attrs
 
-from gm_core import auth, cluster, codec, invariants, keys, modelkeys, schedule, tape
-from gm_core.records import Participant, RoundRecord, Snapshot
+from gm_core import auth, cluster, codec, election, invariants, keys, modelkeys, schedule, tape
+from gm_core.records import Claim, Participant, RoundRecord, Snapshot
 
 EVIL = "evil"
 """The learner id the forger writes as (never a node of a checked cluster)."""
@@ -51,6 +53,7 @@ _MADE_UP_TAG = b"ab" * 32
 class Forgery(enum.StrEnum):
     SNAPSHOT = "snapshot"
     RECORD = "record"
+    CLAIM = "claim"
 
 
 def forged_kinds(c: cluster.Cluster) -> frozenset[Forgery]:
@@ -62,6 +65,8 @@ def forged_kinds(c: cluster.Cluster) -> frozenset[Forgery]:
             kinds.add(Forgery.SNAPSHOT)
         elif isinstance(parsed, keys.RoundKey):
             kinds.add(Forgery.RECORD)
+        elif isinstance(parsed, keys.ClaimKey):
+            kinds.add(Forgery.CLAIM)
     return frozenset(kinds)
 
 
@@ -110,6 +115,16 @@ def _object(c: cluster.Cluster, kind: Forgery) -> tuple[str, bytes] | None:
             payload=frontier[fragment].theta,
         )
         return keys.snapshot(round_, learner), codec.encode(snapshot)
+    if kind is Forgery.CLAIM:
+        # Attempt 1 of the open round: the first bid a follower makes. A member computes its
+        # keyed name; an outsider writes the numbered key (all an authenticated run's
+        # readers never read: its names are keyed, spec/protocol.md §16.4.4).
+        key = (
+            election.claim_key(auth.for_run(c.manifest.run_id, c.run_auth), round_, 1)
+            if _member(c)
+            else keys.claim(round_, 1)
+        )
+        return key, codec.encode(Claim(round=round_, attempt=1, node=EVIL))
     if newest is None:
         return None  # a plausible forged record copies a real one's shape
     evil = Participant(learner=EVIL, steps=1, tokens=1, weight=1.0, base_version=0, final=False)
