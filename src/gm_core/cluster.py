@@ -594,12 +594,14 @@ def _execute(c: Cluster, node: Node, cmd: Command) -> tuple[Cluster, Event]:
         return c, Probed(now_s=now, req=cmd.req, etag=None if got is None else got.etag)
     if isinstance(cmd, PutOnce):
         body = _body(c, cmd.key, cmd.data) or b""
-        found = invariants.pointer_targets_exist(store, cmd.key, body)
-        c = _record(c, "payload_before_pointer", found)
-        store, created = store.put_once(cmd.key, cmd.data)
+        after, created = store.put_once(cmd.key, cmd.data)
+        if created:  # a write that finds its key taken creates nothing: nobody can read it
+            c = _record(
+                c, "payload_before_pointer", invariants.pointer_targets_exist(store, cmd.key, body)
+            )
         if created and isinstance(keys.parse(cmd.key), keys.RoundKey):
             c = _closing(c, node, body)
-        return attrs.evolve(c, store=store), PutDone(now_s=now, req=cmd.req, created=created)
+        return attrs.evolve(c, store=after), PutDone(now_s=now, req=cmd.req, created=created)
     if isinstance(cmd, PutOver):
         return attrs.evolve(c, store=store.put(cmd.key, cmd.data)), PutDone(
             now_s=now, req=cmd.req, created=True

@@ -33,12 +33,14 @@ renews at all.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import attrs
 
 from gm_core import codec, keys
 from gm_core.auth import Envelope, Unauthenticated
-from gm_core.commands import Get, Probe
-from gm_core.records import Lease
+from gm_core.commands import Get, Probe, PutOver
+from gm_core.records import Lease, Manifest
 
 
 @attrs.frozen
@@ -100,6 +102,45 @@ def next_seq(last: int, epoch_us: int | None, now_s: float) -> int:
     if epoch_us is None:
         return last + 1
     return max(last + 1, epoch_us + int(now_s * 1_000_000))
+
+
+class _LeaseOptions(Protocol):
+    @property
+    def renew_s(self) -> float | None: ...
+    @property
+    def lease_epoch_us(self) -> int | None: ...
+
+
+class Renewing(Protocol):
+    """What a machine that writes a lease holds: a closer's state and a learner's alike."""
+
+    @property
+    def envelope(self) -> Envelope: ...
+    @property
+    def node(self) -> str: ...
+    @property
+    def lease_seq(self) -> int: ...
+    @property
+    def options(self) -> _LeaseOptions: ...
+    @property
+    def manifest(self) -> Manifest: ...
+
+
+def renew_s_of(state: Renewing) -> float:
+    """The interval ``state``'s node renews its lease within (:func:`renew_interval_s`)."""
+    return renew_interval_s(state.options.renew_s, state.manifest.config.lease_timeout_s)
+
+
+def renewal(state: Renewing, req: int, roles: tuple[str, ...], now_s: float) -> tuple[PutOver, int]:
+    """The write that renews the node's lease now, and the sequence number it carries.
+
+    One place for what a closer and a learner write alike: the lease names the node,
+    its roles and the interval it promises to renew within, sealed for the run.
+    """
+    seq = next_seq(state.lease_seq, state.options.lease_epoch_us, now_s)
+    key = keys.lease(state.node)
+    lease = Lease(node=state.node, roles=roles, seq=seq, renew_s=renew_s_of(state))
+    return PutOver(req=req, key=key, data=state.envelope.pack(key, lease)), seq
 
 
 def touch(view: LeaseView | None, now_s: float) -> LeaseView | None:

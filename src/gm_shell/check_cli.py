@@ -112,6 +112,13 @@ FLAGS: tuple[tuple[str, str, Callable[[str], object], object, str], ...] = (
         "virtual seconds a fair run has to commit (progress and liveness)",
     ),
     ("--max-states", "max_states", positive_int, _D.max_states, "give up after this many states"),
+    (
+        "--delays",
+        "delays",
+        non_negative_int,
+        _D.delays,
+        "explore only runs that leave the fair schedule at most N times (default: every run)",
+    ),
 )
 """The bound flags: flag, Bounds field, parser, default, help."""
 
@@ -365,6 +372,7 @@ def describe_bounds(b: Bounds) -> str:
         + ("; captures may fail" if b.capture_faults else "")
         + ("" if b.store_faults else "; store requests do not fail")
         + ("; liveness from every state" if b.liveness else "")
+        + ("" if b.delays is None else f"; DELAY-BOUNDED: runs with at most {b.delays} delays")
     )
 
 

@@ -49,6 +49,7 @@ fair run the same question of fewer states.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 
 import attrs
 
@@ -108,6 +109,10 @@ class Bounds:
     progress: bool = True
     """Judge that the run can still commit where it stops (False: safety alone, for a
     forger whose record blocks its round until slots exist, spec/protocol.md §16.0)."""
+    delays: int | None = None
+    """Explore only the runs that leave the fair schedule at most this many times (a
+    delay-bounded search; None: every run). A state's fair action is free, any other
+    action — a reordered delivery, a fault, a crash, an early restart — costs one."""
 
     def config(self) -> AlgorithmConfig:
         return AlgorithmConfig(
@@ -165,6 +170,9 @@ class Outcome:
     progress_checks: int
     fair_runs: int
     max_records: int
+    distinct: int = 0
+    """Distinct states: ``states`` counts one again when it is reached with a budget (of
+    faults, crashes or delays) that no earlier arrival's covers."""
     counterexample: Counterexample | None = None
 
 
@@ -175,7 +183,8 @@ class ExploreProgress:
     frontier: int
 
 
-Key = tuple[bytes, int, int]
+Key = tuple[bytes, int, int, int]
+"""A state's fingerprint, and the faults, crashes and delays spent on the way to it."""
 Sleep = dict[Action, Footprint]
 """A sleep set: actions a state need not take (their order is explored elsewhere), with
 the footprint each had when it ran."""
@@ -191,10 +200,11 @@ def explore(
 
     ``sleep_sets=False`` takes every transition (the same states, more work).
     """
-    with Transitions().installed() as transitions, Recorder().installed() as recorder:
-        steps = Steps(
-            lambda c, a: step(c, a, bounds), recorder if sleep_sets else None, transitions.exact
-        )
+    if bounds.delays is not None:  # a sleeping action may be the only free one: no sleep sets
+        sleep_sets = False
+    recording = Recorder().installed() if sleep_sets else nullcontext(None)
+    with Transitions().installed() as transitions, recording as recorder:
+        steps = Steps(lambda c, a: step(c, a, bounds), recorder, transitions.exact)
         return _Search(bounds, on_progress, steps).run()
 
 
@@ -215,7 +225,7 @@ class _Search:
         self.next_sleep: dict[Key, Sleep] = {}
         """The same for the next layer, intersected over every arrival from this one."""
         self.parents: dict[Key, tuple[Key | None, Action | None]] = {}
-        self.budgets: dict[bytes, list[tuple[int, int]]] = {}
+        self.budgets: dict[bytes, list[tuple[int, ...]]] = {}
         self.store_verdicts: dict[bytes, list[invariants.Violation]] = {}
         self.node_verdicts: dict[tuple[object, ...], list[invariants.Violation]] = {}
         self.whole_verdicts: dict[tuple[object, ...], list[invariants.Violation]] = {}
@@ -241,7 +251,7 @@ class _Search:
 
     def run(self) -> Outcome:
         c0 = initial_state(self.b)
-        k0: Key = (self.prints.state(c0), 0, 0)
+        k0: Key = (self.prints.state(c0), 0, 0, 0)
         self._admit(k0, None, None)
         if bad := self._judge(c0):
             return self._fail("violation", k0, bad)
@@ -270,20 +280,7 @@ class _Search:
     ) -> Outcome | None:
         records = self._records(c)
         self.max_records = max(self.max_records, records)
-        actions: list[Action] = []
-        if records < self.b.rounds:
-            actions = enabled(
-                c,
-                faults_left=self.b.faults - key[1],
-                crashes_left=self.b.crashes - key[2],
-                store_faults_only=self.b.store_faults_only,
-                max_time_s=self.b.max_time_s,
-                fifo=self.b.fifo,
-                crashable=frozenset(self.b.crashable) or None,
-                capture_faults=self.b.capture_faults,
-                store_faults=self.b.store_faults,
-                forge=self.b.forge,
-            )
+        actions = self._actions(key, c) if records < self.b.rounds else []
         stuck = not actions and records < self.b.rounds
         # With liveness, every state's fair run is judged anyway, with no quorum condition.
         judged = self.b.progress and not self.b.liveness and (stuck or self._sampled(key))
@@ -292,17 +289,21 @@ class _Search:
         fair = self._fair_action(key[0], c, records) if self.b.liveness else None
         asleep = self.sleep.pop(key, {})
         done: list[tuple[Action, Footprint | None]] = []
+        free = self._free_action(c) if self.b.delays is not None else None
         for action in actions:
             if action in asleep:
+                continue
+            delays = key[3] + (action != free)
+            if self.b.delays is not None and delays > self.b.delays:
                 continue
             self.transitions += 1
             try:
                 after, footprint = self._step(c, action)
             except Exception as error:  # the core is total: a transition that raises is a bug
                 return self._fail("exception", key, [], then=action, error=error)
-            spent = (key[1] + (action.fault is not cluster.Fault.NONE), key[2])
-            spent = (spent[0], spent[1] + (action.kind is Kind.CRASH))
-            k2: Key = (self.prints.state(after), *spent)
+            faults = key[1] + (action.fault is not cluster.Fault.NONE)
+            crashes = key[2] + (action.kind is Kind.CRASH)
+            k2: Key = (self.prints.state(after), faults, crashes, delays)
             if action == fair:
                 self._follows(key[0], records, k2[0], after)
                 fair = None
@@ -330,6 +331,35 @@ class _Search:
                 return self._fail("exception", key, [], then=fair, error=error)
             self._follows(key[0], records, self.prints.state(after), after)
         return None
+
+    def _actions(self, key: Key, c: cluster.Cluster) -> list[Action]:
+        """What may happen next: every enabled action, or with the delay budget spent only
+        the free one (which is always enabled: any other would cost a delay)."""
+        if self.b.delays is not None and key[3] >= self.b.delays:
+            free = self._free_action(c)
+            return [] if free is None else [free]
+        return enabled(
+            c,
+            faults_left=self.b.faults - key[1],
+            crashes_left=self.b.crashes - key[2],
+            store_faults_only=self.b.store_faults_only,
+            max_time_s=self.b.max_time_s,
+            fifo=self.b.fifo,
+            crashable=frozenset(self.b.crashable) or None,
+            capture_faults=self.b.capture_faults,
+            store_faults=self.b.store_faults,
+            forge=self.b.forge,
+        )
+
+    def _free_action(self, c: cluster.Cluster) -> Action | None:
+        """The action that costs no delay (``Bounds.delays``): the fair run's next one,
+        except that a crashed node restarts once the others have nothing left to do but
+        wait (restarting it earlier is a delay, like any other choice)."""
+        fair = progress.fair_action(c, self.b.max_time_s)
+        down = [name for name in sorted(c.nodes) if not c.nodes[name].alive]
+        if down and (fair is None or fair.kind is Kind.TICK):
+            return Action(kind=Kind.RESTART, node=down[0])
+        return fair
 
     def _step(self, c: cluster.Cluster, action: Action) -> tuple[cluster.Cluster, Footprint | None]:
         """The next state, and what the action touched (None: it may depend on anything)."""
@@ -425,16 +455,16 @@ class _Search:
     def _dominated(self, key: Key) -> bool:
         """Seen with at most this much budget spent: nothing new can happen from here."""
         seen = self.budgets.setdefault(key[0], [])
-        if any(f <= key[1] and k <= key[2] for f, k in seen):
+        if any(all(was <= now for was, now in zip(spent, key[1:], strict=True)) for spent in seen):
             return True
-        seen.append((key[1], key[2]))
+        seen.append(key[1:])
         return False
 
     def _admit(self, key: Key, parent: Key | None, action: Action | None) -> None:
         self.parents[key] = (parent, action)
         self.budgets.setdefault(key[0], [])
-        if (key[1], key[2]) not in self.budgets[key[0]]:
-            self.budgets[key[0]].append((key[1], key[2]))
+        if key[1:] not in self.budgets[key[0]]:
+            self.budgets[key[0]].append(key[1:])
 
     def _judge(self, c: cluster.Cluster) -> list[invariants.Violation]:
         """Every invariant, each answer remembered by what it reads: those over the store
@@ -481,6 +511,7 @@ class _Search:
             progress_checks=self.progress_checks,
             fair_runs=self.fair.runs,
             max_records=self.max_records,
+            distinct=len(self.budgets),
             counterexample=example,
         )
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import attrs
 
-from gm_core import auth, barrier, closer, completion, liveness, queue, timing, verdicts
+from gm_core import auth, barrier, closer, completion, liveness, queue, schedule, timing, verdicts
 from gm_core.check import barrier as barrier_check
 from gm_core.check import explore as cluster_check
 from gm_core.check import queue as queue_check
@@ -203,6 +203,13 @@ def _name_every_arrival(real: Callable[..., tuple[str, ...]]) -> Callable[..., t
     return members
 
 
+def _one_fragment_after_a_cycle(real: Callable[[int, int], int]) -> Callable[[int, int], int]:
+    def fragment_of(round: int, fragments: int) -> int:
+        return real(round, fragments) if round < fragments else 0
+
+    return fragment_of
+
+
 PLANTS: dict[str, Plant] = {
     p.name: p
     for p in (
@@ -349,6 +356,20 @@ PLANTS: dict[str, Plant] = {
             attribute="_members",
             broken=_name_every_arrival,
             bounds=COORDINATION_BOUNDS["barrier: one party, two waiters overflow"],
+            caught=True,
+        ),
+        # Every node agrees with the broken rule, so only an invariant that re-states the
+        # schedule sees it, and only from round P + 1 on: the four-round set, no other.
+        Plant(
+            name="one-fragment-after-a-cycle",
+            rule="schedule (§4)",
+            change="fragment_of gives fragment 0 to every round after the first cycle",
+            module=schedule,
+            attribute="fragment_of",
+            broken=_one_fragment_after_a_cycle,
+            bounds=CI_BOUNDS[
+                "three nodes, two fragments, four rounds, the closer crashes (1 delay)"
+            ],
             caught=True,
         ),
     )

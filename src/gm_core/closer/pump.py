@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import attrs
 
-from gm_core import election, keys, liveness
+from gm_core import election, liveness
 from gm_core.closer import boot, collect
 from gm_core.closer.state import NEVER, TICK_S, Ask, CloserState, Phase, _watched
-from gm_core.commands import Command, PutOver, WakeAt
-from gm_core.records import Lease
+from gm_core.commands import Command, WakeAt
 from gm_core.requests import Purpose, issue
 
 
@@ -41,16 +40,14 @@ def _renew(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
         return state
     renew_s = _renew_s(state)
     roles = election.ELECTED if state.serving else election.DEDICATED
-    seq = liveness.next_seq(state.lease_seq, state.options.lease_epoch_us, now_s)
-    lease = Lease(node=state.node, roles=roles, seq=seq, renew_s=renew_s)
     state, req = issue(state, Purpose(kind=Ask.OWN_LEASE))
-    key = keys.lease(state.node)
-    cmds.append(PutOver(req=req, key=key, data=state.envelope.pack(key, lease)))
+    put, seq = liveness.renewal(state, req, roles, now_s)
+    cmds.append(put)
     return attrs.evolve(state, lease_seq=seq, lease_at_s=now_s + renew_s)
 
 
 def _renew_s(state: CloserState) -> float:
-    return liveness.renew_interval_s(state.options.renew_s, state.manifest.config.lease_timeout_s)
+    return liveness.renew_s_of(state)
 
 
 def _probe_s(state: CloserState) -> float:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import attrs
 
 from gm_core import keys, liveness
-from gm_core.commands import Command, Delete, Get, Notify, Pace, PutOver, WakeAt
+from gm_core.commands import Command, Delete, Get, Notify, Pace, WakeAt
 from gm_core.learner import align, publish
 from gm_core.learner.state import MAX_FETCHED, NEVER, Ask, LearnerState, Phase, schedule_step
-from gm_core.records import Lease
 from gm_core.requests import Purpose, issue
 from gm_core.tape import record_key, slot_of
 
@@ -87,16 +86,14 @@ def _renew(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerSta
     if now_s < _renew_at_s(state) or state.phase is Phase.CLOSED:
         return state
     renew_s = _renew_s(state)
-    seq = liveness.next_seq(state.lease_seq, state.options.lease_epoch_us, now_s)
-    lease = Lease(node=state.node, roles=("learner",), seq=seq, renew_s=renew_s)
     state, req = issue(state, Purpose(kind=Ask.LEASE))
-    key = keys.lease(state.node)
-    cmds.append(PutOver(req=req, key=key, data=state.envelope.pack(key, lease)))
+    put, seq = liveness.renewal(state, req, ("learner",), now_s)
+    cmds.append(put)
     return attrs.evolve(state, lease_seq=seq, lease_at_s=now_s + renew_s)
 
 
 def _renew_s(state: LearnerState) -> float:
-    return liveness.renew_interval_s(state.options.renew_s, state.manifest.config.lease_timeout_s)
+    return liveness.renew_s_of(state)
 
 
 def _renew_at_s(state: LearnerState) -> float:
