@@ -22,7 +22,7 @@ from gm_shell.run import RunError
 
 LOG = logging.getLogger("gm")
 
-__all__ = ["RunFinishedError", "describe", "read_finished"]
+__all__ = ["RunFinishedError", "believed", "describe", "fetch_finished", "read_finished"]
 
 
 class RunFinishedError(RunError):
@@ -31,7 +31,17 @@ class RunFinishedError(RunError):
 
 async def read_finished(mailbox: Mailbox, envelope: Envelope) -> Summary | None:
     """The run's finished summary, or None while it is not finished (or not believed)."""
-    data = await read_json(mailbox, keys.finished())
+    return believed(mailbox, envelope, await fetch_finished(mailbox))
+
+
+async def fetch_finished(mailbox: Mailbox) -> bytes | None:
+    """``finished.json``'s bytes, unjudged: a starting node fetches them while it reads the
+    manifest (which it needs to judge them), so refusing a finished run costs no round trip."""
+    return await read_json(mailbox, keys.finished())
+
+
+def believed(mailbox: Mailbox, envelope: Envelope, data: bytes | None) -> Summary | None:
+    """The summary in ``finished.json``'s bytes if they are the run's own, else None."""
     if data is None:
         return None
     summary = judge_summary(envelope, data)

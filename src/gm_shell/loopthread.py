@@ -91,10 +91,18 @@ class LoopThread:
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run ``coroutine`` on the loop and wait for its result."""
+        return self.result(self.begin(coroutine), timeout_s)
+
+    def begin(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coroutine`` on the loop without waiting (:meth:`result` waits for it)."""
         if not self.alive:
             coroutine.close()
             raise RuntimeError("the session's event loop has stopped")
-        return self._wait(asyncio.run_coroutine_threadsafe(coroutine, self.loop), timeout_s)
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def result(self, future: concurrent.futures.Future[T], timeout_s: float | None = None) -> T:
+        """The result of a coroutine :meth:`begin` started, once it is there."""
+        return self._wait(future, timeout_s)
 
     def _wait(self, future: concurrent.futures.Future[T], timeout_s: float | None) -> T:
         """The result, checking every second that the loop is still there to produce it."""

@@ -91,7 +91,13 @@ from gm_shell import drift, events, leaving
 from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.align import Checkpoint, load_frontier, newest_record
 from gm_shell.barrier import Barrier
-from gm_shell.finished import RunFinishedError, describe, read_finished
+from gm_shell.finished import (
+    RunFinishedError,
+    believed,
+    describe,
+    fetch_finished,
+    read_finished,
+)
 from gm_shell.fragments import FragmentCodec, compute_backend, payload_key
 from gm_shell.group import AUTO
 from gm_shell.group import resolve as resolve_group
@@ -568,10 +574,11 @@ class Session:
         self._loop = LoopThread(f"gm-loop-{self.node}")
         try:
             self._mailbox = self._open_mailbox()
+            finished = self._loop.begin(fetch_finished(self._mailbox))  # with the manifest's read
             adapter = self._adapt()
             self.manifest = self._open_run(adapter)
             self._sign_as_member(self.manifest)
-            self._refuse_if_finished(self.manifest)
+            self._refuse_if_finished(self.manifest, self._loop.result(finished))
             self._counts_tokens = self.manifest.config.unit is Unit.TOKENS
             self._warn_if_wire_is_wide(adapter, self.manifest)
             if adapter is not None and self.role is not Role.CLOSER:
@@ -710,11 +717,9 @@ class Session:
             why=self._why,
         )
 
-    def _refuse_if_finished(self, manifest: Manifest) -> None:
+    def _refuse_if_finished(self, manifest: Manifest, data: bytes | None) -> None:
         assert self._mailbox is not None
-        assert self._loop is not None
-        envelope = for_run(manifest.run_id, self._run_auth)
-        summary = self._loop.run(read_finished(self._mailbox, envelope))
+        summary = believed(self._mailbox, for_run(manifest.run_id, self._run_auth), data)
         if summary is not None:
             raise RunFinishedError(
                 f"{self.url}: the run is {describe(summary)}; start a new run under another prefix"
