@@ -118,6 +118,9 @@ class Why(enum.StrEnum):
     """Per-node keys: unsigned, or the signature does not verify under the signer's key."""
     NOT_ALLOWED = "not_allowed"
     """Per-node keys: the signer is not on the roster, or may not write this key."""
+    REVOKED = "revoked"
+    """Per-node keys: the run authority revoked the signer for this key's round
+    (:mod:`gm_core.members`)."""
 
 
 Verify = Callable[[bytes, bytes, bytes], bool]
@@ -137,11 +140,21 @@ class Signing:
     verify: Verify = attrs.field(repr=False)
     node: str | None = None
     sign: Sign | None = attrs.field(default=None, repr=False)
+    certified: tuple[Member, ...] = ()
+    """Members admitted since the manifest by the authority's certificates (learned by
+    listing ``members/``, :mod:`gm_core.members`), in the order they were learned."""
+    revoked: tuple[tuple[str, int], ...] = ()
+    """``(node, from_round)`` for each node the authority revoked."""
     members: Mapping[str, Member] = attrs.field(init=False, repr=False, eq=False)
+    revoked_from: Mapping[str, int] = attrs.field(init=False, repr=False, eq=False)
 
     @members.default
     def _members(self) -> Mapping[str, Member]:
-        return {m.node: m for m in self.roster.members}
+        return {m.node: m for m in (*self.certified, *self.roster.members)}
+
+    @revoked_from.default
+    def _revoked_from(self) -> Mapping[str, int]:
+        return dict(self.revoked)
 
 
 @attrs.frozen(kw_only=True)
@@ -327,6 +340,9 @@ def _signed(
     refused = may_write(member, key)
     if refused is not None:
         return Unauthenticated(why=Why.NOT_ALLOWED, detail=f"{key}: {refused}")
+    revoked = _revoked(signing, signer, key)
+    if revoked is not None:
+        return Unauthenticated(why=Why.REVOKED, detail=f"{key}: {revoked}")
     message = signed_message(run_id, key, body)
     if not signing.verify(bytes.fromhex(member.public_key), message, bytes.fromhex(signature)):
         detail = f"{key}: the signature does not verify under {signer}'s key"
@@ -363,9 +379,40 @@ def may_write(member: Member, key: str) -> str | None:
     return None
 
 
+def _revoked(signing: Signing, signer: str, key: str) -> str | None:
+    """Why ``signer``'s word at ``key`` no longer counts (None: it does): the authority
+    revoked it from a round at or before the key's, or the key names no round."""
+    since = signing.revoked_from.get(signer)
+    if since is None:
+        return None
+    round_ = round_of(key)
+    if round_ is not None and round_ < since:
+        return None
+    return f"{signer} is revoked from round {since}"
+
+
+def round_of(key: str) -> int | None:
+    """The round a protocol key belongs to (None: a key of no round, or no key of ours)."""
+    try:
+        parsed = keys.parse(key)
+    except keys.BadKey:
+        return None
+    match parsed:
+        case (
+            keys.RoundKey(round=r)
+            | keys.SnapshotKey(round=r)
+            | keys.ClaimKey(round=r)
+            | keys.FollowKey(round=r)
+            | keys.PayloadKey(round=r)
+        ):
+            return r
+        case _:
+            return None
+
+
 def signed_message(run_id: str, key: str, body: bytes) -> bytes:
     """What a per-node signature covers: the tag's framed input under its own domain."""
-    return _frames((_SIGNATURE_DOMAIN, run_id.encode(), key.encode())) + body
+    return frames((_SIGNATURE_DOMAIN, run_id.encode(), key.encode())) + body
 
 
 def roster_message(roster: Roster) -> bytes:
@@ -373,10 +420,10 @@ def roster_message(roster: Roster) -> bytes:
     parts = [_ROSTER_DOMAIN, roster.authority.encode()]
     for m in roster.members:
         parts += [m.node.encode(), ",".join(m.roles).encode(), m.public_key.encode()]
-    return _frames(tuple(parts))
+    return frames(tuple(parts))
 
 
-def _frames(parts: tuple[bytes, ...]) -> bytes:
+def frames(parts: tuple[bytes, ...]) -> bytes:
     """``parts`` each preceded by its length (8 bytes, big-endian): no two inputs collide."""
     return b"".join(len(part).to_bytes(8, "big") + part for part in parts)
 

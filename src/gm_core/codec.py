@@ -66,6 +66,7 @@ from gm_core.records import (
     ROSTER_ROLES,
     AlgorithmConfig,
     AuthInfo,
+    Certificate,
     Claim,
     FragmentPlan,
     FragmentState,
@@ -79,6 +80,7 @@ from gm_core.records import (
     Record,
     Rejection,
     Requests,
+    Revocation,
     Roster,
     RoundRecord,
     Snapshot,
@@ -108,6 +110,8 @@ Value = (
     | Requests
     | Roster
     | Member
+    | Certificate
+    | Revocation
 )
 """Everything the codec reads and writes: the records and the values nested in them."""
 
@@ -132,6 +136,8 @@ KINDS: Final[tuple[type[Value], ...]] = (
     Requests,
     Roster,
     Member,
+    Certificate,
+    Revocation,
 )
 
 
@@ -753,6 +759,25 @@ def _check_roster(path: Path, r: Roster) -> None:
     _each_once((*path, "members"), r.members, _check_member, "node", "node")
 
 
+REASON_MAX_CHARS: Final = 200
+"""The longest reason a revocation gives (it is shown, never parsed)."""
+
+
+def _check_certificate(path: Path, c: Certificate) -> None:
+    _check_member((*path, "member"), c.member)
+    if _SIGNATURE_RE.fullmatch(c.signature) is None:
+        _fail((*path, "signature"), "not 128 lowercase hex characters")
+
+
+def _check_revocation(path: Path, r: Revocation) -> None:
+    _id((*path, "node"), r.node)
+    _round((*path, "from_round"), r.from_round)
+    if len(r.reason) > REASON_MAX_CHARS or not r.reason.isprintable():
+        _fail((*path, "reason"), f"not printable text of at most {REASON_MAX_CHARS} characters")
+    if _SIGNATURE_RE.fullmatch(r.signature) is None:
+        _fail((*path, "signature"), "not 128 lowercase hex characters")
+
+
 def _check_snapshot(path: Path, s: Snapshot) -> None:
     _id((*path, "learner"), s.learner)
     _round((*path, "round"), s.round)
@@ -891,6 +916,10 @@ def _validate(value: Value) -> None:
             _check_roster((), value)
         case Member():
             _check_member((), value)
+        case Certificate():
+            _check_certificate((), value)
+        case Revocation():
+            _check_revocation((), value)
         case _:
             typing.assert_never(value)
 

@@ -23,6 +23,8 @@ Keys are relative to the run prefix (the mailbox prepends it)::
     done/{node}.json                           create-once: the node's own data ran out
     finished.json                              create-once: the run is finished (its summary)
     follow/{round:012d}.json                   create-once: enough learners published the round
+    members/{node}/{name}.json                 create-once slots: the run authority's certificate
+                                               or revocation of a node (protocol §16.3.3)
 
 Numbers are zero-padded to a fixed width so that the byte order of keys, which is
 what every object store lists in, equals numeric order: the newest round is the last
@@ -78,6 +80,7 @@ QUEUE_CLAIMS = "claims"
 QUEUE_DONE = "done"
 DONE_PREFIX = "done/"
 FOLLOW_PREFIX = "follow/"
+MEMBERS_PREFIX = "members/"
 FINISHED = "finished.json"
 
 _ROUND_WIDTH = 12
@@ -260,6 +263,14 @@ class FollowKey:
     round: int
 
 
+@attrs.frozen
+class MemberKey:
+    """``members/{node}/{name}.json``: one slot of the authority's word on ``node``."""
+
+    node: str
+    name: str
+
+
 ParsedKey = (
     ManifestKey
     | HeadKey
@@ -277,6 +288,7 @@ ParsedKey = (
     | DoneKey
     | FinishedKey
     | FollowKey
+    | MemberKey
 )
 
 
@@ -478,6 +490,16 @@ def follow(r: int) -> str:
     return f"{FOLLOW_PREFIX}{_round(r)}{_JSON}"
 
 
+def members_prefix(node: str | None = None) -> str:
+    """Prefix of every member's certificates and revocations (of ``node``'s, when given)."""
+    return MEMBERS_PREFIX if node is None else f"{MEMBERS_PREFIX}{_id(node, 'node')}/"
+
+
+def member(node: str, name: str) -> str:
+    """Key of slot ``name`` (a keyed slot name, protocol §16.4.1) of ``node``'s member objects."""
+    return f"{members_prefix(node)}{_slot_name(name)}{_JSON}"
+
+
 def build(parsed: ParsedKey) -> str:
     """The key a parsed value stands for; the inverse of :func:`parse`."""
     match parsed:
@@ -517,6 +539,8 @@ def build(parsed: ParsedKey) -> str:
             return finished()
         case FollowKey(round=r):
             return follow(r)
+        case MemberKey(node=node, name=name):
+            return member(node, name)
         case _:
             assert_never(parsed)
 
@@ -617,6 +641,9 @@ def parse(key: str) -> ParsedKey:
     if folder == FOLLOW_PREFIX[:-1]:
         _, name = _segments(key, parts, 2)
         return FollowKey(_parse_number(key, _strip(key, name, _JSON), _ROUND_WIDTH, "round"))
+    if folder == MEMBERS_PREFIX[:-1]:
+        _, node, name = _segments(key, parts, 3)
+        return MemberKey(_parse_id(key, node, "node"), _parse_slot(key, _strip(key, name, _JSON)))
     raise BadKey(key, f"unknown folder {folder!r}")
 
 

@@ -449,4 +449,30 @@ class Head:
     round: int
 
 
+@attrs.frozen(kw_only=True)
+class Certificate:
+    """The run authority admits ``member`` to the run (protocol §16.3.3), without a new
+    manifest: stored create-once under ``members/{node}/``, tagged with the run key, and
+    ``signature`` is the authority's over the run id and the member
+    (:func:`gm_core.members.certificate_message`)."""
+
+    format: int = FORMAT_VERSION
+    member: Member
+    signature: str
+
+
+@attrs.frozen(kw_only=True)
+class Revocation:
+    """The run authority revokes ``node``: from round ``from_round`` on, an object it signs
+    at a key of a round is refused (``revoked``), and at once one at a key of no round (its
+    lease, its done marker). Rounds before stay as the tape holds them. ``signature`` is
+    the authority's over the run id, ``node``, ``from_round`` and ``reason``."""
+
+    format: int = FORMAT_VERSION
+    node: str
+    from_round: int
+    reason: str
+    signature: str
+
+
 Record = Manifest | Snapshot | RoundRecord | Lease | Claim | Head

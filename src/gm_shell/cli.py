@@ -15,7 +15,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from gm_shell.argtypes import (
     non_negative_float,
@@ -86,31 +86,65 @@ def _register_keygen(sub: Subparsers) -> None:
 
 
 def _register_roster(sub: Subparsers) -> None:
-    """``gm roster``: the members of a run with per-node keys, signed by its authority."""
+    """``gm roster``: the members of a run with per-node keys, signed by its authority;
+    ``gm roster add``/``revoke``: admit or revoke a member of a running run (``members/``)."""
     p = sub.add_parser(
         "roster",
         help="print a roster (per-node keys) signed by an authority key: give it to the "
-        "node that creates the run as GM_ROSTER_FILE",
+        "node that creates the run as GM_ROSTER_FILE; `gm roster add|revoke URL` admits or "
+        "revokes a member of a running run",
     )
-    p.add_argument(
-        "--authority-key-file",
-        required=True,
-        metavar="PATH",
-        help="a file holding the authority's private key (gm keygen --node)",
-    )
+    _authority_arg(p, required=False)
     p.add_argument(
         "--member",
         action="append",
-        required=True,
         metavar="ID:ROLES:PUBLIC_KEY",
         help="a node: its id, roles (learner, closer or learner+closer) and public key; repeat",
     )
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    add = actions.add_parser(
+        "add", help="admit a learner to a running run: a certificate under members/"
+    )
+    _run_action(add)
+    add.add_argument(
+        "--member",
+        required=True,
+        metavar="ID:learner:PUBLIC_KEY",
+        help="the node to admit (learners only: closers are on the manifest's roster)",
+    )
+    add.set_defaults(handler=_roster_add)
+    revoke = actions.add_parser(
+        "revoke", help="revoke a member: its objects from a round on are refused (revoked)"
+    )
+    _run_action(revoke)
+    revoke.add_argument("--node", required=True, help="the member to revoke")
+    when = revoke.add_mutually_exclusive_group()
+    when.add_argument(
+        "--from-round", type=int, metavar="R", help="the first round its word no longer counts"
+    )
+    when.add_argument(
+        "--ahead",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="else: N rounds past the tape's newest record (default 2), so that every node "
+        "has read the revocation before it applies",
+    )
+    revoke.add_argument("--reason", default="", help="a short reason, shown by gm status")
+    revoke.set_defaults(handler=_roster_revoke)
 
     def handler(args: argparse.Namespace) -> int:
         from gm_core import codec
         from gm_shell.extras import MissingExtraError
         from gm_shell.nodekeys import NodeKeyError, make_roster, parse_member, read_private
 
+        if not args.member or not args.authority_key_file:
+            print(
+                "gm roster: give --authority-key-file and at least one --member "
+                "(or: gm roster add|revoke URL)",
+                file=sys.stderr,
+            )
+            return 2
         try:
             authority = read_private(args.authority_key_file)
             roster = make_roster(authority, [parse_member(m) for m in args.member])
@@ -121,6 +155,102 @@ def _register_roster(sub: Subparsers) -> None:
         return 0
 
     p.set_defaults(handler=handler)
+
+
+def _authority_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument(
+        "--authority-key-file",
+        required=required,
+        metavar="PATH",
+        help="a file holding the authority's private key (gm keygen --node)",
+    )
+
+
+def _run_action(p: argparse.ArgumentParser) -> None:
+    """What ``gm roster add`` and ``revoke`` need: the authority's key and the run."""
+    _authority_arg(p)
+    p.add_argument("url", help="mailbox URL of the run (GM_RUN_KEY or GM_RUN_KEY_FILE set)")
+    p.add_argument("--endpoint", help="S3-compatible or Azure endpoint")
+
+
+def _as_authority(args: argparse.Namespace, act: Callable[..., Any]) -> int:
+    """Run ``act(box, run_auth, authority)`` against the run at ``args.url`` and report."""
+    from gm_core.codec import CodecError
+    from gm_shell.extras import MissingExtraError
+    from gm_shell.mailbox import MailboxError
+    from gm_shell.members import AuthorityError, MembersFullError
+    from gm_shell.nodekeys import NodeKeyError, read_private
+    from gm_shell.oneshot import run_oneshot
+    from gm_shell.run import RunError
+    from gm_shell.runkey import FROM_ENV, RunKeyError, resolve
+    from gm_shell.status import open_mailbox
+    from gm_shell.stores import MailboxOptions
+
+    name = f"gm roster {args.action}"
+
+    async def run() -> Any:
+        run_auth = resolve(FROM_ENV, args.url, writes=False)
+        if run_auth is None:
+            raise AuthorityError("members need a run key: set GM_RUN_KEY or GM_RUN_KEY_FILE")
+        box = open_mailbox(args.url, MailboxOptions(endpoint=args.endpoint))
+        try:
+            return await act(box, run_auth, read_private(args.authority_key_file))
+        finally:
+            await box.aclose()
+
+    try:
+        said = run_oneshot(run())
+    except (
+        AuthorityError,
+        CodecError,
+        MembersFullError,
+        NodeKeyError,
+        MissingExtraError,
+        RunError,
+        RunKeyError,
+    ) as error:
+        print(f"{name}: {error}", file=sys.stderr)
+        return 1
+    except MailboxError as error:
+        print(f"{name}: cannot reach {args.url}: {error}", file=sys.stderr)
+        return 1
+    print(said)
+    return 0
+
+
+def _roster_add(args: argparse.Namespace) -> int:
+    from gm_shell.members import admit
+    from gm_shell.nodekeys import NodeKeyError, parse_member
+
+    try:
+        member = parse_member(args.member)
+    except NodeKeyError as error:
+        print(f"gm roster add: {error}", file=sys.stderr)
+        return 1
+
+    async def act(box: Any, run_auth: Any, authority: bytes) -> str:
+        key = await admit(box, run_auth, authority, member)
+        return f"admitted {member.node} as {'+'.join(member.roles)}: {key}"
+
+    return _as_authority(args, act)
+
+
+def _roster_revoke(args: argparse.Namespace) -> int:
+    from gm_shell.members import shut_out
+
+    async def act(box: Any, run_auth: Any, authority: bytes) -> str:
+        key, since = await shut_out(
+            box,
+            run_auth,
+            authority,
+            args.node,
+            from_round=args.from_round,
+            ahead=args.ahead,
+            reason=args.reason,
+        )
+        return f"revoked {args.node} from round {since}: {key}"
+
+    return _as_authority(args, act)
 
 
 def _register_demo(sub: Subparsers) -> None:

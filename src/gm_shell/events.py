@@ -464,6 +464,39 @@ class MachineRestarted(Event):
 
 
 @attrs.frozen(kw_only=True)
+class MemberLearned(Event):
+    """The run authority's word on a member, learned from ``members/`` (protocol §16.3.3):
+    a node admitted by a certificate, or revoked from a round. The detail says which.
+
+    Attributes:
+        member: the node it is about.
+        revoked: whether it is a revocation (else an admission).
+    """
+
+    kind: ClassVar[str] = "member_learned"
+    member: str = ""
+    revoked: bool = False
+
+    def severity(self) -> int:
+        return logging.WARNING if self.revoked else logging.INFO
+
+
+@attrs.frozen(kw_only=True)
+class MemberRefused(Event):
+    """An object under ``members/`` that is not the authority's word (no valid tag, not
+    its signature, not a certificate or revocation of the node its key names), or a
+    certificate that cannot count (one admitting a closer). Reported once per object.
+
+    Attributes:
+        key: the object's key, relative to the run prefix.
+    """
+
+    kind: ClassVar[str] = "member_refused"
+    level: ClassVar[int] = logging.WARNING
+    key: str = ""
+
+
+@attrs.frozen(kw_only=True)
 class Other(Event):
     """A notification this version of the shell has no class for.
 

@@ -32,7 +32,7 @@ from typing import Final
 from gm_core import codec, keys
 
 SMALL_RECORD_BYTES: Final = 64 << 10
-"""Cap of snapshots, claims, leases, the head hint and follow markers."""
+"""Cap of snapshots, claims, leases, the head hint, follow markers and member objects."""
 
 
 def json_limit(key: str) -> int:
@@ -45,7 +45,14 @@ def json_limit(key: str) -> int:
         parsed = keys.parse(key)
     except keys.BadKey:
         return codec.MAX_RECORD_BYTES
-    small = keys.SnapshotKey | keys.ClaimKey | keys.LeaseKey | keys.HeadKey | keys.FollowKey
+    small = (
+        keys.SnapshotKey
+        | keys.ClaimKey
+        | keys.LeaseKey
+        | keys.HeadKey
+        | keys.FollowKey
+        | keys.MemberKey
+    )
     if isinstance(parsed, small):
         return SMALL_RECORD_BYTES
     return codec.MAX_RECORD_BYTES

@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from gm_core import auth, codec
+from gm_core import auth, codec, members
 from gm_core.auth import RunAuth, Signing
-from gm_core.records import ROSTER_ROLES, Manifest, Member, Roster
+from gm_core.records import ROSTER_ROLES, Certificate, Manifest, Member, Revocation, Roster
 from gm_shell.extras import require
 from gm_shell.runkey import FromEnv, read_key_file
 
@@ -125,6 +125,23 @@ def make_roster(authority: bytes, members: Sequence[Member]) -> Roster:
     return attrs.evolve(unsigned, signature=signature)
 
 
+def certify(authority: bytes, run_id: str, member: Member) -> Certificate:
+    """The certificate by which the authority ``authority`` admits ``member`` to run ``run_id``."""
+    unsigned = Certificate(member=member, signature="0" * 128)
+    codec.encode(unsigned)  # names a malformed member now
+    message = members.certificate_message(run_id, member)
+    return attrs.evolve(unsigned, signature=signer(authority)(message).hex())
+
+
+def revoke(authority: bytes, run_id: str, node: str, from_round: int, reason: str) -> Revocation:
+    """The revocation by which the authority ``authority`` shuts ``node`` out of run ``run_id``
+    from round ``from_round`` on."""
+    unsigned = Revocation(node=node, from_round=from_round, reason=reason, signature="0" * 128)
+    codec.encode(unsigned)  # names a malformed id, round or reason now
+    message = members.revocation_message(run_id, node, from_round, reason)
+    return attrs.evolve(unsigned, signature=signer(authority)(message).hex())
+
+
 def parse_member(text: str) -> Member:
     """``node:role[+role]:public_key`` as ``gm roster --member`` takes it."""
     parts = text.split(":")
@@ -155,11 +172,17 @@ def check_roster(roster: Roster, authority: str | None = None) -> str | None:
 
 
 def signing_for(
-    manifest: Manifest, node: str | None, private: bytes | None, roles: Sequence[str] = ()
+    manifest: Manifest,
+    node: str | None,
+    private: bytes | None,
+    roles: Sequence[str] = (),
+    learned: Signing | None = None,
 ) -> Signing | None:
     """The per-node keys of a run with ``manifest`` for ``node`` (None: it writes nothing,
     like ``gm status``), which must sign with ``private`` and hold ``roles``; None when
-    the run has no roster. Raises :class:`NodeKeyError` naming what does not fit."""
+    the run has no roster. ``learned``: the roster with what ``members/`` adds
+    (gm_shell.members), where ``node`` may be admitted or revoked. Raises
+    :class:`NodeKeyError` naming what does not fit."""
     roster = manifest.roster
     if roster is None:
         if private is not None:
@@ -171,11 +194,18 @@ def signing_for(
     problem = check_roster(roster, _from_env(ENV_AUTHORITY))
     if problem is not None:
         raise NodeKeyError(problem)
+    known = Signing(roster=roster, verify=verify) if learned is None else learned
     if node is None:
-        return Signing(roster=roster, verify=verify)
-    member = next((m for m in roster.members if m.node == node), None)
+        return known
+    member = known.members.get(node)
     if member is None:
-        raise NodeKeyError(f"node {node} is not on the run's roster (ask its authority)")
+        raise NodeKeyError(
+            f"node {node} is neither on the run's roster nor admitted under members/ "
+            "(ask its authority: gm roster add)"
+        )
+    since = known.revoked_from.get(node)
+    if since is not None:
+        raise NodeKeyError(f"node {node} is revoked from round {since} (members/{node}/)")
     if private is None:
         raise NodeKeyError(
             f"the run has per-node keys: give node {node} its key "
@@ -189,7 +219,7 @@ def signing_for(
             f"node {node} has roles {'+'.join(member.roles)} on the roster; "
             f"this node would also act as {'+'.join(lacking)}"
         )
-    return Signing(roster=roster, verify=verify, node=node, sign=signer(private))
+    return attrs.evolve(known, node=node, sign=signer(private))
 
 
 def with_signing(run_auth: RunAuth | None, signing: Signing | None) -> RunAuth | None:

@@ -62,7 +62,8 @@ from typing import Any, TypeVar
 import attrs
 
 from gm_core import batch, closer, learner, plan, schedule
-from gm_core.auth import RunAuth
+from gm_core import members as core_members
+from gm_core.auth import RunAuth, Signing
 from gm_core.commands import (
     Align,
     Capture,
@@ -102,7 +103,7 @@ from gm_core.numerics import Contributions
 from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment, Manifest, PayloadRef, Requests
 from gm_core.verdicts import normalized_weights
-from gm_shell import events
+from gm_shell import events, members
 from gm_shell.backends import Backend
 from gm_shell.cache import FragmentCache
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
@@ -234,6 +235,8 @@ class Runtime:
         self.restarts = dict.fromkeys(Machine, 0)
         """How often each machine raised and started again from the tape."""
         self._closing: set[Machine] = set()
+        self._watching: asyncio.Task[None] | None = None
+        """The look at ``members/`` every few seconds (per-node keys), while it runs."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._reads = Reader(
             node=node, mailbox=mailbox, codec=codec, compute=self._compute, emit=hub.emit, clock=now
@@ -277,6 +280,8 @@ class Runtime:
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
+        if self._watching is not None:  # it never ends by itself
+            self._watching.cancel()
 
     # -- the pacer's link (called from the training thread) -------------------------------------
 
@@ -301,6 +306,41 @@ class Runtime:
             self.learner = change(self.learner)
 
         self._loop.call(amend)
+
+    def watch_members(self, watch: members.Watch, every_s: float) -> None:
+        """Look at ``members/`` every ``every_s`` seconds while the runtime runs, and put
+        what the run authority says in force in both machines (spec/protocol.md §16.3.3)."""
+
+        def start() -> None:
+            self._watching = asyncio.get_running_loop().create_task(self._watch(watch, every_s))
+
+        self._loop.call(start)
+
+    async def _watch(self, watch: members.Watch, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                found = await watch.look(self._mailbox)
+            except Exception as error:  # the store: look again next time
+                LOG.warning("%s: reading members/ failed: %s", self.node, _describe(error))
+                continue
+            for event in found.events:
+                self._hub.emit(event)
+            if found.changed:
+                self.learn_members(found.signing)
+
+    def learn_members(self, signing: Signing) -> None:
+        """Judge by ``signing`` from now on (loop thread, between two transitions): what
+        the node learned of the members since the manifest. A restarted machine starts
+        with it too."""
+        if self._run_auth is not None:
+            self._run_auth = attrs.evolve(self._run_auth, signing=signing)
+        if self.learner is not None:
+            envelope = core_members.reseal(self.learner.envelope, signing)
+            self.learner = attrs.evolve(self.learner, envelope=envelope)
+        if self.closer is not None:
+            envelope = core_members.reseal(self.closer.envelope, signing)
+            self.closer = attrs.evolve(self.closer, envelope=envelope)
 
     def _drain(self) -> None:
         self._feed(Machine.LEARNER, None)

@@ -87,7 +87,7 @@ from gm_core.records import (
     WireFormat,
 )
 from gm_core.tape import chain_digest
-from gm_shell import drift, events, leaving
+from gm_shell import drift, events, leaving, members
 from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.align import Checkpoint, load_frontier, newest_record
 from gm_shell.barrier import Barrier
@@ -108,6 +108,7 @@ from gm_shell.nodekeys import (
     NodeKey,
     NodeKeyError,
     RosterArg,
+    reader,
     resolve_node_key,
     resolve_roster,
     roles_of,
@@ -327,6 +328,9 @@ class SessionOptions:
     """With ``Session(resume=...)``: the largest resume state this node saves or reads back (a
     bigger object in the bucket is refused unread); None: 16 bytes per synchronized parameter
     plus 64 MiB."""
+    members_poll_s: float = members.POLL_S
+    """With per-node keys: seconds between two looks at ``members/`` for the run authority's
+    certificates and revocations (spec/protocol.md §16.3.3)."""
 
 
 class WireWidthWarning(UserWarning):
@@ -514,6 +518,9 @@ class Session:
         self._resume = resume
         self._run_key = run_key
         self._run_auth: RunAuth | None = None
+        self._members: members.Watch | None = None
+        """With per-node keys: what this node has learned of ``members/`` (its runtime
+        looks again every ``members_poll_s``)."""
         self._resumer: Resumer | None = None
         self._step_base = 0
         self._pacer: Pacer | None = None
@@ -587,6 +594,8 @@ class Session:
             self._pacer = self._runtime.pacer
             leaving.opened(self)
             self._runtime.start()
+            if self._members is not None:
+                self._runtime.watch_members(self._members, self.options.members_poll_s)
             if self._pacer is not None:
                 self._pacer.serve(self._pacer.running, self.options.join_timeout_s, self._why)
                 self._start_resume(self.manifest)
@@ -601,8 +610,20 @@ class Session:
         node writes is signed with its key, and every object it reads must be signed by a
         member allowed to write it (gm_core.auth.may_write)."""
         roles = roles_of(self.role is not Role.CLOSER, self.role is not Role.LEARNER)
-        signing = signing_for(manifest, self.node, self._node_key, roles)
+        reading = reader(self._run_auth, manifest)
+        learned = None
+        if reading is not None and reading.signing is not None:  # what members/ adds
+            assert self._loop is not None
+            assert self._mailbox is not None
+            watch = members.Watch(for_run(manifest.run_id, reading), self.node, now)
+            found = self._loop.run(watch.look(self._mailbox))
+            for event in found.events:
+                self._hub.emit(event)
+            learned, self._members = found.signing, watch
+        signing = signing_for(manifest, self.node, self._node_key, roles, learned)
         self._run_auth = with_signing(self._run_auth, signing)
+        if self._members is not None and signing is not None:
+            self._members.judge_by(signing)
 
     def _start_resume(self, manifest: Manifest) -> None:
         """Restore this node's saved training state, or save its first one (opt-in)."""

@@ -43,12 +43,12 @@ import attrs
 import cattrs
 
 from gm_core import auth, keys, schedule, timing, tip
-from gm_core.auth import Envelope, RunAuth
+from gm_core.auth import Envelope, RunAuth, Signing
 from gm_core.completion import Summary, judge_summary
 from gm_core.manifest import digest
 from gm_core.records import AlgorithmConfig, Alignment, Manifest, Requests, RoundRecord
 from gm_core.tape import BadRecord, expected_prev, parse_head
-from gm_shell import nodekeys
+from gm_shell import events, members, nodekeys
 from gm_shell.accounting import PRICES_R2, PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.mailbox import Mailbox
 from gm_shell.reads import read_json
@@ -251,6 +251,13 @@ class RunStatus:
     (empty: the run key alone, or an open run)."""
     authority: str = ""
     """The public key of the roster's authority (empty: no roster)."""
+    certified: tuple[str, ...] = ()
+    """Members the authority admitted since the manifest (``members/``, protocol §16.3.3),
+    as ``id:roles``; also in :attr:`members`."""
+    revoked: tuple[str, ...] = ()
+    """Members the authority revoked, as ``id from round R``."""
+    members_refused: int = 0
+    """Objects under ``members/`` that are not the authority's word (or cannot count)."""
 
 
 # --- reading -------------------------------------------------------------------------
@@ -550,6 +557,11 @@ async def gather_status(
     if manifest is None:
         raise NoRunError(f"{box.url}: no run here (manifest.json is absent)")
     run_auth = nodekeys.reader(run_auth, manifest)
+    refused: tuple[events.Event, ...] = ()
+    signing = None if run_auth is None else run_auth.signing
+    if run_auth is not None and signing is not None:  # what members/ adds
+        signing, refused = await members.learn_all(box, run_auth, manifest.run_id)
+        run_auth = attrs.evolve(run_auth, signing=signing)
     envelope = auth.for_run(manifest.run_id, run_auth)
     hint = parse_head(envelope, await read_json(box, keys.head()))
     seen: dict[int, SlotRead] = {}
@@ -582,8 +594,12 @@ async def gather_status(
         members=tuple(
             f"{m.node}:{'+'.join(m.roles)}"
             for m in (manifest.roster.members if manifest.roster else ())
-        ),
+        )
+        + _certified(signing),
         authority="" if manifest.roster is None else manifest.roster.authority,
+        certified=_certified(signing),
+        revoked=tuple(f"{n} from round {r}" for n, r in (signing.revoked if signing else ())),
+        members_refused=sum(isinstance(e, events.MemberRefused) for e in refused),
         config=config,
         tensors=len(manifest.schema),
         parameters=sum(math.prod(t.shape) for t in manifest.schema),
@@ -599,6 +615,10 @@ async def gather_status(
         status_usd=cost_usd(spent, prices),
         prices=prices.name,
     )
+
+
+def _certified(signing: Signing | None) -> tuple[str, ...]:
+    return tuple(f"{m.node}:{'+'.join(m.roles)}" for m in (signing.certified if signing else ()))
 
 
 def _finished(envelope: Envelope, data: bytes | None) -> tuple[Summary | None, str]:
@@ -686,7 +706,15 @@ def _roster_line(s: RunStatus) -> str:
     named = ", ".join(s.members[:MAX_MEMBERS_SHOWN])
     hidden = len(s.members) - MAX_MEMBERS_SHOWN
     more = f" and {hidden} more" if hidden > 0 else ""
-    return f"per-node keys: {len(s.members)} members ({named}{more}); authority {s.authority}"
+    line = f"per-node keys: {len(s.members)} members ({named}{more}); authority {s.authority}"
+    if s.certified:
+        line += f"; {len(s.certified)} admitted under members/"
+    if s.revoked:
+        shown = ", ".join(s.revoked[:MAX_MEMBERS_SHOWN])
+        line += f"; revoked: {shown}" + (" ..." if len(s.revoked) > MAX_MEMBERS_SHOWN else "")
+    if s.members_refused:
+        line += f"; {_n(s.members_refused, 'object')} under members/ refused"
+    return line
 
 
 def format_status(s: RunStatus) -> str:

@@ -320,7 +320,7 @@ def test_nodes_whose_keys_do_not_fit_are_refused_by_name(tmp_path: Path) -> None
         "give node n1 its key": {"node": "n1", "node_key": None},
         "not n1's on the run's roster": {"node": "n1", "node_key": NODE_KEYS["n0"]},
         "would also act as closer": {"node": "mallory", "node_key": NODE_KEYS["mallory"]},
-        "not on the run's roster": {"node": "eve", "node_key": NODE_KEYS["n0"]},
+        "neither on the run's roster nor admitted": {"node": "eve", "node_key": NODE_KEYS["n0"]},
         "a node key is 64 hex characters": {"node": "n1", "node_key": "abc"},
     }
     for message, over in cases.items():

@@ -86,9 +86,9 @@ def _attrs_form(t: type, skipped: frozenset[str]) -> Form:
 
 
 def _signing_form(d: Digests, v: auth.Signing) -> Any:
-    """Per-node keys by what they are: the roster and whose key signs (their functions are
-    fixed by those two, gm_core.modelkeys)."""
-    return ("Signing", d.part(v.roster), v.node)
+    """Per-node keys by what they are: the roster, what was learned since (certificates,
+    revocations) and whose key signs (their functions are fixed by those, gm_core.modelkeys)."""
+    return ("Signing", d.part(v.roster), d.part(v.certified), d.part(v.revoked), v.node)
 
 
 def _mapping_form(d: Digests, v: Any) -> Any:
