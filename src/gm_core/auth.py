@@ -60,7 +60,17 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from gm_core import codec, keys
-from gm_core.records import AUTH_ALG, ROLE_CLOSER, ROLE_LEARNER, AuthInfo, Manifest, Member, Roster
+from gm_core.records import (
+    AUTH_ALG,
+    FORMAT_2,
+    FORMATS,
+    ROLE_CLOSER,
+    ROLE_LEARNER,
+    AuthInfo,
+    Manifest,
+    Member,
+    Roster,
+)
 
 KEY_BYTES = 32
 """A run key is this many random bytes (64 hex characters in ``GM_RUN_KEY``)."""
@@ -114,6 +124,10 @@ class Why(enum.StrEnum):
     """A tagged object in an open run: this node has no key to judge it."""
     NEWER_FORMAT = "newer_format"
     """An authentic object in a newer gm's envelope (``gm/3 ``...): not to be skipped."""
+    WRONG_FORMAT = "wrong_format"
+    """An object of another wire format than the run's: a format-1 object (bare, or a body
+    declaring format 1) in a format-2 run, or a format-2 body in a format-1 run
+    (spec/protocol.md §16.7)."""
     BAD_SIGNATURE = "bad_signature"
     """Per-node keys: unsigned, or the signature does not verify under the signer's key."""
     NOT_ALLOWED = "not_allowed"
@@ -226,6 +240,10 @@ class Envelope:
 
     auth: RunAuth | None
     run_id: str
+    body_format: int | None = None
+    """The run's wire format (its manifest's ``format``): the number a record's body
+    declares when this envelope packs it, and the only one it opens in an authenticated
+    run. None: as the value holds it, and any (a reader that has not read the manifest)."""
 
     def seal(self, key: str, body: bytes) -> bytes:
         """The bytes to store at ``key`` for ``body`` (the body itself in an open run);
@@ -241,8 +259,8 @@ class Envelope:
         return b"%s\n%s" % (header, body)
 
     def pack(self, key: str, value: codec.Value) -> bytes:
-        """``value`` encoded and sealed for ``key``."""
-        return self.seal(key, codec.encode(value))
+        """``value`` encoded (declaring the run's format) and sealed for ``key``."""
+        return self.seal(key, codec.encode(value, self.body_format))
 
     def open(self, key: str, data: bytes) -> bytes | Unauthenticated:
         """The body of the object ``data`` found at ``key``, or why it is not the run's."""
@@ -253,7 +271,15 @@ class Envelope:
                 return Unauthenticated(why=Why.TAGGED, detail=detail)
             return data
         body = verify(self.auth, self.run_id, key, data)
-        if isinstance(body, Unauthenticated) or self.auth.signing is None:
+        if isinstance(body, Unauthenticated):
+            if body.why is Why.UNTAGGED and self.body_format == FORMAT_2 and data[:1] == b"{":
+                detail = f"{key}: a format 1 object in a format 2 run (it carries no tag)"
+                return Unauthenticated(why=Why.WRONG_FORMAT, detail=detail)
+            return body
+        other = other_format(self.body_format, key, body)
+        if other is not None:
+            return other
+        if self.auth.signing is None:
             return body
         return _signed(self.auth.signing, self.run_id, key, data, body)
 
@@ -312,6 +338,36 @@ def verify(run_auth: RunAuth, run_id: str, key: str, data: bytes) -> bytes | Una
         detail = f"{key} was written by a newer gm (envelope gm/{newer}): upgrade this node"
         return Unauthenticated(why=Why.NEWER_FORMAT, detail=detail)
     return body
+
+
+_RECORD_KEYS = (
+    keys.RoundKey,
+    keys.SnapshotKey,
+    keys.LeaseKey,
+    keys.ClaimKey,
+    keys.HeadKey,
+    keys.MemberKey,
+)
+"""The keys whose objects are codec records, with a ``format`` the run's must equal (the
+coordination markers, the finished summary and payloads have forms of their own)."""
+
+
+def other_format(run_format: int | None, key: str, body: bytes) -> Unauthenticated | None:
+    """Why the authentic ``body`` at ``key`` is not of the run's format (None: it is, it
+    declares none, or a newer one: the codec names that, and a record probe stops at it)."""
+    if run_format is None:
+        return None
+    try:
+        parsed = keys.parse(key)
+    except keys.BadKey:
+        return None
+    if not isinstance(parsed, _RECORD_KEYS):
+        return None
+    declared = codec.format_number(body)
+    if declared is None or declared == run_format or declared not in FORMATS:
+        return None
+    detail = f"{key}: a format {declared} object in a format {run_format} run"
+    return Unauthenticated(why=Why.WRONG_FORMAT, detail=detail)
 
 
 def _newer_version(data: bytes) -> int | None:
@@ -443,9 +499,15 @@ def _framed(mac_key: bytes, parts: tuple[bytes, ...]) -> hmac.HMAC:
     return mac
 
 
-def for_run(run_id: str, run_auth: RunAuth | None) -> Envelope:
-    """The envelope of run ``run_id``'s objects other than its manifest."""
-    return Envelope(auth=run_auth, run_id=run_id)
+def for_run(run_id: str, run_auth: RunAuth | None, body_format: int | None = None) -> Envelope:
+    """The envelope of run ``run_id``'s objects other than its manifest (``body_format``:
+    the run's wire format, its manifest's ``format``; None: any, for a reader)."""
+    return Envelope(auth=run_auth, run_id=run_id, body_format=body_format)
+
+
+def of_run(manifest: Manifest, run_auth: RunAuth | None) -> Envelope:
+    """The envelope of the objects of the run ``manifest`` starts, in its wire format."""
+    return for_run(manifest.run_id, run_auth, manifest.format)
 
 
 def for_machine(node: str, manifest: Manifest, run_auth: RunAuth | None) -> Envelope:
@@ -459,7 +521,7 @@ def for_machine(node: str, manifest: Manifest, run_auth: RunAuth | None) -> Enve
     refused = mismatch(manifest.auth, run_auth)
     if refused is not None:
         raise ValueError(refused)
-    return for_run(manifest.run_id, run_auth)
+    return of_run(manifest, run_auth)
 
 
 def for_manifest(run_auth: RunAuth | None) -> Envelope:

@@ -258,7 +258,7 @@ def _clocked(options: _Options, run_auth: auth.RunAuth | None) -> _Options:
 
 
 def _envelope(c: Cluster) -> auth.Envelope:
-    return auth.for_run(c.manifest.run_id, c.run_auth)
+    return auth.of_run(c.manifest, c.run_auth)
 
 
 def _body(c: Cluster, key: str, data: bytes) -> bytes | None:

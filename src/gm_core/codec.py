@@ -62,7 +62,9 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 from gm_core import keys
 from gm_core.records import (
     AUTH_ALG,
+    FORMAT_2,
     FORMAT_VERSION,
+    FORMATS,
     ROSTER_ROLES,
     AlgorithmConfig,
     AuthInfo,
@@ -717,6 +719,8 @@ def _check_manifest(path: Path, m: Manifest) -> None:
         names.add(frozen.name)
     if m.auth is not None:
         _check_auth((*path, "auth"), m.auth)
+    if m.format == FORMAT_2 and m.auth is None:
+        _fail((*path, "auth"), "a format 2 run is authenticated (format 1 is the open runs')")
     if m.roster is not None:
         if m.auth is None:
             _fail((*path, "roster"), "per-node keys need a run key (the run is open)")
@@ -942,11 +946,13 @@ def _decode_text(kind: type[T], text: str) -> T:
         if "format" not in doc:
             _fail(("format",), "missing field")
         version = doc["format"]
-        if type(version) is not int or version != FORMAT_VERSION:
+        if type(version) is not int or version not in FORMATS:
+            known = " and ".join(map(str, FORMATS))
             _fail(
-                ("format",),
-                f"unknown format version {_short(version)} (this reader knows {FORMAT_VERSION})",
+                ("format",), f"unknown format version {_short(version)} (this reader knows {known})"
             )
+        if kind is not Manifest:  # the wire number is the run's: the envelope judges it
+            doc["format"] = FORMAT_VERSION
     try:
         value: T = _converter.structure(doc, kind)
     except Exception as e:
@@ -1006,8 +1012,29 @@ def declared_format(data: bytes) -> int | None:
     return version if type(version) is int else None
 
 
-def encode(record: Value) -> bytes:
+_FORMAT_FIELD = re.compile(rb'"format"\s*:\s*(\d{1,4})\b')
+
+
+def format_number(body: bytes) -> int | None:
+    """The format number a record's body declares, found without parsing it (None: none).
+
+    For judging an object's format on every read at the cost of a scan, not a second
+    parse: ``"format":`` with unescaped quotes is a key (a quote inside a JSON string is
+    escaped), no record nests a field of that name and a repeated key is refused, so for
+    every body :func:`decode` accepts this is its ``format``. For any other it is still a
+    function of the bytes alone, so every reader finds the same.
+    """
+    found = _FORMAT_FIELD.search(body, 0, MAX_RECORD_BYTES)
+    return None if found is None else int(found.group(1))
+
+
+def encode(record: Value, version: int | None = None) -> bytes:
     """Canonical JSON of ``record``: sorted keys, no spaces, UTF-8, floats as floats.
+
+    ``version``: the wire format to declare (the run's, :data:`~gm_core.records.FORMATS`)
+    in a record other than a manifest, whose ``format`` is the run's own; None: as the
+    value holds it. In memory every record but the manifest holds ``format`` 1 (its field
+    set), so that a value and its digest are the same whichever format carried it.
 
     Raises :class:`CodecError` for a record :func:`decode` would refuse (a negative
     count, a NaN, a hostile id, a value of the wrong type), naming the field.
@@ -1023,7 +1050,12 @@ def encode(record: Value) -> bytes:
         _fail((), "the record changes in a round trip (a field holds a value of the wrong type)")
     # Re-render the decoded value: it holds floats as floats, so equal records written
     # with 1 or 1.0 in a float field give the same bytes.
-    out = _dumps(_converter.unstructure(back)).encode("utf-8")
+    doc = _converter.unstructure(back)
+    if version is not None and kind is not Manifest and "format" in doc:
+        if version not in FORMATS:
+            raise ValueError(f"format {version} is not one this code writes ({FORMATS})")
+        doc["format"] = version
+    out = _dumps(doc).encode("utf-8")
     if len(out) > MAX_RECORD_BYTES:
         _fail((), f"record is {len(out)} bytes, over the {MAX_RECORD_BYTES}-byte limit")
     return out

@@ -47,7 +47,7 @@ import enum
 
 import attrs
 
-from gm_core.records import AlgorithmConfig, FrozenTensor, Manifest, TensorSpec, WireFormat
+from gm_core.records import FORMATS, AlgorithmConfig, FrozenTensor, Manifest, TensorSpec, WireFormat
 from gm_core.tape import chain_digest
 
 DIGEST_CHARS = 64
@@ -75,7 +75,9 @@ def manifest_mismatch(mine: Manifest, theirs: Manifest) -> str | None:
 
 
 def _format_mismatch(mine: int, theirs: int) -> list[str]:
-    if mine == theirs:
+    """A node joins a run of any wire format it reads, and writes it (its envelope takes
+    the run's, gm_core.auth.of_run): the mode, not the number, is the node's choice."""
+    if mine == theirs or theirs in FORMATS:
         return []
     return [f"manifest format: the run has {theirs}, this node writes {mine}"]
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 import attrs
 
 from gm_core import codec, keys
-from gm_core.auth import Envelope, Signing, Unauthenticated, Why, frames, verify
+from gm_core.auth import Envelope, Signing, Unauthenticated, Why, frames, other_format, verify
 from gm_core.records import ROLE_CLOSER, Certificate, Member, Revocation
 
 SLOTS = 16
@@ -117,6 +117,9 @@ def judge(envelope: Envelope, signing: Signing, key: str, data: bytes) -> Word |
     body = verify(envelope.auth, envelope.run_id, key, data)
     if isinstance(body, Unauthenticated):
         return body
+    other = other_format(envelope.body_format, key, body)
+    if other is not None:
+        return other
     word = _decode(body)
     if isinstance(word, str):
         detail = f"{key}: not a certificate or revocation: {word}"

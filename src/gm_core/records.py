@@ -21,7 +21,15 @@ import enum
 import attrs
 
 FORMAT_VERSION = 1
-"""Wire format written by this code; readers reject any other value by name."""
+"""The field set of every record: what a value's ``format`` holds in memory, and the wire
+format of open runs (a body written bare, ``format: 1``)."""
+FORMAT_2 = 2
+"""The wire format of authenticated runs created by this code (spec/protocol.md §16.7):
+every object in the ``gm/2`` envelope, its body declaring ``format: 2`` (the manifest's
+``format`` is the run's). Same fields as format 1: the number is the run's, and a body of
+the other number at a run's key is refused by name (``wrong_format``)."""
+FORMATS = (FORMAT_VERSION, FORMAT_2)
+"""The wire formats this code reads; a higher number is a newer writer's."""
 
 
 class Reason(enum.StrEnum):

@@ -56,7 +56,7 @@ import attrs
 from gm_core import codec, keys, schedule, timing
 from gm_core.auth import Envelope, Unauthenticated, Why
 from gm_core.records import (
-    FORMAT_VERSION,
+    FORMATS,
     AlgorithmConfig,
     FragmentState,
     Head,
@@ -177,7 +177,7 @@ def parse_record(
         record = codec.decode(RoundRecord, body)
     except codec.CodecError as error:
         declared = codec.declared_format(body)
-        return bad(reason=str(error), newer=declared is not None and declared > FORMAT_VERSION)
+        return bad(reason=str(error), newer=declared is not None and declared > max(FORMATS))
     if record.round != expected_round:
         return bad(reason=f"record names round {record.round}, not its key's round")
     impostor = envelope.not_signed_by(data, record.closer)

@@ -118,7 +118,7 @@ def align(
         if manifest is None:
             raise RunError(f"{mailbox}: no run here (manifest.json is absent)")
         run_auth = nodekeys.reader(run_auth, manifest)
-        envelope = auth.for_run(manifest.run_id, run_auth)
+        envelope = auth.of_run(manifest, run_auth)
         adapter = _adapter_for(model, manifest, mailbox)
         reader = Reader(
             node="align",

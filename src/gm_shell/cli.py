@@ -253,6 +253,83 @@ def _roster_revoke(args: argparse.Namespace) -> int:
     return _as_authority(args, act)
 
 
+def _register_migrate(sub: Subparsers) -> None:
+    """``gm migrate OLD NEW``: a new format-2 run starting from OLD's newest commit."""
+    p = sub.add_parser(
+        "migrate",
+        help="create at NEW an authenticated format-2 run that starts from the newest commit "
+        "of the run at OLD (GM_RUN_KEY or GM_RUN_KEY_FILE: NEW's run key)",
+    )
+    p.add_argument("old", help="mailbox URL of the run to start from (read only)")
+    p.add_argument("new", help="mailbox URL of the new run (an empty prefix)")
+    p.add_argument(
+        "--old-key-file",
+        metavar="PATH",
+        help="OLD's run key, if it was created authenticated (else it is read open)",
+    )
+    p.add_argument("--run-id", help="the new run's id (default: a random one)")
+    p.add_argument(
+        "--roster", metavar="PATH", help="a roster for the new run's per-node keys (gm roster)"
+    )
+    p.add_argument("--endpoint", help="S3-compatible or Azure endpoint")
+
+    def handler(args: argparse.Namespace) -> int:
+        from gm_shell.extras import MissingExtraError
+        from gm_shell.mailbox import Mailbox, MailboxError
+        from gm_shell.migrate import migrate
+        from gm_shell.nodekeys import NodeKeyError, resolve_roster
+        from gm_shell.oneshot import run_oneshot
+        from gm_shell.run import RunError
+        from gm_shell.runkey import FROM_ENV, RunKeyError, read_key_file, resolve
+        from gm_shell.status import open_mailbox
+        from gm_shell.stores import MailboxOptions
+
+        async def run() -> str:
+            new_auth = resolve(FROM_ENV, args.new, writes=False)
+            if new_auth is None:
+                raise RunKeyError(
+                    "a format-2 run is authenticated: set GM_RUN_KEY or GM_RUN_KEY_FILE "
+                    "(gm keygen prints a key) to the new run's key"
+                )
+            old_auth = None
+            if args.old_key_file is not None:
+                text = read_key_file(args.old_key_file, args.old_key_file, "a run key", RunKeyError)
+                old_auth = resolve(text, args.old)
+            options = MailboxOptions(endpoint=args.endpoint)
+            # OLD must exist (status's check names a mistyped folder); NEW is created.
+            old, new = open_mailbox(args.old, options), Mailbox.open(args.new, options=options)
+            try:
+                done = await migrate(
+                    old,
+                    new,
+                    new_auth,
+                    old_auth=old_auth,
+                    run_id=args.run_id,
+                    roster=resolve_roster(args.roster),
+                )
+            finally:
+                await old.aclose()
+                await new.aclose()
+            start = "its initial parameters" if done.round < 0 else f"round {done.round}"
+            stopped = f" (the walk stopped early: {done.stopped_at})" if done.stopped_at else ""
+            return (
+                f"created run {done.manifest.run_id} (format {done.manifest.format}, key id "
+                f"{new_auth.key_id}) at {args.new} from {start} of {args.old}{stopped}"
+            )
+
+        try:
+            print(run_oneshot(run()))
+        except (RunError, RunKeyError, NodeKeyError, MissingExtraError) as error:
+            print(f"gm migrate: {error}", file=sys.stderr)
+            return 1
+        except MailboxError as error:
+            print(f"gm migrate: cannot read or write a bucket: {error}", file=sys.stderr)
+            return 1
+        return 0
+
+    p.set_defaults(handler=handler)
+
+
 def _register_demo(sub: Subparsers) -> None:
     """``gm demo``: the defaults are the tuned demo; flags exist to explore around it."""
     from gm_core.records import Alignment, WireFormat
@@ -408,6 +485,7 @@ _REGISTRARS: tuple[Callable[[Subparsers], None], ...] = (
     _register_simulate,
     _register_check,
     _register_status,
+    _register_migrate,
 )
 
 

@@ -132,10 +132,10 @@ def _node_of(word: members.Word) -> str:
 
 
 async def learn_all(
-    mailbox: Mailbox, run_auth: auth.RunAuth, run_id: str, node: str = ""
+    mailbox: Mailbox, run_auth: auth.RunAuth, manifest: records.Manifest
 ) -> tuple[Signing, tuple[events.Event, ...]]:
     """Everything ``members/`` says now, in force on ``run_auth``'s signing (one look)."""
-    watch = Watch(auth.for_run(run_id, run_auth), node, lambda: 0.0)
+    watch = Watch(auth.of_run(manifest, run_auth), "", lambda: 0.0)
     learned = await watch.look(mailbox)
     return learned.signing, learned.events
 
@@ -169,7 +169,7 @@ async def _as_authority(box: Mailbox, run_auth: auth.RunAuth, authority: bytes) 
             f"this key is not the run's authority ({manifest.roster.authority}): "
             "nodes would refuse what it signs"
         )
-    return auth.for_run(manifest.run_id, nodekeys.reader(run_auth, manifest))
+    return auth.of_run(manifest, nodekeys.reader(run_auth, manifest))
 
 
 async def admit(

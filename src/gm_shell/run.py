@@ -39,6 +39,8 @@ from gm_core.auth import RunAuth, Unauthenticated, Why
 from gm_core.manifest import manifest_mismatch, parse_digest, pin_mismatch
 from gm_core.numerics.arrays import F32
 from gm_core.records import (
+    FORMAT_2,
+    FORMAT_VERSION,
     AlgorithmConfig,
     AuthInfo,
     FragmentState,
@@ -99,6 +101,7 @@ def draft_manifest(
         auth=auth.info(run_auth),
         chained=True,
         roster=roster,
+        format=FORMAT_VERSION if run_auth is None else FORMAT_2,
     )
 
 

@@ -67,7 +67,7 @@ from gm_core import finish, keys, liveness, tip
 from gm_core import learner as core_learner
 from gm_core import resume as core_resume
 from gm_core.advice import advise
-from gm_core.auth import RunAuth, for_run
+from gm_core.auth import RunAuth, of_run
 from gm_core.completion import DoneMarker, Plain, Queued, Ranked, Shape, encode_done
 from gm_core.events import Started
 from gm_core.manifest import digest as manifest_digest
@@ -615,7 +615,7 @@ class Session:
         if reading is not None and reading.signing is not None:  # what members/ adds
             assert self._loop is not None
             assert self._mailbox is not None
-            watch = members.Watch(for_run(manifest.run_id, reading), self.node, now)
+            watch = members.Watch(of_run(manifest, reading), self.node, now)
             found = self._loop.run(watch.look(self._mailbox))
             for event in found.events:
                 self._hub.emit(event)
@@ -696,7 +696,7 @@ class Session:
                 MAX_DESCENT_ROUNDS,
             )
             return
-        envelope, config = for_run(manifest.run_id, self._run_auth), manifest.config
+        envelope, config = of_run(manifest, self._run_auth), manifest.config
 
         async def walk() -> tip.Descent:
             d = tip.descent(held, since, digest)
@@ -740,7 +740,7 @@ class Session:
 
     def _refuse_if_finished(self, manifest: Manifest, data: bytes | None) -> None:
         assert self._mailbox is not None
-        summary = believed(self._mailbox, for_run(manifest.run_id, self._run_auth), data)
+        summary = believed(self._mailbox, of_run(manifest, self._run_auth), data)
         if summary is not None:
             raise RunFinishedError(
                 f"{self.url}: the run is {describe(summary)}; start a new run under another prefix"
@@ -759,7 +759,7 @@ class Session:
             lease_timeout_s=timeout_s,
             poll_s=self.options.poll_s,
             watch_s=liveness.renew_interval_s(self.options.renew_s, timeout_s),
-            envelope=for_run(manifest.run_id, self._run_auth),
+            envelope=of_run(manifest, self._run_auth),
         )
         events.LOG.info("%s: holds rank %d (claim %d)", self.node, holder.rank, holder.attempt)
         return holder
@@ -1185,7 +1185,7 @@ class Session:
             node=self.node,
             lease_timeout_s=self.manifest.config.lease_timeout_s,
             poll_s=self.options.poll_s,
-            envelope=for_run(self.manifest.run_id, self._run_auth),
+            envelope=of_run(self.manifest, self._run_auth),
         )
         consumer = Consumer(self._mailbox, self._loop, spec)
         try:
@@ -1264,7 +1264,7 @@ class Session:
             lease_timeout_s=config.lease_timeout_s,
             poll_s=self.options.poll_s,
             wait_s=self.options.close_timeout_s + 2 * config.lease_timeout_s,
-            envelope=for_run(self.manifest.run_id, self._run_auth),
+            envelope=of_run(self.manifest, self._run_auth),
         )
         logged = [0]
 
@@ -1292,7 +1292,7 @@ class Session:
         assert self.manifest is not None
         key = keys.done(self.node)
         marker = DoneMarker(node=self.node, attempt=0, steps=steps, tokens=tokens)
-        body = for_run(self.manifest.run_id, self._run_auth).seal(key, encode_done(marker))
+        body = of_run(self.manifest, self._run_auth).seal(key, encode_done(marker))
         self._loop.run(self._mailbox.put_once(key, body))
 
     def barrier(self, name: str, parties: int, *, timeout_s: float = 600.0) -> Barrier:
@@ -1313,7 +1313,7 @@ class Session:
             timeout_s=timeout_s,
             poll_s=self.options.poll_s,
             loop=self._loop,
-            envelope=for_run(self.manifest.run_id, self._run_auth),
+            envelope=of_run(self.manifest, self._run_auth),
         )
 
     def serve(self, duration_s: float | None = None) -> None:
@@ -1334,7 +1334,7 @@ class Session:
         runtime, manifest = self._runtime, self.manifest
         if runtime is None or manifest is None or self._loop is None or self._mailbox is None:
             raise RuntimeError("serve() needs a started session")
-        envelope = for_run(manifest.run_id, self._run_auth)
+        envelope = of_run(manifest, self._run_auth)
         every_s = liveness.renew_interval_s(self.options.renew_s, manifest.config.lease_timeout_s)
         look_at = time.monotonic()
         while time.monotonic() < deadline and not stop():

@@ -246,6 +246,8 @@ class RunStatus:
     manifest_digest: str = ""
     """The manifest's digest (:func:`gm_core.manifest.digest`): what a node pins with
     ``manifest_digest=`` to join this run and no other (trust on first use)."""
+    format: int = 1
+    """The run's wire format (its manifest's, spec/protocol.md §16.7): 1 open, 2 authenticated."""
     members: tuple[str, ...] = ()
     """Per-node keys (spec/protocol.md §16.3): the roster's members as ``id:roles``
     (empty: the run key alone, or an open run)."""
@@ -560,9 +562,9 @@ async def gather_status(
     refused: tuple[events.Event, ...] = ()
     signing = None if run_auth is None else run_auth.signing
     if run_auth is not None and signing is not None:  # what members/ adds
-        signing, refused = await members.learn_all(box, run_auth, manifest.run_id)
+        signing, refused = await members.learn_all(box, run_auth, manifest)
         run_auth = attrs.evolve(run_auth, signing=signing)
-    envelope = auth.for_run(manifest.run_id, run_auth)
+    envelope = auth.of_run(manifest, run_auth)
     hint = parse_head(envelope, await read_json(box, keys.head()))
     seen: dict[int, SlotRead] = {}
     written = functools.partial(_written, box, envelope, manifest.config)
@@ -591,6 +593,7 @@ async def gather_status(
         created_by=manifest.created_by,
         auth="open" if manifest.auth is None else f"key id {manifest.auth.key_id}",
         manifest_digest=digest(manifest),
+        format=manifest.format,
         members=tuple(
             f"{m.node}:{'+'.join(m.roles)}"
             for m in (manifest.roster.members if manifest.roster else ())
@@ -723,7 +726,9 @@ def format_status(s: RunStatus) -> str:
     out: list[str] = []
     out.append(f"run      {s.run_id} (created by {s.created_by})  {s.url}")
     out.append(f"auth     {_auth_line(s)}")
-    out.append(f"manifest {s.manifest_digest} (nodes pin it with manifest_digest=)")
+    out.append(
+        f"manifest {s.manifest_digest} (nodes pin it with manifest_digest=); wire format {s.format}"
+    )
     if s.members:
         out.append(f"roster   {_roster_line(s)}")
     mixing = f" mixing={c.mixing:g}" if c.alignment is Alignment.BLEND else ""

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gm_core import auth
+from gm_core import auth, codec
 from gm_core.auth import Envelope, Unauthenticated, Why
-from gm_core.records import AuthInfo
+from gm_core.records import FORMAT_2, FORMAT_VERSION, FORMATS, AuthInfo, Head
 
 run_keys = st.binary(min_size=auth.KEY_BYTES, max_size=auth.KEY_BYTES)
 object_keys = st.sampled_from(
@@ -182,3 +182,66 @@ def test_what_is_not_a_newer_envelope_stays_what_it_was() -> None:
     assert _why(envelope.open("head.json", b"gm/03 x\n{}")) is Why.UNTAGGED
     assert _why(envelope.open("head.json", b"gm/3\n{}")) is Why.UNTAGGED  # no "gm/N " marker
     assert _why(envelope.open("head.json", b"gm/3 x y\n{}")) is Why.MALFORMED_HEADER
+
+
+# --- the body's format (spec/protocol.md §16.7) -------------------------------------------
+
+RECORD_KEYS = {
+    "rounds/000000000007.json": Head(round=7),  # any record will do: the key decides the check
+    "snapshots/000000000007/a.json": Head(round=7),
+    "leases/a.json": Head(round=7),
+    "head.json": Head(round=7),
+}
+
+
+@given(
+    key=st.sampled_from(sorted(RECORD_KEYS)),
+    writer=st.sampled_from(FORMATS),
+    reader=st.sampled_from(FORMATS),
+)
+def test_an_authentic_record_opens_only_in_a_run_of_its_format(
+    key: str, writer: int, reader: int
+) -> None:
+    """A body declares its run's format; a run of the other refuses it by name
+    (``wrong_format``), whoever tagged it: a run has one format."""
+    run_auth = auth.derive(bytes(32))
+    sealed = auth.for_run("run", run_auth, writer).pack(key, RECORD_KEYS[key])
+    assert codec.declared_format(sealed.split(b"\n", 1)[1]) == writer
+    got = auth.for_run("run", run_auth, reader).open(key, sealed)
+    if writer == reader:
+        assert codec.decode(Head, got) == RECORD_KEYS[key]  # type: ignore[arg-type]
+    else:
+        assert isinstance(got, Unauthenticated)
+        assert got.why is Why.WRONG_FORMAT
+        assert f"a format {writer} object in a format {reader} run" in got.detail
+    assert not isinstance(auth.for_run("run", run_auth).open(key, sealed), Unauthenticated)
+
+
+def test_a_bare_object_in_a_format_2_run_is_a_format_1_object() -> None:
+    run_auth = auth.derive(bytes(32))
+    bare = codec.encode(Head(round=7))
+    for body_format, why in ((FORMAT_2, Why.WRONG_FORMAT), (FORMAT_VERSION, Why.UNTAGGED)):
+        got = auth.for_run("run", run_auth, body_format).open("head.json", bare)
+        assert _why(got) is why
+    got = auth.for_run("run", run_auth, FORMAT_2).open("head.json", bare)
+    assert isinstance(got, Unauthenticated)
+    assert "a format 1 object in a format 2 run (it carries no tag)" in got.detail
+    assert _why(auth.for_run("run", run_auth, FORMAT_2).open("head.json", b"garbage")) is (
+        Why.UNTAGGED
+    )
+
+
+def test_objects_that_are_not_records_keep_their_own_format() -> None:
+    """The finished summary and the coordination markers have forms of their own."""
+    envelope = auth.for_run("run", auth.derive(bytes(32)), FORMAT_2)
+    for key in ("finished.json", "follow/000000000003.json", "done/a.json"):
+        body = b'{"format":1,"x":1}'
+        assert envelope.open(key, envelope.seal(key, body)) == body
+
+
+def test_a_newer_body_format_is_left_to_the_codec() -> None:
+    """A body declaring format 3 opens: the codec names it, and a record probe stops at it."""
+    envelope = auth.for_run("run", auth.derive(bytes(32)), FORMAT_2)
+    body = b'{"format":3,"round":7}'
+    key = "rounds/000000000007.json"
+    assert envelope.open(key, envelope.seal(key, body)) == body

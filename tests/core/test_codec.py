@@ -19,6 +19,7 @@ from gm_core import codec, keys
 from gm_core.codec import INT_MAX, INT_MIN, KINDS, MAX_RECORD_BYTES, CodecError
 from gm_core.records import (
     FORMAT_VERSION,
+    FORMATS,
     AlgorithmConfig,
     Alignment,
     Claim,
@@ -721,7 +722,7 @@ def test_changed_type_is_named(case: tuple[type[Any], JSON], data: st.DataObject
 @given(mutation_cases(records), json_values)
 def test_changed_format_is_a_version_error(case: tuple[type[Any], JSON], version: JSON) -> None:
     kind, doc = case
-    assume(not (type(version) is int and version == FORMAT_VERSION))
+    assume(not (type(version) is int and version in FORMATS))
     doc["format"] = version
     doc["field_from_the_future"] = [1, 2, 3]
     error = decodes_or_refuses(kind, dumps(doc))
@@ -801,7 +802,7 @@ def test_whole_document_errors(data: bytes, reason: str) -> None:
     ("value", "shown"),
     [
         (None, "None"),
-        (2, "2"),
+        (3, "3"),
         (0, "0"),
         (-1, "-1"),
         ("1", "'1'"),
@@ -819,9 +820,9 @@ def test_format_must_be_exactly_the_version(value: JSON, shown: str) -> None:
 
 
 def test_format_is_checked_before_anything_else() -> None:
-    future = b'{"format":2,"round":"soon","shiny":{"new":[1]}}'
+    future = b'{"format":3,"round":"soon","shiny":{"new":[1]}}'
     error = refused(Head, future)
-    assert (error.path, error.reason.split(" (")[0]) == ("format", "unknown format version 2")
+    assert (error.path, error.reason.split(" (")[0]) == ("format", "unknown format version 3")
     assert refused(Head, b'{"round":1}').path == "format"
     assert refused(Head, b'{"format":NaN,"round":1}').path == "format"
 
@@ -1040,3 +1041,15 @@ def test_a_tensor_both_synced_and_frozen_is_refused() -> None:
     error = refused(Manifest, data)
     assert error.path == "frozen[0].name"
     assert "both synced and frozen" in error.reason
+
+
+@given(records)
+def test_a_record_declares_the_runs_format_and_reads_back_the_same_value(value: Any) -> None:
+    """Format 2 is a number on the wire: the same value, whichever format carried it (a
+    manifest's own ``format`` is the run's and is kept)."""
+    for version in FORMATS:
+        data = codec.encode(value, version)
+        assert codec.decode(type(value), data) == value
+        declared = value.format if isinstance(value, Manifest) else version
+        assert codec.declared_format(data) == declared
+        assert codec.format_number(data) == declared  # the scan finds what a parse does

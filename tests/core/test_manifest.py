@@ -180,8 +180,9 @@ def test_format_and_plan_differences_are_named() -> None:
         TensorSpec(name="b", shape=(2,), dtype="F32"),
     )
     mine = manifest(config, schema)
-    newer = attrs.evolve(mine, format=2)
-    assert "manifest format: the run has 2" in (manifest_mismatch(mine, newer) or "")
+    assert manifest_mismatch(mine, attrs.evolve(mine, format=2)) is None  # a format it reads
+    newer = attrs.evolve(mine, format=3)
+    assert "manifest format: the run has 3" in (manifest_mismatch(mine, newer) or "")
     swapped = attrs.evolve(mine, plan=attrs.evolve(mine.plan, fragments=mine.plan.fragments[::-1]))
     assert "fragment plan differs" in (manifest_mismatch(mine, swapped) or "")
 

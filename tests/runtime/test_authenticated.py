@@ -153,7 +153,7 @@ async def _tape(url: str) -> list[RoundRecord]:
     async with Mailbox.open(url) as box:
         manifest = await read_manifest(box, run_auth)
         assert manifest is not None
-        envelope = auth.for_run(manifest.run_id, run_auth)
+        envelope = auth.of_run(manifest, run_auth)
         records: list[RoundRecord] = []
         while (got := await _record(box, envelope, manifest.config, len(records))) is not None:
             assert isinstance(got, RoundRecord), got

@@ -64,7 +64,7 @@ async def _authority(url: str, word: Any) -> str:
     async with Mailbox.open(url) as box:
         manifest = await read_manifest(box, auth.derive(RUN_KEY))
         assert manifest is not None
-        envelope = auth.for_run(manifest.run_id, reader(auth.derive(RUN_KEY), manifest))
+        envelope = auth.of_run(manifest, reader(auth.derive(RUN_KEY), manifest))
         return await write(box, envelope, word(manifest.run_id))
 
 
@@ -73,7 +73,7 @@ async def _tape(url: str) -> list[RoundRecord]:
         run_auth = auth.derive(RUN_KEY)
         manifest = await read_manifest(box, run_auth)
         assert manifest is not None
-        envelope = auth.for_run(manifest.run_id, reader(run_auth, manifest))
+        envelope = auth.of_run(manifest, reader(run_auth, manifest))
         records: list[RoundRecord] = []
         while True:
             read = await read_record(box, envelope, manifest.config, len(records))
@@ -198,7 +198,7 @@ def test_the_authority_writes_past_garbage_and_no_further_than_the_slots(tmp_pat
         async with Mailbox.open(url) as box:
             manifest = await read_manifest(box, auth.derive(RUN_KEY))
             assert manifest is not None
-            envelope = auth.for_run(manifest.run_id, reader(auth.derive(RUN_KEY), manifest))
+            envelope = auth.of_run(manifest, reader(auth.derive(RUN_KEY), manifest))
             for slot in slots:
                 await box.put_once(member_key(envelope, "v1", slot), b"garbage")
 

@@ -100,8 +100,8 @@ async def _as_mallory(box: Mailbox) -> Mallory:
     manifest = await read_manifest(box, run_auth)
     assert manifest is not None
     signing = signing_for(manifest, "mallory", NODE_KEYS["mallory"], ("learner",))
-    mine = auth.for_run(manifest.run_id, with_signing(run_auth, signing))
-    reading = auth.for_run(manifest.run_id, reader(run_auth, manifest))
+    mine = auth.of_run(manifest, with_signing(run_auth, signing))
+    reading = auth.of_run(manifest, reader(run_auth, manifest))
     fragments = FragmentCodec(manifest, payload_key=payload_key(run_auth))
     return Mallory(manifest=manifest, mine=mine, reading=reading, codec=fragments)
 

@@ -176,9 +176,7 @@ def _sealed(c: cluster.Cluster, key: str, body: bytes) -> bytes:
         return body
     if c.run_auth.signing is not None:
         member = modelkeys.signing(c.run_auth.signing.roster, EVIL)
-        return auth.for_run(c.manifest.run_id, attrs.evolve(c.run_auth, signing=member)).seal(
-            key, body
-        )
+        return auth.of_run(c.manifest, attrs.evolve(c.run_auth, signing=member)).seal(key, body)
     key_id = c.run_auth.key_id.encode()
     return b"%s%s %s %s\n%s" % (auth.MARKER, auth.ALG.encode(), key_id, _MADE_UP_TAG, body)
 

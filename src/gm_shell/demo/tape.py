@@ -33,7 +33,7 @@ async def _run(box: Mailbox) -> tuple[Manifest, Envelope] | None:
     """The demo's run: local, so open unless its nodes took a key from the environment."""
     run_auth = resolve(FROM_ENV, box.url)
     manifest = await read_manifest(box, run_auth)
-    return None if manifest is None else (manifest, auth.for_run(manifest.run_id, run_auth))
+    return None if manifest is None else (manifest, auth.of_run(manifest, run_auth))
 
 
 async def _walk(box: Mailbox) -> tuple[list[RoundRecord], str]:
