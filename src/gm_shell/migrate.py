@@ -27,7 +27,7 @@ import uuid
 
 import attrs
 
-from gm_core import auth, keys
+from gm_core import auth
 from gm_core.auth import RunAuth
 from gm_core.numerics.arrays import F32
 from gm_core.records import Manifest, PayloadRef, Roster
@@ -68,7 +68,7 @@ async def migrate(
     manifest = await read_manifest(old, old_auth)
     if manifest is None:
         raise RunError(f"{old.url}: no run here (manifest.json is absent)")
-    if await new.probe(keys.manifest()) is not None:
+    if await read_manifest(new, new_auth) is not None:  # refuses another mode's, by name
         raise RunError(f"{new.url}: a run is already there; migrate into an empty prefix")
     reading = nodekeys.reader(old_auth, manifest)
     envelope = auth.of_run(manifest, reading)
