@@ -62,9 +62,11 @@ PINNED_LONG = {
     # Session 11: the galloping tip walk (e4198cb, gm_core.tip.Walk at boot) moved two by a
     # few hundred states, as it moved four CI pins: 720,589 -> 713,256, 575,208 -> 574,959.
     "two closers race through a poll": 713_256,
-    # Session 12: re-counted at be35273 (PASS, 77 CPU-s); `trust` had counted the same in
-    # session 11. It moved with the slots and the §15.2 fixes, which the comment above names.
-    "two learners, one closes, through a poll": 772_559,
+    # Session 12: re-counted at be35273 (PASS, 77 CPU-s): 772,559; `trust` had counted the
+    # same in session 11. It moved with the slots and the §15.2 fixes, which the comment above
+    # names. Then 464e730 (the own learner presumed live until its lease is looked at; its
+    # message said this pin would move): PASS, 367,395, counted by `hostile` at bcd4028.
+    "two learners, one closes, through a poll": 367_395,
     "one node, two rounds": 574_959,
     # Delay-bounded (two delays), so it finishes in minutes: DEEP_BOUNDS.
     "three nodes, two fragments, four rounds, the closer crashes (2 delays)": 287_965,
