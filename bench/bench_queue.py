@@ -17,6 +17,15 @@ between steps besides — the queue's own work —, and its idle tail before the
 last step), and the nodes' eval
 loss at the end (a linear student of a fixed teacher, the model each node holds after
 ``close()``: the newest commit when it closed).
+
+``--sim`` runs the simulator side instead (:mod:`gm_core.sim`: the real closer and learner
+machines on a virtual clock, four ``both`` nodes, the first two twice as slow, the same
+``DiLoCo`` options, every request taking ``--sim-latency-s``): one simulated run records
+when each learner's every step ended, stalls included, and :mod:`gm_core.sim.consume`
+reads from it how long the dataset takes pulled from a queue (plus the queue's requests at
+each unit's boundary, :data:`QUEUE_REQUESTS_PER_UNIT` of them) and split into static ranks,
+against the same ideal; the loss is the committed model's (a small MLP the simulator
+trains) at each split's end time. ``--repeats`` runs that many seeds.
 """
 
 from __future__ import annotations
@@ -35,6 +44,10 @@ import numpy as np
 
 NODES = 4
 IN, OUT = 16, 4
+QUEUE_REQUESTS_PER_UNIT = 5.5
+"""The queue's requests on the training thread at a unit's boundary, prefetch 1: before its
+done marker a LIST of the unit, the marker (PUT) and the claims' DELETE; before the next
+unit a LIST of it; every second unit also the queue's LIST and two claims (PUT)."""
 
 
 def _teacher() -> np.ndarray:
@@ -184,6 +197,53 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def simulate(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
+    """The simulator side: one simulated run, read as both splits of the dataset."""
+    from gm_core.sim import consume, experiments, world
+    from gm_core.sim.scenario import TrainingSpec
+
+    step_s = {n: args.step_s * 2 if n < NODES // 2 else args.step_s for n in range(NODES)}
+    ideal = args.units * args.batches / sum(1 / s for s in step_s.values())
+    scenario = experiments.two_speed_fleet(
+        step_s=args.step_s,
+        duration_s=4 * ideal + 10.0,
+        in_flight=args.in_flight,
+        grace_seconds=args.grace_seconds,
+        follow=args.follow,
+        latency_s=args.sim_latency_s,
+        seed=seed,
+        training=TrainingSpec(),
+    )
+    report = world.run(scenario)
+    ends, steps = report.step_ends, report.step_s
+    overhead_s = QUEUE_REQUESTS_PER_UNIT * args.sim_latency_s
+    split = {
+        "queue": consume.pulled(ends, steps, args.units, args.batches, overhead_s),
+        "ranks": consume.static(ends, steps, args.units, args.batches),
+    }
+    origin = consume.start_s(ends, steps)
+    rows = []
+    for mode, got in split.items():
+        if got is None:
+            raise SystemExit(f"sim: the simulated run ended before the dataset ({mode})")
+        losses = [loss for t, _, loss in report.summary.losses if t <= origin + got.took_s]
+        rows.append(
+            {
+                "mode": f"sim {mode}",
+                "seed": seed,
+                "took_s": round(got.took_s, 2),
+                "ideal_s": round(ideal, 2),
+                "over_ideal": round(got.took_s / ideal, 3),
+                "loss": [round(losses[-1], 5)] if losses else [],
+                "steps_slow_slow_fast_fast": [
+                    got.units[n] * args.batches for n in sorted(got.units)
+                ],
+                "records": report.summary.records,
+            }
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, default=96)
@@ -195,12 +255,23 @@ def main() -> None:
         "--grace-seconds", type=float, help="a fixed grace window (default: the adaptive one)"
     )
     parser.add_argument("--follow", type=int, default=0, help="DiLoCo(follow=N)")
+    parser.add_argument("--sim", action="store_true", help="the simulator side instead")
+    parser.add_argument(
+        "--sim-latency-s", type=float, default=0.005, help="with --sim: every request's median"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--log", type=Path, help="append the nodes' logs here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(json.loads(args.worker))
+        return
+    if args.sim:
+        rows = [row for seed in range(args.repeats) for row in simulate(args, seed)]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        if args.json is not None:
+            args.json.write_text(json.dumps({"sim": rows}))
         return
     figures: dict[str, list[dict[str, Any]]] = {"queue": [], "ranks": []}
     for _ in range(args.repeats):

@@ -534,13 +534,20 @@ def can_train(c: Cluster, name: str) -> bool:
 
 
 def train(c: Cluster, name: str, steps: int, tokens_per_step: int = 8) -> Cluster:
-    """The learner's training loop runs up to ``steps`` steps, stopping at the core's barrier."""
+    """The learner's training loop runs up to ``steps`` steps, stopping at the core's barrier.
+
+    A barrier already passed (the core asks to hear of the next step: a retry or a
+    followed round, computed from the last step it was told of) is the very next step, as
+    in the shell's ``step()`` (it reports at any step at or past ``next_step``). Before,
+    the step counter went back to the barrier here, and the simulator never trained the
+    learner again (a slow learner with ``follow`` stopped after two steps).
+    """
     node = c.nodes[name]
     if not can_train(c, name):
         return c
     pace = node.pace
     assert pace is not None
-    target = min(node.step + steps, pace.next_step)
+    target = node.step + min(steps, max(pace.next_step - node.step, 1))
     node = attrs.evolve(
         node, step=target, tokens=node.tokens + tokens_per_step * (target - node.step)
     )

@@ -26,3 +26,12 @@ def test_bench_queue_measures_the_queue_and_the_ranks(
         assert all(
             set(n) == {"start", "work", "session_step", "between", "tail"} for n in row["spent_s"]
         )
+
+
+def test_bench_queue_simulates_both_splits(run_bench: Callable[..., dict[str, Any]]) -> None:
+    tiny = ("--sim", "--units", "8", "--batches", "2", "--grace-seconds", "0.1")
+    rows = run_bench("bench/bench_queue.py", *tiny)["sim"]
+    assert [r["mode"] for r in rows] == ["sim queue", "sim ranks"]
+    for row in rows:
+        assert row["took_s"] >= row["ideal_s"] > 0
+        assert sum(row["steps_slow_slow_fast_fast"]) == 16

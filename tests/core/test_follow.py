@@ -106,9 +106,14 @@ def test_a_slow_learner_keeps_the_pace_of_the_others() -> None:
     assert all(len(r.participants) == 3 for r in fast[1:])
     assert len(followed(c, "n2")) >= len(fast) // 2
     assert not followed(c, "n0")  # nobody is ahead of the fast learners to follow
+    # Published early, with the steps it had: on schedule a fragment's snapshot holds
+    # sync_every steps (a fast learner's do); n2's hold fewer, about a round's gap. (Up to
+    # session 12 the model cluster moved a learner's step count back to a barrier it had
+    # passed, and n2's held under the gap every time; without that, one holds 5.)
     gap = CONFIG.sync_every // CONFIG.fragments
     n2_steps = [p.steps for r in fast[1:] for p in r.participants if p.learner == "n2"]
-    assert max(n2_steps) < gap  # published early, with the steps it had
+    assert max(n2_steps) < CONFIG.sync_every
+    assert sum(n2_steps) / len(n2_steps) < gap
     # Markers are swept with their rounds' snapshots.
     markers = [k for k in c.store.objects if k.startswith(keys.FOLLOW_PREFIX)]
     assert len(markers) < len(fast) // 2

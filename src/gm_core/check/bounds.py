@@ -186,4 +186,6 @@ COORDINATION_BOUNDS: dict[str, QueueBounds | BarrierBounds] = {
 }
 """The coordination sets ``gm check --ci`` explores after :data:`CI_BOUNDS` (pinned in
 tests/check/test_queue_check.py and test_barrier_check.py). Two nodes contending for ranks
-with watches is not here: over 500 s (the queue's search has no partial-order reduction)."""
+are not here: with a crash and restart 191,399 states (590 s at load 5-9), with a watch 73,663,
+two ranks over 300,000 (the queue's search has no partial-order reduction; spec/invariants.md
+"Shared queue and ranks")."""

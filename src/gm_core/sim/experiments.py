@@ -25,7 +25,15 @@ import attrs
 
 from gm_core.records import AlgorithmConfig, Alignment
 from gm_core.sim import world
-from gm_core.sim.scenario import CheckPolicy, Scenario, SpeedProfile, TrainingSpec
+from gm_core.sim.scenario import (
+    CheckPolicy,
+    Latency,
+    RequestClass,
+    Scenario,
+    SpeedProfile,
+    StoreProfile,
+    TrainingSpec,
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -109,3 +117,41 @@ def heterogeneity(
             )
         )
     return tuple(out)
+
+
+def two_speed_fleet(
+    *,
+    step_s: float = 0.05,
+    duration_s: float,
+    in_flight: int = 2,
+    grace_seconds: float | None = None,
+    follow: int = 0,
+    latency_s: float = 0.005,
+    seed: int = 0,
+    training: TrainingSpec | None = None,
+) -> Scenario:
+    """bench_queue's fleet (issue 13): four ``both`` nodes, ``l00`` and ``l01`` twice as slow,
+    ``DiLoCo(sync_every=8, fragments=2, quorum=1)``, every request of median ``latency_s``."""
+    return Scenario(
+        name="two_speed_fleet",
+        seed=seed,
+        learners=4,
+        closers=4,
+        colocate=True,
+        duration_s=duration_s,
+        config=AlgorithmConfig(
+            sync_every=8,
+            fragments=2,
+            quorum=1,
+            in_flight=in_flight,
+            lease_timeout_s=4.0,
+            grace_seconds=grace_seconds,
+            follow=follow,
+        ),
+        poll_s=0.05,
+        renew_s=1.0,
+        store=StoreProfile(latency=dict.fromkeys(RequestClass, Latency(median_s=latency_s))),
+        speed=SpeedProfile(step_s=step_s, slow_share=0.5, slow_factor=2.0),
+        training=training,
+        check=CheckPolicy.NONE if training is not None else CheckPolicy.EVERY,
+    )

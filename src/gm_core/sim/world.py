@@ -37,7 +37,7 @@ import collections
 import enum
 import hashlib
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import cast
 
 import attrs
@@ -81,6 +81,11 @@ class Report:
     violation_at_s: float | None = None
     trace_tail: tuple[str, ...] = ()
     busy_wakes: int = 0
+    step_s: Mapping[str, float] = attrs.field(factory=dict)
+    """Each learner's mean step time (its speed, before stalls)."""
+    step_ends: Mapping[str, tuple[float, ...]] = attrs.field(factory=dict)
+    """When each of a learner's steps ended, its incarnations one after the other (what
+    :mod:`gm_core.sim.consume` reads a dataset's consumption from)."""
 
     @property
     def ok(self) -> bool:
@@ -539,10 +544,7 @@ class _World:
             return
         if old is not None and old.pace == pace:
             return
-        steps = pace.next_step - node.step
-        if steps <= 0:
-            self.segments[name] = None
-            return
+        steps = max(pace.next_step - node.step, 1)  # a barrier passed: the next step
         ends, work = speed.plan_steps(
             self.c.now_s,
             steps,
@@ -642,6 +644,16 @@ class _World:
             violation_at_s=self.c.now_s if self.violations else None,
             trace_tail=tuple(self.tail),
             busy_wakes=self.busy_wakes,
+            step_s=dict(self.mean_s),
+            step_ends={
+                name: tuple(
+                    t
+                    for (n, _), ends in sorted(self.tally.step_ends.items())
+                    for t in ends
+                    if n == name
+                )
+                for name in self.learners
+            },
         )
 
 
