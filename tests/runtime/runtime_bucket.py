@@ -24,8 +24,8 @@ from collections.abc import Callable, Collection, Mapping
 
 import attrs
 
-from gm_core import auth, codec, completion, invariants, keys, plan
-from gm_core.records import Manifest, RoundRecord
+from gm_core import auth, codec, completion, invariants, keys, plan, schedule
+from gm_core.records import AlgorithmConfig, FragmentState, Manifest, PayloadRef, RoundRecord
 from gm_core.store_model import ModelStore, Stored
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import InvalidKeyError, Mailbox, check_key
@@ -239,3 +239,23 @@ def done_markers(objects: Mapping[str, Stored]) -> dict[str, dict[int, object]]:
                 body, parsed.attempt
             )
     return done
+
+
+def committing(
+    newest: RoundRecord, round_: int, theta: PayloadRef, config: AlgorithmConfig
+) -> RoundRecord:
+    """``newest`` copied to ``round_``, committing ``theta`` as the next version of that
+    round's fragment (no momentum): a plausible commit of a forger's own model."""
+    fragment = schedule.fragment_of(round_, config.fragments)
+    state = FragmentState(version=newest.frontier[fragment].version + 1, theta=theta, momentum=None)
+    return attrs.evolve(
+        newest,
+        round=round_,
+        step=schedule.step_of(round_, config.sync_every, config.fragments),
+        fragment=fragment,
+        version=state.version,
+        theta=state.theta,
+        outer=None,
+        update=None,
+        frontier=tuple(state if f == fragment else s for f, s in enumerate(newest.frontier)),
+    )

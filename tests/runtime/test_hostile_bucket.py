@@ -37,11 +37,10 @@ import attrs
 import numpy as np
 import pytest
 from hostile_objects import declared_tensor, declaring_frame, nested_header, sealed, zeros_frame
-from runtime_bucket import Witness, judge
+from runtime_bucket import Witness, committing, judge
 from runtime_harness import Harness, file_run, make_harness, wait_until
 from runtime_worker import HIDDEN, IN
 from test_chaos import started
-from test_node_keys import committing
 
 from gm_core import codec, keys, plan, schedule
 from gm_core.records import (

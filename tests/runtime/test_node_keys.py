@@ -23,17 +23,16 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
+from runtime_bucket import committing
 from runtime_worker import torch_model
 from test_authenticated import run_pair
 from test_session import FAST, algorithm, flat, train
 
 from gm_core import auth, keys, plan, schedule
 from gm_core.records import (
-    AlgorithmConfig,
     FragmentState,
     Manifest,
     Member,
-    PayloadRef,
     RoundRecord,
     Snapshot,
 )
@@ -123,26 +122,6 @@ async def _own_theta(box: Mailbox, m: Mallory, fragment: int, round_: int) -> Fr
     data, ref = await asyncio.to_thread(m.codec.encode, fragment, Role.THETA, round_, x)
     await box.put_once(ref.key, data)
     return FragmentState(version=0, theta=ref, momentum=None)
-
-
-def committing(
-    newest: RoundRecord, round_: int, theta: PayloadRef, config: AlgorithmConfig
-) -> RoundRecord:
-    """``newest`` copied to ``round_``, committing ``theta`` as the next version of that
-    round's fragment (no momentum): a plausible commit of a forger's own model."""
-    fragment = schedule.fragment_of(round_, config.fragments)
-    state = FragmentState(version=newest.frontier[fragment].version + 1, theta=theta, momentum=None)
-    return attrs.evolve(
-        newest,
-        round=round_,
-        step=schedule.step_of(round_, config.sync_every, config.fragments),
-        fragment=fragment,
-        version=state.version,
-        theta=state.theta,
-        outer=None,
-        update=None,
-        frontier=tuple(state if f == fragment else s for f, s in enumerate(newest.frontier)),
-    )
 
 
 async def _forge(box: Mailbox, m: Mallory, newest: RoundRecord) -> None:
