@@ -41,7 +41,13 @@ import attrs
 
 from gm_core import cluster
 from gm_core.check import actions, barrier, plants, queue, search
-from gm_core.check.bounds import CI_BOUNDS, COORDINATION_BOUNDS, DEEP_BOUNDS, LONG_BOUNDS
+from gm_core.check.bounds import (
+    CI_BOUNDS,
+    COORDINATION_BOUNDS,
+    COORDINATION_LONG_BOUNDS,
+    DEEP_BOUNDS,
+    LONG_BOUNDS,
+)
 from gm_core.check.explore import ROLE_CODES, Bounds, ExploreProgress, Outcome, explore, narrate
 from gm_core.records import Alignment
 from gm_core.sim import checks
@@ -235,6 +241,7 @@ def main(args: argparse.Namespace) -> int:
             **CI_BOUNDS,
             **({**LONG_BOUNDS, **DEEP_BOUNDS} if args.long else {}),
             **COORDINATION_BOUNDS,
+            **(COORDINATION_LONG_BOUNDS if args.long else {}),
         }
         if args.jobs > 1:
             results = run_many(sets, args.jobs)

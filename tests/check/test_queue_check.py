@@ -10,7 +10,7 @@ import pytest
 from pins import check_pinned, coordination_table
 
 from gm_core.check import queue as checked
-from gm_core.check.bounds import COORDINATION_BOUNDS
+from gm_core.check.bounds import COORDINATION_BOUNDS, COORDINATION_LONG_BOUNDS
 from gm_core.check.plants import PLANTS, planted
 from gm_core.check.queue import QueueBounds, explore
 from gm_shell import check_cli
@@ -27,6 +27,11 @@ PINNED = {
 }
 """States of the queue's and the ranks' sets ``gm check --ci`` explores."""
 BOUNDS = coordination_table(QueueBounds, PINNED)
+PINNED_LONG = {
+    "ranks: two nodes contend for one rank, a watch": 73_663,
+    "ranks: two nodes contend for one rank, a crash and restart": 191_399,
+}
+"""States of the two-node ranks sets ``make check-long`` explores (counted in session 12)."""
 
 
 @pytest.mark.parametrize("name", list(BOUNDS))
@@ -36,6 +41,16 @@ def test_queue_check_passes_and_state_counts_are_pinned(name: str) -> None:
 
 def test_every_queue_set_is_pinned() -> None:
     assert set(BOUNDS) == set(PINNED)  # a set without a pin runs with -1 and fails
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # minutes of CPU each
+@pytest.mark.parametrize("name", list(COORDINATION_LONG_BOUNDS))
+def test_two_nodes_contending_for_a_rank_pass_and_are_pinned(name: str) -> None:
+    """At most one live holder per rank needs two nodes after it: one node cannot break it."""
+    bounds = COORDINATION_LONG_BOUNDS[name]
+    assert isinstance(bounds, QueueBounds)
+    check_pinned(explore, {name: (bounds, PINNED_LONG[name])}, name)
 
 
 SUPERSEDED = PLANTS["queue-holder-never-superseded"]

@@ -186,6 +186,18 @@ COORDINATION_BOUNDS: dict[str, QueueBounds | BarrierBounds] = {
 }
 """The coordination sets ``gm check --ci`` explores after :data:`CI_BOUNDS` (pinned in
 tests/check/test_queue_check.py and test_barrier_check.py). Two nodes contending for ranks
-are not here: with a crash and restart 191,399 states (590 s at load 5-9), with a watch 73,663,
-two ranks over 300,000 (the queue's search has no partial-order reduction; spec/invariants.md
-"Shared queue and ranks")."""
+are in :data:`COORDINATION_LONG_BOUNDS`: with a crash and restart 191,399 states (75 CPU-s),
+with a watch 73,663 (29 CPU-s); two ranks are over 300,000 (the queue's search has no
+partial-order reduction; spec/invariants.md "Shared queue and ranks")."""
+
+COORDINATION_LONG_BOUNDS: dict[str, QueueBounds | BarrierBounds] = {
+    # At most one live holder per rank, with two nodes after it (one node cannot break it).
+    "ranks: two nodes contend for one rank, a watch": QueueBounds(
+        nodes=2, units=1, ranks=True, watches=1
+    ),
+    "ranks: two nodes contend for one rank, a crash and restart": QueueBounds(
+        nodes=2, units=1, ranks=True, crashes=1
+    ),
+}
+"""The coordination sets ``make check-long`` adds (``gm check --long``; pinned by slow tests
+in tests/check/test_queue_check.py)."""
