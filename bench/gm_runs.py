@@ -226,7 +226,7 @@ class Bucket:
         """How ``node`` seals its objects in this run (signing them with per-node keys)."""
         private = node_key(node) if self.roster is not None else None
         signing = nodekeys.signing_for(manifest, node, private, roles)
-        return auth.for_run(manifest.run_id, nodekeys.with_signing(self.run_auth, signing))
+        return auth.of_run(manifest, nodekeys.with_signing(self.run_auth, signing))
 
     def closer(self, node: str, latency_s: float, poll_s: float, watcher: Watcher) -> Session:
         session = Session(

@@ -72,6 +72,7 @@ def main() -> None:
         train(session, model, optimizer, args.steps, rank, device)
     checkpoint = session.checkpoint
     print(f"rank {rank} final: model at round {checkpoint.round if checkpoint else '?'}")
+    dist.barrier()  # every rank done with the group's collectives before any tears it down
     dist.destroy_process_group()
 
 
