@@ -280,7 +280,8 @@ class _Search:
     ) -> Outcome | None:
         records = self._records(c)
         self.max_records = max(self.max_records, records)
-        actions = self._actions(key, c) if records < self.b.rounds else []
+        free = self._free_action(c) if self.b.delays is not None else None
+        actions = self._actions(key, c, free) if records < self.b.rounds else []
         stuck = not actions and records < self.b.rounds
         # With liveness, every state's fair run is judged anyway, with no quorum condition.
         judged = self.b.progress and not self.b.liveness and (stuck or self._sampled(key))
@@ -289,7 +290,6 @@ class _Search:
         fair = self._fair_action(key[0], c, records) if self.b.liveness else None
         asleep = self.sleep.pop(key, {})
         done: list[tuple[Action, Footprint | None]] = []
-        free = self._free_action(c) if self.b.delays is not None else None
         for action in actions:
             if action in asleep:
                 continue
@@ -332,11 +332,10 @@ class _Search:
             self._follows(key[0], records, self.prints.state(after), after)
         return None
 
-    def _actions(self, key: Key, c: cluster.Cluster) -> list[Action]:
+    def _actions(self, key: Key, c: cluster.Cluster, free: Action | None) -> list[Action]:
         """What may happen next: every enabled action, or with the delay budget spent only
         the free one (which is always enabled: any other would cost a delay)."""
         if self.b.delays is not None and key[3] >= self.b.delays:
-            free = self._free_action(c)
             return [] if free is None else [free]
         return enabled(
             c,
