@@ -254,6 +254,17 @@ class Link:
             self.broken = True
             raise
 
+    def release(self) -> None:
+        """Let go of the process group: the session is closed and sends nothing more.
+
+        The user tears the group down (``destroy_process_group``) after the session; a
+        session that still held it would keep gloo's backend alive until the garbage
+        collector reached the session, which may be at interpreter exit, where destroying
+        the backend's worker threads aborts the process ("terminate called without an
+        active exception")."""
+        self.broken = True
+        self.group = None
+
     def heartbeat(self) -> None:
         """The leader waits: tell the followers so, at most once per :data:`HEARTBEAT_S`."""
         if time.monotonic() - self._beat_at >= HEARTBEAT_S and not self.broken:

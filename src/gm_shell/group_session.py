@@ -131,15 +131,18 @@ class GroupSession(Session):
     def close(self) -> None:
         if self._closed:
             return
-        if self.leads:
-            self._lead(super().close)
-            self._link.objects(self.checkpoint)
-            return
         try:
-            self._follow()
-            self.checkpoint = self._link.objects()
+            if self.leads:
+                self._lead(super().close)
+                self._link.objects(self.checkpoint)
+                return
+            try:
+                self._follow()
+                self.checkpoint = self._link.objects()
+            finally:
+                self._teardown()
         finally:
-            self._teardown()
+            self._link.release()
 
     def run(
         self, step: Callable[[Any], int | None], data: Iterable[Any] | SharedQueue[Any]

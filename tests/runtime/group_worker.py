@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import gc
 import json
 import os
 import time
@@ -131,6 +132,7 @@ def child(spec: dict[str, Any]) -> None:
         outcome.update(failure)
     checkpoint = session.checkpoint
     outcome.update(
+        holders=_gm_holders_of_the_group(),
         losses=losses,
         round=None if checkpoint is None else checkpoint.round,
         leads=getattr(session, "leads", True),
@@ -167,3 +169,16 @@ def serve(spec: dict[str, Any], out: Path) -> None:
         while not (out / "stop").exists():
             session.serve(duration_s=0.2)
     (out / "result.json").write_text(json.dumps({"error": None}))
+
+
+def _gm_holders_of_the_group() -> list[str]:
+    """gm's objects that still refer to the process group once the session is closed: none
+    may, or the group outlives the user's ``destroy_process_group`` until the garbage
+    collector reaches the session, at interpreter exit if need be, where gloo's backend
+    aborts the process as it is destroyed."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return []
+    referrers = gc.get_referrers(dist.group.WORLD)
+    return [type(r).__qualname__ for r in referrers if type(r).__module__.startswith("gm_")]

@@ -155,6 +155,7 @@ def test_groups_and_a_single_learner_share_a_run_bit_for_bit(run: Run) -> None:
     for name in learners:
         result = run.result(name)
         assert result["error"] is None, (name, result)
+        assert result["holders"] == [], (name, result["holders"])  # the group is the user's
         assert len(result["losses"]) == 40
         first, last = np.mean(result["losses"][:5]), np.mean(result["losses"][-10:])
         assert last < first, (name, first, last)
