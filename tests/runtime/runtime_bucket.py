@@ -25,6 +25,7 @@ from collections.abc import Callable, Collection, Mapping
 import attrs
 
 from gm_core import auth, codec, completion, invariants, keys, plan, schedule
+from gm_core.check import forger
 from gm_core.records import AlgorithmConfig, FragmentState, Manifest, PayloadRef, RoundRecord
 from gm_core.store_model import ModelStore, Stored
 from gm_shell.loopthread import LoopThread
@@ -246,16 +247,6 @@ def committing(
 ) -> RoundRecord:
     """``newest`` copied to ``round_``, committing ``theta`` as the next version of that
     round's fragment (no momentum): a plausible commit of a forger's own model."""
-    fragment = schedule.fragment_of(round_, config.fragments)
-    state = FragmentState(version=newest.frontier[fragment].version + 1, theta=theta, momentum=None)
-    return attrs.evolve(
-        newest,
-        round=round_,
-        step=schedule.step_of(round_, config.sync_every, config.fragments),
-        fragment=fragment,
-        version=state.version,
-        theta=state.theta,
-        outer=None,
-        update=None,
-        frontier=tuple(state if f == fragment else s for f, s in enumerate(newest.frontier)),
-    )
+    version = newest.frontier[schedule.fragment_of(round_, config.fragments)].version + 1
+    state = FragmentState(version=version, theta=theta, momentum=None)
+    return attrs.evolve(forger.next_commit(newest, round_, state, config), outer=None, update=None)

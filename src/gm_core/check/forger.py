@@ -39,7 +39,14 @@ import enum
 import attrs
 
 from gm_core import auth, cluster, codec, election, invariants, keys, modelkeys, schedule, tape
-from gm_core.records import Claim, Participant, RoundRecord, Snapshot
+from gm_core.records import (
+    AlgorithmConfig,
+    Claim,
+    FragmentState,
+    Participant,
+    RoundRecord,
+    Snapshot,
+)
 
 EVIL = "evil"
 """The learner id the forger writes as (never a node of a checked cluster)."""
@@ -129,15 +136,8 @@ def _object(c: cluster.Cluster, kind: Forgery) -> tuple[str, bytes] | None:
         return None  # a plausible forged record copies a real one's shape
     evil = Participant(learner=EVIL, steps=1, tokens=1, weight=1.0, base_version=0, final=False)
     state = frontier[fragment]
-    forged_state = attrs.evolve(state, version=state.version + 1)  # one more commit of it
     record = attrs.evolve(
-        newest,
-        round=round_,
-        step=schedule.step_of(round_, config.sync_every, config.fragments),
-        fragment=fragment,
-        version=forged_state.version,
-        theta=forged_state.theta,
-        frontier=tuple(forged_state if f == fragment else s for f, s in enumerate(frontier)),
+        next_commit(newest, round_, attrs.evolve(state, version=state.version + 1), config),
         closer=EVIL,
         claim=1,
         participants=(evil,),
@@ -145,6 +145,23 @@ def _object(c: cluster.Cluster, kind: Forgery) -> tuple[str, bytes] | None:
         prev=_prev(c, newest),
     )
     return keys.round_record(round_), codec.encode(record)
+
+
+def next_commit(
+    newest: RoundRecord, round_: int, state: FragmentState, config: AlgorithmConfig
+) -> RoundRecord:
+    """``newest`` carried to ``round_``, committing ``state`` as that round's fragment: the
+    shape of a plausible forged commit (a test's forger uses it too)."""
+    fragment = schedule.fragment_of(round_, config.fragments)
+    return attrs.evolve(
+        newest,
+        round=round_,
+        step=schedule.step_of(round_, config.sync_every, config.fragments),
+        fragment=fragment,
+        version=state.version,
+        theta=state.theta,
+        frontier=tuple(state if f == fragment else s for f, s in enumerate(newest.frontier)),
+    )
 
 
 def _member(c: cluster.Cluster) -> bool:
