@@ -20,8 +20,10 @@ zero one (open: a well-formed snapshot of an outsider is accepted there, by desi
 its share capped); and every node's peak resident memory may grow, from its session's
 start to its exit, by at most ``2 × model bytes + RSS_SLACK``.
 
-A forged record at the *next* round's key (slot 0) is tested on its own (the last test
-here): since slots (protocol.md §16.4) it is named and skipped, and the run goes on.
+Objects at the *next* rounds' record keys (slot 0) are tested on their own, on both
+stores, open and keyed: a plausible record committing a forger's model (keyed: chained
+to the real tip), garbage, and a multi-GB object. Since slots (protocol.md §16.4) and the
+chained tape (§16.5) each is named by every node, skipped, and the run goes on.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +44,7 @@ from runtime_harness import Harness, file_run, make_harness, wait_until
 from runtime_worker import HIDDEN, IN
 from test_chaos import started
 
-from gm_core import codec, keys, plan, schedule
+from gm_core import auth, codec, keys, plan, schedule
 from gm_core.records import (
     Head,
     Manifest,
@@ -52,10 +54,13 @@ from gm_core.records import (
     Snapshot,
     TensorSpec,
 )
+from gm_core.tape import chain_digest
 from gm_shell.fragments import FragmentCodec, Role
 from gm_shell.mailbox import Mailbox, PutOutcome
 from gm_shell.payload import content_hash
+from gm_shell.run import read_manifest
 from gm_shell.stores import MailboxOptions
+from gm_shell.tapereads import read_record
 
 KEY = bytes(range(32))
 MiB = 1 << 20
@@ -393,54 +398,156 @@ async def attack_until_answered(
     )
 
 
-def test_a_forged_record_at_the_next_round_key_is_skipped_by_name(tmp_path: Path) -> None:
-    """Slots (protocol.md §16.4): an object at the next round's record key that does not
-    open is named (``record_rejected ... unauthenticated``) and skipped; the round commits
-    at the slot above it and the run goes on, its model finite."""
-    url, options = file_run(tmp_path)
-    h = make_harness(url, options, tmp_path, quorum=1)
-    witness = Witness(url, options, run_key=KEY)
+SQUATS = ("forged", "garbage", "huge")
+"""What sits at slot 0 of three consecutive rounds' record keys, written before their
+closer gets there: a plausible commit of the forger's own model (payload digest right),
+bytes that are not JSON, and an object far over a record's cap."""
+HUGE_FILE = 4 << 30
+"""The oversized record on ``file://``: a sparse file (no disk, no time) of 4 GiB, as the
+issue's "multi-GB object at the next round key, re-downloaded at every poll"."""
+HUGE_S3 = 16 * MiB
+"""The same on SeaweedFS, where the bytes must be sent (16 MiB: four times a record's cap)."""
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["open", "keyed"])
+def test_objects_at_the_next_round_keys_are_named_skipped_and_never_adopted(
+    run_url: tuple[str, MailboxOptions], keyed: bool, tmp_path: Path
+) -> None:
+    """Slots (protocol.md §16.4) and the chained tape (§16.5) against issue 12's first and
+    eighth "Why": a closer-learner and a learner in their own processes (quorum 2), and a
+    forger who, at the round about to be decided, writes a plausible record committing a
+    model of its own (keyed: naming the real tip as ``prev``, so only the tag tells it
+    apart; open: a copy that does not chain), then garbage and a multi-GB object at the
+    two rounds after it. Each is named by both nodes (``record_rejected``; the big one
+    ``refused`` unread), the rounds commit at the slot above, the run goes on, no node
+    ever holds the forged model or a non-finite parameter, and no node's memory grows by
+    more than ``2 × model bytes + RSS_SLACK``."""
+    url, options = run_url
+    h = make_harness(url, options, tmp_path, quorum=2)
+    key_spec: dict[str, Any] = {"run_key": KEY.hex()} if keyed else {}
+    witness = Witness(url, options, run_key=KEY if keyed else None)
+    nodes = ("n1", "n0")
     try:
-        h.spawn("n0", seed=0, run_key=KEY.hex())
+        h.spawn("n0", seed=0, **key_spec)
         wait_until("the run to exist", lambda: started(h, "n0"), 60)
         witness.start()
-        wait_until("a commit", lambda: len(tape(witness)) >= 2, 60)
-        forged = asyncio.run(forge_next_record(url, options, witness))
-        wait_until(
-            "the forged record to be named",
-            lambda: any(
-                e["event"] == "record_rejected" and "unauthenticated" in e["detail"]
-                for e in h.events("n0")
-            ),
-            60,
-        )
-        wait_until(
-            "commits past the forged record's round",
-            lambda: any(
-                e["event"] == "committed" and int(e["round"]) > forged for e in h.events("n0")
-            ),
-            60,
-        )
-        codes = h.stop("n0")
-        result = h.result("n0")
+        h.spawn("n1", seed=1, role="learner", **key_spec)
+        wait_until("the learner to join", lambda: started(h, "n1"), 60)
+        wait_until("a commit of both", lambda: newest_commit(h) >= 2, 60)
+        squatted, forged_theta = asyncio.run(squat_next_records(url, options, keyed, h))
+        last = max(squatted.values())
+        try:
+            wait_until("every squat named", lambda: not unnamed_squats(h, nodes, squatted), 60)
+        except AssertionError as timeout:
+            named = [e for n in nodes for e in h.events(n) if e["event"] in NAMING]
+            raise AssertionError(
+                f"{unnamed_squats(h, nodes, squatted)} unnamed in {named}"
+            ) from timeout
+        wait_until("commits past the squatted rounds", lambda: newest_commit(h) > last + 1, 60)
+        codes = h.stop(*nodes)
+        results = {name: h.result(name) for name in nodes}
     finally:
         h.close()
         witness.stop()
-    assert codes == {"n0": 0}
-    assert result["round"] > forged
-    assert all(np.isfinite(p).all() for p in result["params"])
+    assert codes == dict.fromkeys(nodes, 0), codes
+    asyncio.run(remove(url, options, keys.round_record(squatted["huge"])))  # judge reads all
+    # The forger's objects are no node's writes: the invariants judge the slots above them.
+    squats = [keys.round_record(r) for r in squatted.values()]
+    judgement = judge(url, options, witness, foreign=squats)
+    assert not judgement.violations, judgement.violations
+    rounds = [r.round for r in judgement.records]
+    assert rounds == list(range(len(rounds))), rounds  # every squatted round has its record
+    assert rounds[-1] > last, rounds
+    assert not any(forged_theta in {s.theta.key for s in r.frontier} for r in judgement.records)
+    assert_honest_and_small(results, beyond=last)
 
 
-async def forge_next_record(url: str, options: MailboxOptions, witness: Witness) -> int:
-    """A bare copy of the newest record at the next free round key; returns that round."""
-    with Mailbox.open(url, options=options) as mailbox:
+NAMING = ("record_rejected", "refused", "fork")
+
+
+def newest_commit(h: Harness) -> int:
+    """The newest round the closer (n0) reports committed, -1 before any."""
+    return max((int(e["round"]) for e in h.events("n0") if e["event"] == "committed"), default=-1)
+
+
+def unnamed_squats(h: Harness, nodes: Collection[str], squatted: dict[str, int]) -> list[str]:
+    """The squats some node has not named yet: each object at a squatted round's slot 0 is
+    a ``record_rejected`` of that round, and the oversized one is ``refused`` unread too."""
+    missing = []
+    for name in nodes:
+        events = h.events(name)
+        named = {int(e["round"]) for e in events if e["event"] == "record_rejected"}
+        refused = {e["key"] for e in events if e["event"] == "refused"}
+        missing.extend(f"{name}: {what}" for what, r in squatted.items() if r not in named)
+        if keys.round_record(squatted["huge"]) not in refused:
+            missing.append(f"{name}: huge unread")
+    return missing
+
+
+def assert_honest_and_small(results: dict[str, dict[str, Any]], beyond: int) -> None:
+    """Every node ended past round ``beyond``, finite, never on the forged model, and its
+    memory grew by at most ``2 × MODEL_BYTES + RSS_SLACK`` (the figures printed, -s)."""
+    for name, result in results.items():
+        params = np.concatenate([np.ravel(p) for p in result["params"]])
+        assert np.isfinite(params).all(), name
+        assert not np.isclose(params, FORGED_VALUE).any(), name
+        assert result["round"] > beyond, (name, result["round"])
+        growth = result["rss_peak"] - result["rss_start"]
+        print(f"{name}: rss growth {growth / MiB:.1f} MiB, peak {result['rss_peak'] / MiB:.1f} MiB")
+        assert growth < 2 * MODEL_BYTES + RSS_SLACK, (name, growth)
+
+
+async def squat_next_records(
+    url: str, options: MailboxOptions, keyed: bool, h: Harness
+) -> tuple[dict[str, int], str]:
+    """Write :data:`SQUATS` at slot 0 of the next three rounds (racing the closer for the
+    first, which must follow the tip it reads); returns each one's round, and the key of
+    the forged model's payload."""
+    run_auth = auth.derive(KEY) if keyed else None
+    with Mailbox.open(url, options=options) as box:
+        manifest = await read_manifest(box, run_auth)
+        assert manifest is not None
+        envelope = auth.of_run(manifest, run_auth)
+        deadline = time.monotonic() + 60
         while True:
-            newest = tape(witness)[-1]
-            forged = attrs.evolve(newest, round=newest.round + 1)
-            key = keys.round_record(forged.round)
-            if await mailbox.put_once(key, codec.encode(forged)) is PutOutcome.CREATED:
-                return forged.round
-            await asyncio.sleep(0.05)
+            assert time.monotonic() < deadline, "the closer won every race for the next key"
+            tip = (await read_record(box, envelope, manifest.config, newest_commit(h))).record
+            assert isinstance(tip, RoundRecord), tip
+            round_ = tip.round + 1
+            if await box.probe(keys.round_record(round_)) is not None:
+                await asyncio.sleep(0.05)  # the closer was quicker: the next one
+                continue
+            theta = await forged_theta(box, manifest, round_)
+            forged = committing(tip, round_, theta, manifest.config)
+            if keyed:  # chains to the real tip: only the (missing) tag tells it apart
+                forged = attrs.evolve(forged, prev=chain_digest(tip))
+            created = await box.put_once(keys.round_record(round_), codec.encode(forged))
+            if created is PutOutcome.CREATED:
+                break
+        await box.put_once(keys.round_record(round_ + 1), b"{not json")
+        huge = keys.round_record(round_ + 2)
+        if url.startswith("file://"):
+            with open(Path(url.removeprefix("file://")) / huge, "xb") as f:
+                f.truncate(HUGE_FILE)  # sparse
+        else:
+            await box.put_once(huge, b" " * HUGE_S3)
+    return {"forged": round_, "garbage": round_ + 1, "huge": round_ + 2}, theta.key
+
+
+async def forged_theta(box: Mailbox, manifest: Manifest, round_: int) -> PayloadRef:
+    """The forger's model for ``round_``'s fragment, stored under the digest a reader
+    without the run key computes."""
+    fragment = schedule.fragment_of(round_, manifest.config.fragments)
+    ours = FragmentCodec(manifest)
+    model = np.full(ours.size(fragment), FORGED_VALUE, np.float32)
+    data, ref = await asyncio.to_thread(ours.encode, fragment, Role.THETA, round_, model)
+    await box.put_once(ref.key, data)
+    return ref
+
+
+async def remove(url: str, options: MailboxOptions, key: str) -> None:
+    with Mailbox.open(url, options=options) as box:
+        await box.delete([key])
 
 
 FORGED_VALUE = 7.0
