@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -466,9 +467,9 @@ def test_objects_at_the_next_round_keys_are_named_skipped_and_never_adopted(
 NAMING = ("record_rejected", "refused", "fork")
 
 
-def newest_commit(h: Harness) -> int:
-    """The newest round the closer (n0) reports committed, -1 before any."""
-    return max((int(e["round"]) for e in h.events("n0") if e["event"] == "committed"), default=-1)
+def newest_commit(h: Harness, node: str = "n0") -> int:
+    """The newest round ``node`` reports committed, -1 before any."""
+    return max((int(e["round"]) for e in named(h, node, "committed")), default=-1)
 
 
 def unnamed_squats(h: Harness, nodes: Collection[str], squatted: dict[str, int]) -> list[str]:
@@ -548,6 +549,69 @@ async def forged_theta(box: Mailbox, manifest: Manifest, round_: int) -> Payload
 async def remove(url: str, options: MailboxOptions, key: str) -> None:
     with Mailbox.open(url, options=options) as box:
         await box.delete([key])
+
+
+@pytest.mark.parametrize(
+    "squats", [60, pytest.param(1000, marks=pytest.mark.slow)], ids=["60-claims", "1000-claims"]
+)
+@pytest.mark.parametrize("keyed", [False, True], ids=["open", "keyed"])
+def test_a_takeover_goes_through_a_flood_of_claims_at_the_rounds_it_bids_for(
+    run_url: tuple[str, MailboxOptions], keyed: bool, squats: int, tmp_path: Path
+) -> None:
+    """Issue 12 Why 5 (~10^4 claim objects made a closer raise, and a failure there stopped
+    the node): with both nodes paused (SIGSTOP), garbage at every claim number below
+    ``squats`` of the next three rounds; then the closer is killed (SIGKILL) and the other
+    closer-capable node resumed. It takes the round over and commits on. Open, its bids walk
+    past the garbage one number at a time, each named (``claim_rejected``: linear, as
+    protocol.md §16.4.4 says, skipping for open runs is not built; the time is printed);
+    keyed, claim keys are named by the run key, so the flood sits where no bid goes."""
+    url, options = run_url
+    h = make_harness(url, options, tmp_path, quorum=1)
+    key_spec: dict[str, Any] = {"run_key": KEY.hex()} if keyed else {}
+    try:
+        h.spawn("n0", seed=0, **key_spec)
+        wait_until("the run to exist", lambda: started(h, "n0"), 60)
+        h.spawn("n1", seed=1, **key_spec)
+        wait_until("the second closer-capable node to join", lambda: started(h, "n1"), 60)
+        wait_until("a commit", lambda: newest_commit(h) >= 2, 60)
+        h.signal("n0", signal.SIGSTOP)
+        h.signal("n1", signal.SIGSTOP)
+        newest = max(newest_commit(h, "n0"), newest_commit(h, "n1"))
+        flooded = range(newest + 1, newest + 4)
+        asyncio.run(squat_claims(url, options, flooded, squats))
+        t0 = time.monotonic()
+        h.kill("n0")
+        h.signal("n1", signal.SIGCONT)
+        wait_until("a takeover", lambda: bool(named(h, "n1", "took_over")), 60)
+        took = time.monotonic() - t0
+        wait_until("commits past the flood", lambda: newest_commit(h, "n1") > flooded[-1], 60)
+        codes = h.stop("n1")
+        results = {"n1": h.result("n1")}
+        rejected = named(h, "n1", "claim_rejected")
+    finally:
+        h.close()
+    assert codes == {"n1": 0}
+    took_over = int(named(h, "n1", "took_over")[0]["round"])
+    assert took_over in flooded, (took_over, flooded)  # else this tested nothing
+    if keyed:
+        assert not rejected, rejected  # no bid ever met the flood
+    else:
+        assert rejected, "the bids walked past the garbage without naming it"
+    print(f"took round {took_over} over {took:.1f} s after the kill, {len(rejected)} claims named")
+    assert_honest_and_small(results)
+
+
+def named(h: Harness, node: str, kind: str) -> list[dict[str, str]]:
+    return [e for e in h.events(node) if e["event"] == kind]
+
+
+async def squat_claims(url: str, options: MailboxOptions, rounds: range, squats: int) -> None:
+    """Garbage at claim numbers 0 to ``squats`` - 1 of each of ``rounds``."""
+    with Mailbox.open(url, options=attrs.evolve(options, max_concurrency=32)) as box:
+        for round_ in rounds:
+            await asyncio.gather(
+                *(box.put_once(keys.claim(round_, a), b"{not json") for a in range(squats))
+            )
 
 
 FORGED_VALUE = 7.0
