@@ -1,8 +1,10 @@
-"""A committed payload overwritten in a live run (issue 12 item 6, spec/protocol.md §16.10).
+"""A committed payload overwritten or deleted in a live run (issue 12 item 6, spec/protocol.md
+§16.10).
 
-Nodes train in their own processes on a local folder. Once a few rounds have
-committed, this test overwrites the newest commit's parameters payload with garbage,
-as a bad restore or an attacker with write access would. Before §16.10 joining
+Nodes train in their own processes, on a local folder (the payload overwritten) and on
+SeaweedFS (deleted). Once a few rounds have committed, this test overwrites the newest
+commit's parameters payload with garbage, or deletes it, as a bad restore, a lifecycle
+rule or an attacker with write access would. Before §16.10 joining
 learners re-joined in a loop and the closer retried its merge forever
 (``merge_failed``); now each node names the object (``commit_unusable``), loads the
 commit before it, the closer merges the next round of that fragment into that
@@ -14,9 +16,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import numpy as np
-from runtime_harness import Harness, file_run, make_harness, wait_until
+import pytest
+from runtime_harness import Harness, file_run, make_harness, s3_run, wait_until
 from test_chaos import started
+from test_hostile_bucket import assert_honest_and_small
 
 from gm_core import codec, keys
 from gm_core.records import RoundRecord
@@ -33,9 +36,15 @@ async def read_tape(url: str, options: MailboxOptions) -> list[RoundRecord]:
     return records
 
 
-async def overwrite(url: str, options: MailboxOptions, key: str) -> None:
+async def spoil(url: str, options: MailboxOptions, key: str, how: str) -> None:
     with Mailbox.open(url, options=options) as mailbox:
-        await mailbox.put(key, b"these are not the committed parameters")
+        if how == "deleted":
+            await mailbox.delete([key])
+        else:
+            await mailbox.put(key, b"these are not the committed parameters")
+
+
+S3_MARKS = (pytest.mark.servers, pytest.mark.xdist_group("runtime-s3"))
 
 
 def commits(url: str, options: MailboxOptions) -> list[RoundRecord]:
@@ -46,11 +55,20 @@ def events(h: Harness, name: str, kind: str) -> list[dict[str, str]]:
     return [e for e in h.events(name) if e["event"] == kind]
 
 
-def test_an_overwritten_commit_is_named_and_the_run_heals_past_it(tmp_path: Path) -> None:
-    """Nodes cache the commits they write or read, so the overwrite is met by nodes that
-    start after it: the run is stopped, the newest commit overwritten, and two fresh nodes
-    (one closer-capable) carry the run on from the bucket alone."""
-    url, options = file_run(tmp_path)
+@pytest.mark.parametrize(
+    ("store", "how"),
+    [("file", "overwritten"), pytest.param("s3", "deleted", marks=S3_MARKS)],
+)
+def test_an_overwritten_or_deleted_commit_is_named_and_the_run_heals_past_it(
+    store: str, how: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Nodes cache the commits they write or read, so the damage is met by nodes that
+    start after it: the run is stopped, the newest commit overwritten or deleted, and two
+    fresh nodes (one closer-capable) carry the run on from the bucket alone."""
+    if store == "file":
+        url, options = file_run(tmp_path)
+    else:
+        url, options = s3_run(request.getfixturevalue("seaweedfs"))
     h = make_harness(url, options, tmp_path, quorum=2)
     try:
         h.spawn("n0", seed=0)
@@ -61,7 +79,7 @@ def test_an_overwritten_commit_is_named_and_the_run_heals_past_it(tmp_path: Path
         tape = asyncio.run(read_tape(url, options))
         bad = commits(url, options)[-1]
         unusable = tape[-1].frontier[bad.fragment]
-        asyncio.run(overwrite(url, options, unusable.theta.key))
+        asyncio.run(spoil(url, options, unusable.theta.key, how))
         h.spawn("n2", seed=2)
         h.spawn("n3", seed=3, role="learner")
 
@@ -94,5 +112,4 @@ def test_an_overwritten_commit_is_named_and_the_run_heals_past_it(tmp_path: Path
     first = healed()[0]
     assert first.version == unusable.version + 1
     assert unusable.theta.key not in {fs.theta.key for fs in first.frontier}
-    for result in results.values():
-        assert all(np.isfinite(p).all() for p in result["params"])
+    assert_honest_and_small(results)  # finite, and memory bounded as under every attack
