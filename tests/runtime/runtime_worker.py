@@ -36,7 +36,10 @@ IN, HIDDEN = 8, 16
 TEACHER = np.random.default_rng(1234).normal(size=(IN, 1)).astype(np.float32)
 
 
-def torch_model(seed: int) -> tuple[Any, Any]:
+def torch_model(seed: int, hidden: int = HIDDEN) -> tuple[Any, Any]:
+    """The test model. A ``hidden`` width other than :data:`HIDDEN` adds a square middle
+    layer of that width: a model whose bytes count (the memory bounds), while a batch's
+    activations stay small beside it (a wide first layer alone would hold batch x width)."""
     import torch
 
     torch.set_num_threads(1)
@@ -45,13 +48,18 @@ def torch_model(seed: int) -> tuple[Any, Any]:
     class Net(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.fc1 = torch.nn.Linear(IN, HIDDEN)
-            self.fc2 = torch.nn.Linear(HIDDEN, 1)
+            self.fc1 = torch.nn.Linear(IN, hidden)
+            self.mid = torch.nn.Linear(hidden, hidden) if hidden != HIDDEN else None
+            self.fc2 = torch.nn.Linear(hidden, 1)
 
         def forward(self, x: Any) -> Any:
-            return self.fc2(torch.tanh(self.fc1(x)))
+            h = torch.tanh(self.fc1(x))
+            if self.mid is not None:
+                h = torch.tanh(self.mid(h))
+            return self.fc2(h)
 
     model = Net()
+    lr = 0.05 * HIDDEN / hidden  # the output sums ``hidden`` units: a wide one diverges else
 
     def train(x: np.ndarray, y: np.ndarray) -> float:
         # Plain SGD by hand: constructing a torch.optim optimizer imports torch._dynamo,
@@ -61,7 +69,7 @@ def torch_model(seed: int) -> tuple[Any, Any]:
         loss.backward()
         with torch.no_grad():
             for p in model.parameters():
-                p -= 0.05 * p.grad
+                p -= lr * p.grad
         return float(loss.item())
 
     return model, train
@@ -168,7 +176,9 @@ def main(spec: dict[str, Any]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     framework = spec.get("framework", "torch")
     seed = int(spec["seed"])
-    model, train = MODELS[framework](seed)
+    # A width other than HIDDEN: torch only (the memory-bound tests' wider model).
+    width = {"hidden": int(spec["hidden"])} if "hidden" in spec else {}
+    model, train = MODELS[framework](seed, **width)
     if "delta_scale" in spec:
         scale_published_deltas(float(spec["delta_scale"]))
     log = (out / "events.jsonl").open("a", buffering=1)

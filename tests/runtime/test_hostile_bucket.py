@@ -66,8 +66,19 @@ from gm_shell.tapereads import read_record
 
 KEY = bytes(range(32))
 MiB = 1 << 20
-MODEL_BYTES = 4 * (IN * HIDDEN + HIDDEN + HIDDEN + 1)
-"""The test model's parameters (float32), as every node holds them."""
+
+
+def model_bytes(hidden: int = HIDDEN) -> int:
+    """The test model's parameters (float32), as every node holds them
+    (:func:`runtime_worker.torch_model`: a width other than ``HIDDEN`` adds a square layer)."""
+    square = 0 if hidden == HIDDEN else hidden * hidden + hidden
+    return 4 * (IN * hidden + hidden + square + hidden + 1)
+
+
+MODEL_BYTES = model_bytes()
+WIDE = 2048
+"""The hidden width of the slow variants' model: 4,214,785 parameters, 16.1 MiB, so that
+the bound's ``2 × model bytes`` term outweighs what the small model's nodes grow by."""
 RSS_SLACK = 64 * MiB
 """What a node's peak memory may grow by, beyond twice the model, from its session's start
 to its exit (the constant of issue 12's bound; the measured growth is printed, -s). One
@@ -411,9 +422,26 @@ HUGE_S3 = 16 * MiB
 """The same on SeaweedFS, where the bytes must be sent (16 MiB: four times a record's cap)."""
 
 
+OVER_BOUND = pytest.mark.xfail(
+    strict=True,
+    reason="gm itself outgrows 2 x model + 64 MiB (issue 12 Show, open): with the 16 MiB model"
+    " and no attacker, RSS grows 384 MiB (learner) and 755 MiB (closer-learner) in 10 rounds,"
+    " 545 and 1,221 MiB in 27 (the payload caches, cache_bytes 1 GiB each, fill); with"
+    " cache_bytes = the model's bytes still 304 and 433-481 MiB (measured 2026-12-02)",
+)
+"""The 16 MiB variant fails its memory bound whatever the attacker does; when gm's own
+working set fits ``2 × model + RSS_SLACK`` (plus the caches it is told it may keep), this
+marker goes (strict: the test then fails as a reminder)."""
+
+
+@pytest.mark.parametrize(
+    "hidden",
+    [HIDDEN, pytest.param(WIDE, marks=[pytest.mark.slow, OVER_BOUND])],
+    ids=["small", "16MiB"],
+)
 @pytest.mark.parametrize("keyed", [False, True], ids=["open", "keyed"])
 def test_objects_at_the_next_round_keys_are_named_skipped_and_never_adopted(
-    run_url: tuple[str, MailboxOptions], keyed: bool, tmp_path: Path
+    run_url: tuple[str, MailboxOptions], keyed: bool, hidden: int, tmp_path: Path
 ) -> None:
     """Slots (protocol.md §16.4) and the chained tape (§16.5) against issue 12's first and
     eighth "Why": a closer-learner and a learner in their own processes (quorum 2), and a
@@ -427,6 +455,8 @@ def test_objects_at_the_next_round_keys_are_named_skipped_and_never_adopted(
     url, options = run_url
     h = make_harness(url, options, tmp_path, quorum=2)
     key_spec: dict[str, Any] = {"run_key": KEY.hex()} if keyed else {}
+    if hidden != HIDDEN:  # a model whose bytes count (slow): 16 MiB
+        key_spec["hidden"] = hidden
     witness = Witness(url, options, run_key=KEY if keyed else None)
     nodes = ("n1", "n0")
     try:
@@ -461,7 +491,7 @@ def test_objects_at_the_next_round_keys_are_named_skipped_and_never_adopted(
     assert rounds[-1] > last, rounds
     assert not any(forged_theta in {s.theta.key for s in r.frontier} for r in judgement.records)
     assert all(result["round"] > last for result in results.values())
-    assert_honest_and_small(results)
+    assert_honest_and_small(results, model_bytes(hidden))
 
 
 NAMING = ("record_rejected", "refused", "fork")
@@ -492,16 +522,19 @@ def unnamed_squats(
     return missing
 
 
-def assert_honest_and_small(results: dict[str, dict[str, Any]]) -> None:
+def assert_honest_and_small(results: dict[str, dict[str, Any]], model: int = MODEL_BYTES) -> None:
     """Every node ended finite, never on the forged model, and its memory grew by at most
-    ``2 × MODEL_BYTES + RSS_SLACK`` from its session's start (the figures printed, -s)."""
+    ``2 × model + RSS_SLACK`` from its session's start (the figures printed, -s)."""
     for name, result in results.items():
         params = np.concatenate([np.ravel(p) for p in result["params"]])
         assert np.isfinite(params).all(), name
         assert not np.isclose(params, FORGED_VALUE).any(), name
         growth = result["rss_peak"] - result["rss_start"]
-        print(f"{name}: rss growth {growth / MiB:.1f} MiB, peak {result['rss_peak'] / MiB:.1f} MiB")
-        assert growth < 2 * MODEL_BYTES + RSS_SLACK, (name, growth)
+        print(
+            f"{name}: rss growth {growth / MiB:.1f} MiB, peak {result['rss_peak'] / MiB:.1f} MiB"
+            f" (model {model / MiB:.2f} MiB, bound {(2 * model + RSS_SLACK) / MiB:.1f} MiB)"
+        )
+        assert growth < 2 * model + RSS_SLACK, (name, growth)
 
 
 async def squat_next_records(
@@ -740,5 +773,7 @@ def test_the_model_bytes_are_the_workers_parameters() -> None:
     """:data:`MODEL_BYTES` (the RSS bound's model term) counts the test model exactly."""
     from runtime_worker import torch_model
 
-    model, _ = torch_model(seed=0)
-    assert sum(p.numel() * p.element_size() for p in model.parameters()) == MODEL_BYTES
+    for hidden in (HIDDEN, WIDE):
+        model, _ = torch_model(seed=0, hidden=hidden)
+        held = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert held == model_bytes(hidden), hidden
