@@ -73,6 +73,7 @@ from gm_core.events import (
     Verified,
 )
 from gm_core.records import (
+    FORMAT_VERSION,
     ROLE_CLOSER,
     ROLE_LEARNER,
     AlgorithmConfig,
@@ -180,6 +181,8 @@ def create(
     run_key: bytes | None = None,
     list_cap: int | None = None,
     members: Mapping[str, tuple[str, ...]] | None = None,
+    wire_format: int = FORMAT_VERSION,
+    revoked: Mapping[str, int] | None = None,
 ) -> Cluster:
     """A run whose manifest and initial payloads are in the store; nodes not yet started.
 
@@ -190,13 +193,20 @@ def create(
     gm_core.modelkeys' stand-in scheme): its roster admits every node with the roles of
     its machines, plus ``members`` (ids that are not nodes, e.g. a forger that is a
     member, with their roles); every node signs as itself.
+    With ``revoked`` (and ``members``), node -> round: revocations every node holds from the
+    start, as if each had learned them from ``members/`` (spec/protocol.md §16.3.3).
+    With ``wire_format`` 2 the run is a format-2 run (spec/protocol.md §16.7), whose claims
+    are named in an open run too (§16.4.4); 1, the default: the checker's pinned sets.
     """
     run_auth = None if run_key is None else auth.derive(run_key)
     roster = None
     if members is not None and run_auth is not None:
         granted = {n: _roster_roles(r) for n, r in roles.items()}
         roster = modelkeys.roster({**granted, **members})
-        run_auth = attrs.evolve(run_auth, signing=modelkeys.signing(roster, None))
+        reading = modelkeys.signing(roster, None)
+        if revoked:
+            reading = attrs.evolve(reading, revoked=tuple(sorted(revoked.items())))
+        run_auth = attrs.evolve(run_auth, signing=reading)
     fragment_plan = plan.make_plan(schema, config)
     store = ModelStore()
     init = []
@@ -216,6 +226,7 @@ def create(
         auth=auth.info(run_auth),
         chained=True,
         roster=roster,
+        format=wire_format,
     )
     return Cluster(
         manifest=manifest,
@@ -243,7 +254,10 @@ def node_auth(c: Cluster, name: str) -> auth.RunAuth | None:
     run_auth = c.run_auth
     if run_auth is None or run_auth.signing is None:
         return run_auth
-    return attrs.evolve(run_auth, signing=modelkeys.signing(run_auth.signing.roster, name))
+    signing = modelkeys.signing(run_auth.signing.roster, name)
+    if run_auth.signing.revoked:  # what every node holds of the authority's word
+        signing = attrs.evolve(signing, revoked=run_auth.signing.revoked)
+    return attrs.evolve(run_auth, signing=signing)
 
 
 _Options = TypeVar("_Options", learner.LearnerOptions, closer.CloserOptions)

@@ -62,7 +62,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
 from gm_core import keys
 from gm_core.records import (
     AUTH_ALG,
-    FORMAT_2,
+    CLAIM_LIMIT_2,
     FORMAT_VERSION,
     FORMATS,
     ROSTER_ROLES,
@@ -719,8 +719,6 @@ def _check_manifest(path: Path, m: Manifest) -> None:
         names.add(frozen.name)
     if m.auth is not None:
         _check_auth((*path, "auth"), m.auth)
-    if m.format == FORMAT_2 and m.auth is None:
-        _fail((*path, "auth"), "a format 2 run is authenticated (format 1 is the open runs')")
     if m.roster is not None:
         if m.auth is None:
             _fail((*path, "roster"), "per-node keys need a run key (the run is open)")
@@ -843,7 +841,7 @@ def _check_round_record(path: Path, r: RoundRecord) -> None:
     if r.update is not None:
         _check_payload_ref((*path, "update"), r.update)
     _id((*path, "closer"), r.closer)
-    _below((*path, "claim"), r.claim, keys.ATTEMPT_LIMIT)
+    _below((*path, "claim"), r.claim, CLAIM_LIMIT_2)
     _id((*path, "next_closer"), r.next_closer)
     _round((*path, "swept_below"), r.swept_below)
     _check_requests((*path, "requests"), r.requests)
@@ -874,7 +872,7 @@ def _check_lease(path: Path, lease: Lease) -> None:
 
 def _check_claim(path: Path, c: Claim) -> None:
     _round((*path, "round"), c.round)
-    _below((*path, "attempt"), c.attempt, keys.ATTEMPT_LIMIT)
+    _below((*path, "attempt"), c.attempt, CLAIM_LIMIT_2)
     _id((*path, "node"), c.node)
 
 
@@ -936,7 +934,26 @@ def _require_kind(kind: type[Any]) -> None:
         raise TypeError(f"the codec does not know {kind!r}")
 
 
-def _decode_text(kind: type[T], text: str) -> T:
+def _format_1_bounds(value: Value) -> None:
+    """What a format-1 body may not hold that a format-2 one may: a claim attempt of
+    :data:`~gm_core.keys.ATTEMPT_LIMIT` or more (format 1 numbers claims in four digits, and
+    a format-1 reader refuses a record citing a higher one, so its runs never write one)."""
+    match value:
+        case RoundRecord():
+            _below(("claim",), value.claim, keys.ATTEMPT_LIMIT)
+        case Claim():
+            _below(("attempt",), value.attempt, keys.ATTEMPT_LIMIT)
+        case _:
+            pass
+
+
+_ANY_FORMAT = 0
+"""For :func:`_decode_text`: no format's own bounds (a value in memory, not on the wire)."""
+
+
+def _decode_text(kind: type[T], text: str, wire: int | None = None) -> T:
+    """``text`` decoded as a ``kind``; ``wire``: the format whose bounds apply (None: the
+    format the document declares)."""
     doc = _loads(text)
     if isinstance(doc, _Bad):
         _fail((), doc.reason)
@@ -951,6 +968,8 @@ def _decode_text(kind: type[T], text: str) -> T:
             _fail(
                 ("format",), f"unknown format version {_short(version)} (this reader knows {known})"
             )
+        if wire is None:
+            wire = version
         if kind is not Manifest:  # the wire number is the run's: the envelope judges it
             doc["format"] = FORMAT_VERSION
     try:
@@ -959,6 +978,8 @@ def _decode_text(kind: type[T], text: str) -> T:
         path, reason = _locate(e)
         _fail(path, reason)
     _validate(value)
+    if wire == FORMAT_VERSION:
+        _format_1_bounds(value)
     return value
 
 
@@ -1045,7 +1066,9 @@ def encode(record: Value, version: int | None = None) -> bytes:
         text = _dumps(_converter.unstructure(record))
     except (TypeError, ValueError) as e:
         _fail((), f"not serializable as JSON: {e}")
-    back = _decode_text(kind, text)
+    # The bounds of the format declared on the wire; with none named, of none: in memory a
+    # record of either format holds format 1's number, and its digest must be computable.
+    back = _decode_text(kind, text, _ANY_FORMAT if version is None else version)
     if back != record:
         _fail((), "the record changes in a round trip (a field holds a value of the wrong type)")
     # Re-render the decoded value: it holds floats as floats, so equal records written

@@ -15,10 +15,12 @@ writes are the shell's.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 from gm_core import keys
-from gm_core.auth import Envelope
+from gm_core.auth import Envelope, frames
+from gm_core.records import CLAIM_LIMIT_2, FORMAT_2
 
 DEDICATED = ("closer",)
 """The roles a dedicated closer's lease states."""
@@ -40,29 +42,53 @@ look that comes late. A crashed one is named for at most this long, and then nev
 
 _CLAIM_KIND = "claim"
 
+JUMP_AFTER = 16
+"""A bidder that has met this many invalid claims above the highest valid one it knows bids
+at a random attempt from then on (:func:`next_attempt`, spec/protocol.md §16.4.4)."""
+
+_JUMP_DOMAIN = b"gm claim jump"
+
+
+def named_claims(envelope: Envelope) -> bool:
+    """Whether this run's claims are named (the attempt in the body) rather than numbered in
+    the key: every authenticated run's (keyed names), and every format-2 run's (an open
+    one's under the public name key, spec §16.4.4). Only format-1 open runs number them."""
+    return envelope.auth is not None or envelope.body_format == FORMAT_2
+
+
+def attempt_limit(envelope: Envelope) -> int:
+    """Claim attempts of this run are below this: ``2^32`` in a format-2 run (attempts live in
+    bodies, so a random jump has room an attacker cannot fill), ``10^4`` in a format-1 run
+    (numbered keys, and records a format-1 reader refuses above it)."""
+    return CLAIM_LIMIT_2 if envelope.body_format == FORMAT_2 else keys.ATTEMPT_LIMIT
+
 
 def claim_key(envelope: Envelope, round_: int, attempt: int) -> str:
     """The key of claim ``attempt`` for round ``round_`` (spec/protocol.md §16.4.4).
 
-    An open run's claims are numbered in the key. An authenticated run's are named by a
-    keyed hash of the attempt, which only holders of the run key can compute: an outsider
-    cannot occupy the attempt a follower will bid for next, so no flood of claim objects
-    can use the attempts up (format 1 halted takeovers after 10^4, spec §15.8).
+    A format-1 open run's claims are numbered in the key. Every other run's are named by a
+    hash of the attempt: keyed in an authenticated run, which only holders of the run key
+    can compute, so an outsider cannot occupy the attempt a follower will bid for next;
+    under the public name key in a format-2 open run, where the name only makes room for
+    ``2^32`` attempts (anyone can compute it: there the random jump of
+    :func:`next_attempt` is what an attacker cannot foresee).
     """
-    if envelope.auth is None:
+    if not named_claims(envelope):
         return keys.claim(round_, attempt)
     name = envelope.slot_name(_CLAIM_KIND, f"{round_:012d}", attempt)
     return keys.named_claim(round_, name)
 
 
 def _valid_attempts(claims: Mapping[int, str]) -> list[int]:
-    # Attempts start at 1 (0 means "named by the record"); anything lower in the
-    # store is junk from a faulty peer and cannot outrank a real claim.
-    return [attempt for attempt in claims if attempt >= 1]
+    # Attempts start at 1 (0 means "named by the record"); anything lower in the store is
+    # junk from a faulty peer. A claim that names nobody ("") is no claim: it was forged,
+    # garbage, or another format's, and outranks nothing (spec §16.4.4).
+    return [attempt for attempt, holder in claims.items() if attempt >= 1 and holder]
 
 
 def rightful_closer(named: str, claims: Mapping[int, str]) -> tuple[str, int]:
-    """``(closer, attempt)``: the highest claim's holder, or ``(named, 0)`` without claims."""
+    """``(closer, attempt)``: the holder of the highest valid claim, or ``(named, 0)`` without
+    one. ``claims`` maps attempts to their holders, ``""`` for an object that is no claim."""
     attempts = _valid_attempts(claims)
     if not attempts:
         return named, 0
@@ -70,13 +96,48 @@ def rightful_closer(named: str, claims: Mapping[int, str]) -> tuple[str, int]:
     return claims[highest], highest
 
 
-def next_attempt(claims: Mapping[int, str]) -> int:
-    """The attempt number a new claim must use: one past the highest seen (1 when none).
+def next_attempt(
+    claims: Mapping[int, str],
+    *,
+    nonce: bytes = b"",
+    round_: int = 0,
+    limit: int = keys.ATTEMPT_LIMIT,
+) -> int | None:
+    """The attempt a new claim must use, or None when none is left below ``limit``.
 
-    A claim for a lower number would be outranked at once; the create-once write
-    of this number decides between followers that race for it.
+    ``claims``: every attempt this follower met this round and its holder (``""``: no
+    claim). At first, the lowest attempt above the highest valid claim that is not known to
+    be taken: a lower one would be outranked at once, and the create-once write of this one
+    decides between followers that race for it. Each object met costs a bidder a write and
+    a read, and a claim that names a node never seen alive (anyone can write one in an open
+    run) a lease look and a poll too; so after meeting :data:`JUMP_AFTER` objects in a round
+    the bidder jumps past the highest attempt it knows to one drawn from the next ``2^j``
+    (``j``: objects met beyond ``JUMP_AFTER - 1``) by a hash of its ``nonce`` (the shell's
+    secret random bytes), the round and ``j``. An attacker who cannot foresee the draw must
+    fill the whole range to be met again, so delaying a takeover by ``m`` more bids costs it
+    about ``2^m`` objects, and a format-2 run's ``2^32`` attempts cannot be used up. Honest
+    rounds meet a few claims (followers racing), never 16. Two bidders that jumped apart may
+    both win a claim and lead; the record write decides, as always (spec §9.5).
     """
-    return max(_valid_attempts(claims), default=0) + 1
+    top = max(_valid_attempts(claims), default=0)
+    met = sorted(a for a in claims if a >= 1)
+    if len(met) < JUMP_AFTER:
+        attempt = top + 1
+        while attempt in claims:
+            attempt += 1
+    else:
+        j = min(len(met) - JUMP_AFTER + 1, 62)
+        span = min(2**j, limit - met[-1] - 1)
+        if span < 1:
+            return None
+        attempt = met[-1] + 1 + _draw(nonce, round_, j) % span
+    return attempt if attempt < limit else None
+
+
+def _draw(nonce: bytes, round_: int, j: int) -> int:
+    """64 bits only the holder of ``nonce`` can foresee, for jump ``j`` in round ``round_``."""
+    message = frames((_JUMP_DOMAIN, nonce, str(round_).encode(), str(j).encode()))
+    return int.from_bytes(hashlib.sha256(message).digest()[:8], "big")
 
 
 def should_take_over(

@@ -35,10 +35,11 @@ from typing import TypeVar
 
 import attrs
 
-from gm_core import closer, codec, keys, learner
+from gm_core import auth, closer, codec, election, keys, learner
 from gm_core.closer import commit
 from gm_core.commands import Merge
 from gm_core.records import (
+    FORMAT_2,
     AlgorithmConfig,
     Claim,
     FragmentState,
@@ -352,12 +353,19 @@ def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
 
 
 def _claims(view: ClusterView) -> list[Claim]:
-    """The claims created, each where its body says it belongs: at its attempt's number, or at
-    a keyed name (an authenticated run's, §16.4.4: only what opens is in the view)."""
+    """The claims created, each where its body says it belongs: at its attempt's number, at
+    a keyed name (an authenticated run's, §16.4.4: only what opens is in the view), or at
+    the public name of its attempt (a format-2 open run's, where anyone can write a body
+    naming one attempt at another's name: the name is the hash every reader computes,
+    not a rule of the code checked here)."""
+    open_run = auth.for_run(view.manifest.run_id, None, FORMAT_2)
     out = []
     for key, data in _created(view, keys.ClaimKey).items():
         parsed, claim = _parse_or_none(key), _as(Claim, data)
         if not isinstance(parsed, keys.ClaimKey) or claim is None or claim.round != parsed.round:
+            continue
+        misnamed = view.manifest.auth is None and parsed.attempt is None
+        if misnamed and key != election.claim_key(open_run, claim.round, claim.attempt):
             continue
         if parsed.attempt in (None, claim.attempt):
             out.append(claim)

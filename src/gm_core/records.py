@@ -22,12 +22,17 @@ import attrs
 
 FORMAT_VERSION = 1
 """The field set of every record: what a value's ``format`` holds in memory, and the wire
-format of open runs (a body written bare, ``format: 1``)."""
+format of runs created before format 2 (open ones: bodies written bare, ``format: 1``)."""
 FORMAT_2 = 2
-"""The wire format of authenticated runs created by this code (spec/protocol.md §16.7):
-every object in the ``gm/2`` envelope, its body declaring ``format: 2`` (the manifest's
-``format`` is the run's). Same fields as format 1: the number is the run's, and a body of
-the other number at a run's key is refused by name (``wrong_format``)."""
+"""The wire format of runs created by this code (spec/protocol.md §16.7): in an
+authenticated run every object in the ``gm/2`` envelope, in an open one bare, each body
+declaring ``format: 2`` (the manifest's ``format`` is the run's). Same fields as format 1;
+what differs besides the envelope is the claims (§16.4.4): named, attempts below
+:data:`CLAIM_LIMIT_2`. A body of the other number at a run's key is refused by name
+(``wrong_format``) in an authenticated run."""
+CLAIM_LIMIT_2 = 2**32
+"""Claim attempts (and a record's ``claim``) of a format-2 body are below this; a format-1
+body's below :data:`gm_core.keys.ATTEMPT_LIMIT` (``10^4``, the numbered keys' four digits)."""
 FORMATS = (FORMAT_VERSION, FORMAT_2)
 """The wire formats this code reads; a higher number is a newer writer's."""
 

@@ -5,6 +5,7 @@ from gm_shell.align import Checkpoint, align
 from gm_shell.barrier import Barrier, BarrierMismatchError, BarrierTimeoutError
 from gm_shell.finished import RunFinishedError
 from gm_shell.jax_model import JaxParams
+from gm_shell.members import RevokedError
 from gm_shell.nodekeys import NodeKeyError
 from gm_shell.pacer import StalledError
 from gm_shell.queue import QueueMismatchError, SharedQueue
@@ -37,6 +38,7 @@ __all__ = [
     "RanksDoneError",
     "Reason",
     "ResumeError",
+    "RevokedError",
     "Role",
     "RunError",
     "RunFinishedError",

@@ -150,6 +150,14 @@ async def write(mailbox: Mailbox, envelope: Envelope, word: members.Word) -> str
     raise MembersFullError(f"all {members.SLOTS} slots of {keys.members_prefix(node)} are taken")
 
 
+class RevokedError(RuntimeError):
+    """The run authority revoked this node (``gm roster revoke``), and the node learned it
+    from ``members/`` while it ran: it stops, since from the round the revocation names the
+    run refuses everything it signs, and its lease at once (spec/protocol.md §16.3.3). Going
+    on would only cost the store requests nobody counts; a node started again under the
+    same id is refused at start (:class:`~gm_shell.nodekeys.NodeKeyError`)."""
+
+
 class AuthorityError(ValueError):
     """``gm roster add``/``revoke`` cannot speak for this run; the message says why."""
 

@@ -8,10 +8,21 @@ rewritten in place (every node would have to agree on the moment). So a run move
 format 2 only as a new run: this reads OLD as any reader does (``align()``'s walk to the
 newest record that chains, the payloads bounded and checked against their digests) and
 creates at NEW an authenticated format-2 run with the same config, schema, plan and
-frozen tensors, whose initial state is OLD's newest commit, re-written under NEW's keyed
-payload digests. Versions start at 0 and the outer momentum afresh (a new run's first
-commit of each fragment), as for any run created from a model; the manifest's
-``created_by`` is ``gm-migrate``.
+frozen tensors, whose initial state is OLD's newest commit — each fragment's theta and its
+outer momentum — re-written under NEW's keyed payload digests, and with OLD's roster
+(per-node keys) unless another is given. So the outer optimizer keeps its momentum
+instead of starting afresh (which would restart the outer loop, not move it), and the
+nodes that held keys in OLD hold them in NEW. The manifest's ``created_by`` is
+``gm-migrate``.
+
+Not carried, on purpose: versions (they count the commits of *this* run's tape, and
+every reader bounds a record's version by its round, ``tape.implausible``: a carried
+count would need that protocol rule to read the manifest, for nothing a node uses — a
+snapshot's staleness is judged against versions of the same run, which start at 0 for
+every node of NEW alike); OLD's records (NEW's tape starts empty, so its estimates start
+unmeasured, as in any new run); members admitted or revoked under OLD's ``members/``
+(the authority writes them again, or puts them on the new roster); learners' in-flight
+deltas and resume state (they join NEW afresh).
 
 OLD is read open unless a key is given for it (a run created authenticated before format
 2: ``gm/2`` envelopes with format-1 bodies); NEW needs the run key every node of the new
@@ -31,6 +42,7 @@ from gm_core import auth
 from gm_core.auth import RunAuth
 from gm_core.numerics.arrays import F32
 from gm_core.records import Manifest, PayloadRef, Roster
+from gm_core.tape import frontier_of
 from gm_shell import nodekeys
 from gm_shell.align import load_frontier, newest_record
 from gm_shell.fragments import FragmentCodec, Role, payload_key
@@ -84,8 +96,15 @@ async def migrate(
     async def fetch(fragment: int, ref: PayloadRef) -> F32:
         return await reader.payload(fragment, Role.THETA, ref)
 
+    async def fetch_momentum(fragment: int, ref: PayloadRef | None) -> F32 | None:
+        return None if ref is None else await reader.payload(fragment, Role.MOMENTUM, ref)
+
     record, stopped = await newest_record(old, envelope, manifest)
     values = await load_frontier(manifest, record, fetch)
+    frontier = frontier_of(manifest, record)
+    momenta = await asyncio.gather(
+        *(fetch_momentum(f, state.momentum) for f, state in enumerate(frontier))
+    )
     draft = draft_manifest(
         run_id=run_id or uuid.uuid4().hex[:12],
         node=MIGRATOR,
@@ -93,14 +112,14 @@ async def migrate(
         schema=manifest.schema,
         frozen=manifest.frozen,
         run_auth=new_auth,
-        roster=roster,
+        roster=manifest.roster if roster is None else roster,
     )
     if draft.plan != manifest.plan:
         raise RunError(
             f"{old.url}: its fragment plan is not the one this gm makes of its config and "
             "schema (it was created by another gm version): its fragments cannot be carried over"
         )
-    created = await create(new, draft, values, new_auth)
+    created = await create(new, draft, values, new_auth, momenta=momenta)
     if created is None:
         raise RunError(f"{new.url}: another run's manifest was written there meanwhile")
     round_ = -1 if record is None else record.round

@@ -40,12 +40,12 @@ from gm_core.manifest import manifest_mismatch, parse_digest, pin_mismatch
 from gm_core.numerics.arrays import F32
 from gm_core.records import (
     FORMAT_2,
-    FORMAT_VERSION,
     AlgorithmConfig,
     AuthInfo,
     FragmentState,
     FrozenTensor,
     Manifest,
+    PayloadRef,
     Roster,
     TensorSpec,
 )
@@ -101,7 +101,7 @@ def draft_manifest(
         auth=auth.info(run_auth),
         chained=True,
         roster=roster,
-        format=FORMAT_VERSION if run_auth is None else FORMAT_2,
+        format=FORMAT_2,
     )
 
 
@@ -224,17 +224,30 @@ def adopt(mine: Manifest | None, theirs: Manifest, url: str) -> Manifest:
 
 
 async def create(
-    mailbox: Mailbox, draft: Manifest, initial: Sequence[F32], run_auth: RunAuth | None
+    mailbox: Mailbox,
+    draft: Manifest,
+    initial: Sequence[F32],
+    run_auth: RunAuth | None,
+    *,
+    momenta: Sequence[F32 | None] = (),
 ) -> Manifest | None:
-    """Upload ``initial`` and write the manifest; None if another node's manifest won."""
+    """Upload ``initial`` and write the manifest; None if another node's manifest won.
+
+    ``momenta`` (per fragment; empty: none, a new run's): the outer momentum a run carried
+    over from another starts with (``gm migrate``), so its outer optimizer goes on where the
+    old one stood instead of starting afresh."""
     fragment_codec = FragmentCodec(draft, payload_key=payload_key(run_auth))
 
-    async def upload(fragment: int, x: F32) -> FragmentState:
-        data, ref = await asyncio.to_thread(
-            fragment_codec.encode, fragment, Role.THETA, INIT_ROUND, x
-        )
+    async def put(fragment: int, role: Role, x: F32) -> PayloadRef:
+        data, ref = await asyncio.to_thread(fragment_codec.encode, fragment, role, INIT_ROUND, x)
         await mailbox.put_once(ref.key, data)
-        return FragmentState(version=0, theta=ref, momentum=None)
+        return ref
+
+    async def upload(fragment: int, x: F32) -> FragmentState:
+        theta = await put(fragment, Role.THETA, x)
+        m = momenta[fragment] if momenta else None
+        momentum = None if m is None else await put(fragment, Role.MOMENTUM, m)
+        return FragmentState(version=0, theta=theta, momentum=momentum)
 
     states = await asyncio.gather(*(upload(f, x) for f, x in enumerate(initial)))
     manifest = attrs.evolve(draft, init=tuple(states))

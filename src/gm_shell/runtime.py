@@ -341,6 +341,22 @@ class Runtime:
         if self.closer is not None:
             envelope = core_members.reseal(self.closer.envelope, signing)
             self.closer = attrs.evolve(self.closer, envelope=envelope)
+        self._stop_if_revoked(signing)
+
+    def _stop_if_revoked(self, signing: Signing) -> None:
+        """Stop the runtime, by name, once ``signing`` says this node is revoked: from the
+        round the revocation names everything it signs is refused, and its lease at once,
+        so both machines would only spend requests (spec/protocol.md §16.3.3)."""
+        from_round = signing.revoked_from.get(self.node)
+        if from_round is None or self.failure is not None:
+            return
+        self._fail(
+            members.RevokedError(
+                f"{self.node} was revoked by the run authority from round {from_round}: "
+                "it stops (the run refuses what it signs from that round on, its lease at "
+                "once); start it again only under an id the authority admits"
+            )
+        )
 
     def _drain(self) -> None:
         self._feed(Machine.LEARNER, None)

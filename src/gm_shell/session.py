@@ -883,6 +883,9 @@ class Session:
             either=self.role is Role.EITHER,
             max_sweep_rounds=opts.max_sweep_rounds,
             lease_epoch_us=epoch_us,
+            # Secret to this node, so that nobody can pre-occupy where it bids past a flood
+            # of invalid claims (spec/protocol.md §16.4.4).
+            claim_nonce=os.urandom(16),
         )
         return Runtime(
             node=self.node,

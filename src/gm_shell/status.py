@@ -247,7 +247,8 @@ class RunStatus:
     """The manifest's digest (:func:`gm_core.manifest.digest`): what a node pins with
     ``manifest_digest=`` to join this run and no other (trust on first use)."""
     format: int = 1
-    """The run's wire format (its manifest's, spec/protocol.md §16.7): 1 open, 2 authenticated."""
+    """The run's wire format (its manifest's, spec/protocol.md §16.7): 2 for runs created by
+    this gm, 1 for runs created before (open, or authenticated before format 2)."""
     members: tuple[str, ...] = ()
     """Per-node keys (spec/protocol.md §16.3): the roster's members as ``id:roles``
     (empty: the run key alone, or an open run)."""

@@ -53,6 +53,7 @@ PINNED = {
     "a member forges a commit (per-node keys)": 104,
     "a member forges a snapshot as another (per-node keys)": 6_191,
     "a member forges a claim (per-node keys)": 26_004,
+    "a revoked member publishes its own snapshot (per-node keys)": 5_524,
     "an either-role closer crashes across two rounds (2 delays)": 27_168,
     "three nodes, two fragments, four rounds, the closer crashes (1 delay)": 9_466,
 }

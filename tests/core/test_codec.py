@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from gm_core import codec, keys
 from gm_core.codec import INT_MAX, INT_MIN, KINDS, MAX_RECORD_BYTES, CodecError
 from gm_core.records import (
+    CLAIM_LIMIT_2,
+    FORMAT_2,
     FORMAT_VERSION,
     FORMATS,
     AlgorithmConfig,
@@ -893,7 +895,7 @@ FIELD_CASES: list[tuple[Any, Path, JSON, str]] = [
     (ROUND, ("grace_s",), -1.0, "at least 0"),
     (ROUND, ("closer",), "x/y", "not a valid id"),
     (ROUND, ("next_closer",), ".x", "not a valid id"),
-    (ROUND, ("claim",), -1, "must be in [0, 10000)"),
+    (ROUND, ("claim",), -1, "must be in [0, 4294967296)"),
     (ROUND, ("outer", "key"), "junk", "not a known top-level object"),
     (ROUND, ("frontier", 1, "momentum", "digest"), "z" * 64, "64 lowercase hex"),
     (ROUND, ("frontier", 0, "version"), -1, "at least 0"),
@@ -1053,3 +1055,28 @@ def test_a_record_declares_the_runs_format_and_reads_back_the_same_value(value: 
         declared = value.format if isinstance(value, Manifest) else version
         assert codec.declared_format(data) == declared
         assert codec.format_number(data) == declared  # the scan finds what a parse does
+
+
+@given(st.sampled_from(["claim", "record"]), st.integers(keys.ATTEMPT_LIMIT, CLAIM_LIMIT_2 - 1))
+def test_claim_attempts_past_format_1s_four_digits_are_format_2s_alone(
+    kind: str, attempt: int
+) -> None:
+    """spec/protocol.md §16.4.4: a format-2 body may name any attempt below ``2^32`` (room for
+    the random jump past a claim flood); a format-1 body stays below ``10^4``, which its
+    numbered keys and every format-1 reader hold it to, both ways (decode and encode)."""
+    value: Any = (
+        attrs.evolve(CLAIM, attempt=attempt)
+        if kind == "claim"
+        else attrs.evolve(ROUND, claim=attempt)
+    )
+    data = codec.encode(value, FORMAT_2)
+    assert codec.decode(type(value), data) == value
+    codec.encode(value)  # in memory (no format named): its digest is computable
+    field = "attempt" if kind == "claim" else "claim"
+    with pytest.raises(CodecError, match=f"{field}: must be in \\[0, 10000\\)"):
+        codec.encode(value, FORMAT_VERSION)
+    one = data.replace(b'"format":2', b'"format":1')
+    with pytest.raises(CodecError, match=f"{field}: must be in \\[0, 10000\\)"):
+        codec.decode(type(value), one)
+    with pytest.raises(CodecError, match="must be in \\[0, 4294967296\\)"):
+        codec.encode(attrs.evolve(value, **{field: CLAIM_LIMIT_2}), FORMAT_2)

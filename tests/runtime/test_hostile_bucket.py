@@ -46,7 +46,8 @@ from runtime_harness import Harness, file_run, make_harness, wait_until
 from runtime_worker import HIDDEN, IN
 from test_chaos import started
 
-from gm_core import auth, codec, keys, plan, schedule
+from gm_core import auth, codec, election, keys, plan, schedule
+from gm_core.election import JUMP_AFTER
 from gm_core.records import (
     Head,
     Manifest,
@@ -600,16 +601,16 @@ def test_a_takeover_goes_through_a_flood_of_claims_at_the_rounds_it_bids_for(
     """Issue 12 Why 5 (~10^4 claim objects made a closer raise, and a failure there stopped
     the node): with both nodes paused (SIGSTOP), garbage at every claim number below
     ``squats`` of the next three rounds; then the closer is killed (SIGKILL) and the other
-    closer-capable node resumed. It takes the round over and commits on. Open, its bids walk
-    past the garbage one number at a time, each named (``claim_rejected``: linear, as
-    protocol.md §16.4.4 says, skipping for open runs is not built; the time is printed);
-    keyed, claim keys are named by the run key, so the flood sits where no bid goes.
+    closer-capable node resumed. It takes the round over and commits on. Open (format 2:
+    claims at public names, which the flood uses), its bids meet the garbage, name each
+    object (``claim_rejected``) and skip it, and after 16 they jump past it by the node's
+    secret nonce (protocol.md §16.4.4): the bids stay about ``16 + log2(squats)``, not
+    ``squats``; keyed, claim keys are named by the run key, so the flood sits where no bid
+    goes (it is written at the numbered keys an outsider can name).
 
-    Open, each number costs one poll (``poll_s``, 0.1 s here: 0.1 s per claim measured up
-    to 869), so the slow variant stays at 600: with 1,000 the takeover outlasts the
-    learner's ``stall_timeout_s`` (90 s here), and ``step()`` on the surviving node raises
-    ``StalledError`` before its closer is through (measured; open runs promise no liveness
-    against a deliberate outsider, threat-model.md §3)."""
+    Before session 13 (numbered claims, no skipping) each garbage number cost the open
+    bidder one poll (0.1 s per claim measured up to 869: 599 claims took ~64 s, and 1,000
+    outlasted the learner's ``stall_timeout_s``); the slow variant keeps 600 claims."""
     url, options = run_url
     h = make_harness(url, options, tmp_path, quorum=1)
     key_spec: dict[str, Any] = {"run_key": KEY.hex()} if keyed else {}
@@ -623,11 +624,11 @@ def test_a_takeover_goes_through_a_flood_of_claims_at_the_rounds_it_bids_for(
         h.signal("n1", signal.SIGSTOP)
         newest = max(newest_commit(h, "n0"), newest_commit(h, "n1"))
         flooded = range(newest + 1, newest + 4)
-        asyncio.run(squat_claims(url, options, flooded, squats))
+        asyncio.run(squat_claims(url, options, flooded, squats, keyed))
         t0 = time.monotonic()
         h.kill("n0")
         h.signal("n1", signal.SIGCONT)
-        # Open, each number costs a bid and a read (~0.1 s here under load): allow for them.
+        # Open, each object met costs a bid and a read (~0.1 s here under load).
         wait_until("a takeover", lambda: bool(named(h, "n1", "took_over")), 60 + squats * 0.3)
         took = time.monotonic() - t0
         wait_until("commits past the flood", lambda: newest_commit(h, "n1") > flooded[-1], 60)
@@ -643,6 +644,8 @@ def test_a_takeover_goes_through_a_flood_of_claims_at_the_rounds_it_bids_for(
         assert not rejected, rejected  # no bid ever met the flood
     else:
         assert rejected, "the bids walked past the garbage without naming it"
+        per_round = max(sum(1 for e in rejected if int(e["round"]) == r) for r in flooded)
+        assert per_round <= JUMP_AFTER + 3 * (squats.bit_length() + 2), per_round
     print(f"took round {took_over} over {took:.1f} s after the kill, {len(rejected)} claims named")
     assert_honest_and_small(results)
 
@@ -651,12 +654,24 @@ def named(h: Harness, node: str, kind: str) -> list[dict[str, str]]:
     return [e for e in h.events(node) if e["event"] == kind]
 
 
-async def squat_claims(url: str, options: MailboxOptions, rounds: range, squats: int) -> None:
-    """Garbage at claim numbers 0 to ``squats`` - 1 of each of ``rounds``."""
+async def squat_claims(
+    url: str, options: MailboxOptions, rounds: range, squats: int, keyed: bool
+) -> None:
+    """Garbage at claim attempts 0 to ``squats`` - 1 of each of ``rounds``: at the names an
+    open run's claims have (public, protocol.md §16.4.4), at numbered keys in a keyed run
+    (an outsider cannot compute its names)."""
     with Mailbox.open(url, options=attrs.evolve(options, max_concurrency=32)) as box:
+        manifest = None if keyed else await read_manifest(box, None)
+        envelope = None if manifest is None else auth.of_run(manifest, None)
+
+        def key(round_: int, attempt: int) -> str:
+            if envelope is None:
+                return keys.claim(round_, attempt)
+            return election.claim_key(envelope, round_, attempt)
+
         for round_ in rounds:
             await asyncio.gather(
-                *(box.put_once(keys.claim(round_, a), b"{not json") for a in range(squats))
+                *(box.put_once(key(round_, a), b"{not json") for a in range(squats))
             )
 
 

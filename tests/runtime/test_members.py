@@ -4,9 +4,11 @@
 The manifest's roster names one node, ``n0`` (learner and closer). While it trains, the
 run authority admits ``v1`` as a learner by a certificate under ``members/``: ``v1``
 joins (no new manifest), and ``n0``'s closer merges its snapshots. Then the authority
-revokes ``v1`` from the next round; ``v1`` trains on and publishes as before (it holds
-the run key and its node key: a compromised volunteer), and every snapshot it publishes
-for a round from then on is refused by name (``revoked``) while ``n0`` commits on.
+revokes ``v1`` from the next round. An honest ``v1`` learns it at its next look at
+``members/`` and stops by name (:class:`~gm_shell.RevokedError`). A compromised one (it
+holds the run key and its node key, and runs code that does not stop: here the stop
+patched out) trains on and publishes as before, and every snapshot it publishes for a
+round from then on is refused by name (``revoked``) while ``n0`` commits on.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from test_session import FAST, IN, TEACHER, algorithm, flat, train
 from gm_core import auth, keys
 from gm_core.members import member_key
 from gm_core.records import Member, Reason, RoundRecord
-from gm_shell import NodeKeyError, Session, events
+from gm_shell import NodeKeyError, RevokedError, Session, events
 from gm_shell.cli import main
 from gm_shell.mailbox import Mailbox
 from gm_shell.members import MembersFullError, write
 from gm_shell.nodekeys import certify, make_roster, public_key, reader, revoke
 from gm_shell.run import read_manifest
+from gm_shell.runtime import Runtime
 from gm_shell.tapereads import read_record
 
 RUN_KEY = bytes(range(32))
@@ -97,16 +100,22 @@ def _train(
     session: Session, step: Any, stop: threading.Event, seed: int, out: dict[str, Any]
 ) -> None:
     rng = np.random.default_rng(seed)
-    with session:
-        while not stop.is_set():
-            x = rng.normal(size=(32, IN)).astype(np.float32)
-            out.setdefault("losses", []).append(step(x, x @ TEACHER))
-            session.step(samples=32)
+    try:
+        with session:
+            while not stop.is_set():
+                x = rng.normal(size=(32, IN)).astype(np.float32)
+                out.setdefault("losses", []).append(step(x, x @ TEACHER))
+                session.step(samples=32)
+    except Exception as error:  # the test judges it (a revoked node stops by raising)
+        out["error"] = error
 
 
-def test_a_certified_learner_joins_and_once_revoked_its_snapshots_are_refused_by_name(
-    tmp_path: Path,
+@pytest.mark.parametrize("compromised", [False, True])
+def test_a_certified_learner_joins_and_once_revoked_stops_or_is_refused_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compromised: bool
 ) -> None:
+    if compromised:  # v1 runs code that does not stop (n0 is never revoked: it is unaffected)
+        monkeypatch.setattr(Runtime, "_stop_if_revoked", lambda self, signing: None)
     url = f"file://{tmp_path / 'bucket'}"
     stop = threading.Event()
     got: dict[str, list[events.Event]] = {"n0": [], "v1": []}
@@ -142,6 +151,10 @@ def test_a_certified_learner_joins_and_once_revoked_its_snapshots_are_refused_by
         revoked_from = newest + 2  # ahead of the tape, as gm roster revoke
         asyncio.run(_authority(url, lambda run: revoke(AUTHORITY, run, "v1", revoked_from, "test")))
 
+        def stopped_v1() -> bool:
+            """v1 to stop"""
+            return not threads[1].is_alive()
+
         def rejected_v1() -> list[RoundRecord]:
             """three records that refused v1 since its revocation"""
             tape = asyncio.run(_tape(url))
@@ -155,13 +168,33 @@ def test_a_certified_learner_joins_and_once_revoked_its_snapshots_are_refused_by
             ]
             return refused if len(refused) >= 3 else []
 
-        _until(rejected_v1)
+        if compromised:
+            _until(rejected_v1)
+        else:
+            _until(stopped_v1)
+            newest = asyncio.run(_tape(url))[-1].round
+            _until(lambda: asyncio.run(_tape(url))[-1].round >= newest + 3)  # n0 goes on
     finally:
         stop.set()
         for thread in threads:
             thread.join(timeout=60)
     tape = asyncio.run(_tape(url))
     assert admitted.round < revoked_from
+    assert "error" not in out["n0"], out["n0"]
+    if not compromised:
+        # Stopped by name, having learned its own revocation; nothing of it after the round.
+        error = out["v1"]["error"]
+        assert isinstance(error.__cause__, RevokedError), error
+        assert f"v1 was revoked by the run authority from round {revoked_from}" in str(
+            error.__cause__
+        )
+        own = [e for e in got["v1"] if isinstance(e, events.MemberLearned) and e.revoked]
+        assert [e.member for e in own] == ["v1"]
+        assert not [
+            r for r in tape if r.round >= revoked_from for p in r.participants if p.learner == "v1"
+        ]
+        return
+    assert "error" not in out["v1"], out["v1"]
     assert tape[-1].round >= revoked_from + 3  # the run trained on
     learned = [e for e in got["n0"] if isinstance(e, events.MemberLearned)]
     assert any(e.member == "v1" and not e.revoked for e in learned)

@@ -2,11 +2,12 @@
 
 OLD is the tape format-1 gm wrote (``tests/fixtures/format1/run``, see
 test_format1_run.py). ``gm migrate OLD NEW`` creates at NEW an authenticated format-2 run
-whose initial parameters are exactly what ``align()`` loads from OLD; a node of today
-trains NEW on, and every object it writes is a ``gm/2`` envelope whose body declares
-format 2. A format-1 object at NEW's next round key (bare, as format-1 gm wrote it, or
-tagged with the run key but declaring format 1) is refused by name (``wrong_format``)
-and the round's record lands at the next slot.
+whose initial parameters are exactly what ``align()`` loads from OLD, with OLD's outer
+momentum (read from OLD's payloads, re-written under NEW's keyed digests) and OLD's roster
+when it has one; a node of today trains NEW on, and every object it writes is a ``gm/2``
+envelope whose body declares format 2. A format-1 object at NEW's next round key (bare,
+as format-1 gm wrote it, or tagged with the run key but declaring format 1) is refused by
+name (``wrong_format``) and the round's record lands at the next slot.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from test_format1_run import FIXTURE, OLD_CONFIG, model
 
 from gm_core import auth, codec, keys
-from gm_core.records import FORMAT_2, RoundRecord
+from gm_core.records import FORMAT_2, Manifest, Member, PayloadRef, RoundRecord
 from gm_core.tape import record_key
 from gm_shell import Session, align, events
 from gm_shell.cli import main
@@ -113,6 +114,17 @@ def test_migrate_carries_a_format_1_tape_into_a_format_2_run_that_trains_on(
     stored = (bucket / keys.manifest()).read_bytes()
     assert stored.startswith(auth.MARKER)
     assert codec.declared_format(stored.split(b"\n", 1)[1]) == FORMAT_2
+    carried = codec.decode(Manifest, stored.split(b"\n", 1)[1])
+    newest = codec.decode(RoundRecord, (old_dir / keys.round_record(15)).read_bytes())
+    assert [s.version for s in carried.init] == [0] * len(newest.frontier)  # NEW's own count
+    for fragment, (was, now) in enumerate(zip(newest.frontier, carried.init, strict=True)):
+        assert was.momentum is not None
+        assert now.momentum is not None
+        assert now.momentum.key != was.momentum.key  # re-written under NEW's keyed digest
+        np.testing.assert_array_equal(
+            _payload(old_dir, None, fragment, was.momentum, carried),
+            _payload(bucket, RUN_KEY, fragment, now.momentum, carried),
+        )
     from_old, from_new = model(), model()
     align(from_old, mailbox=old, run_key=None)
     assert align(from_new, mailbox=new, run_key=RUN_KEY).round == -1  # its initial state
@@ -144,3 +156,44 @@ def test_migrate_carries_a_format_1_tape_into_a_format_2_run_that_trains_on(
     refused = [e.detail for e in got if isinstance(e, events.RecordRejected)]
     assert any("wrong_format" in d for d in refused), refused
     assert all(torch.isfinite(p).all() for p in net.parameters())
+
+
+def _payload(
+    bucket: Path, run_key: bytes | None, fragment: int, ref: PayloadRef, manifest: Manifest
+) -> np.ndarray:
+    """The momentum payload ``ref`` of ``fragment`` decoded, its digest checked."""
+    from gm_shell.fragments import FragmentCodec, Role, payload_key
+
+    run_auth = None if run_key is None else auth.derive(run_key)
+    fragments = FragmentCodec(manifest, payload_key=payload_key(run_auth))
+    data = (bucket / ref.key).read_bytes()
+    fragments.check(ref, data)
+    return fragments.decode(fragment, Role.MOMENTUM, data)
+
+
+def test_migrate_carries_the_roster_unless_given_another(tmp_path: Path) -> None:
+    """OLD's per-node keys go with it: migrating a run that has a roster (here a run that
+    was itself migrated with one) gives NEW the same roster, the authority's signature
+    still good (it covers the members, not the run)."""
+    from gm_shell.migrate import migrate
+    from gm_shell.nodekeys import make_roster, public_key
+
+    roster = make_roster(
+        bytes([9]) * 32,
+        [Member(node="n0", roles=("learner", "closer"), public_key=public_key(bytes([1]) * 32))],
+    )
+    old_dir = tmp_path / "old"
+    shutil.copytree(FIXTURE / "run", old_dir)
+    run_auth = auth.derive(RUN_KEY)
+
+    async def carry(source: str, target: str, **given: object) -> Manifest:
+        async with Mailbox.open(source) as old, Mailbox.open(target) as new:
+            old_auth = None if source.endswith("/old") else run_auth
+            done = await migrate(old, new, run_auth, old_auth=old_auth, **given)  # type: ignore[arg-type]
+            return done.manifest
+
+    mid = asyncio.run(carry(f"file://{old_dir}", f"file://{tmp_path / 'mid'}", roster=roster))
+    assert mid.roster == roster
+    last = asyncio.run(carry(f"file://{tmp_path / 'mid'}", f"file://{tmp_path / 'last'}"))
+    assert last.roster == roster
+    assert all(s.momentum is not None for s in last.init)

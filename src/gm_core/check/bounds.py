@@ -106,6 +106,17 @@ CI_BOUNDS: dict[str, Bounds] = {
         member=True,
         forge=(Forgery.CLAIM,),
     ),
+    # ...and, revoked from round 0 (every node knows it), its own snapshot in its own name:
+    # only the revocation refuses it (revoked), n1 is merged.
+    "a revoked member publishes its own snapshot (per-node keys)": Bounds(
+        roles=("lc", "l"),
+        rounds=1,
+        max_time_s=0.5,
+        run_key=True,
+        member=True,
+        revoked=True,
+        forge=(Forgery.SNAPSHOT,),
+    ),
     # Delay-bounded (Bounds.delays): deeper than an exhaustive search gets in CI time, every
     # run that leaves the fair schedule at most once or twice (a crash, a restart before the
     # others go idle, a reordered delivery, a fired timer ahead of a delivery each count one).

@@ -106,6 +106,10 @@ class Bounds:
     member: bool = False
     """Per-node keys (with ``run_key``), and the forger is a member: a learner on the roster
     with the run key and its own key (gm_core.check.forger)."""
+    revoked: bool = False
+    """With ``member``: the forger is revoked from round 0, every node knowing it (as if
+    learned from ``members/``, spec/protocol.md §16.3.3); its snapshot is then its own, in
+    its own name (gm_core.check.forger), refused only as revoked."""
     progress: bool = True
     """Judge that the run can still commit where it stops (False: safety alone, for a
     forger whose record blocks its round until slots exist, spec/protocol.md §16.0)."""
@@ -142,6 +146,7 @@ def initial_state(bounds: Bounds) -> cluster.Cluster:
         closer_options=closer.CloserOptions(poll_s=bounds.poll_s, renew_s=bounds.renew_s),
         run_key=forger.FORGER_KEY if bounds.run_key else None,
         members={forger.EVIL: (ROLE_LEARNER,)} if bounds.member else None,
+        revoked={forger.EVIL: 0} if bounds.revoked else None,
     )
     for name in sorted(c.nodes):
         c = cluster.start(c, name)

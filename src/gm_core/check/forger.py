@@ -12,6 +12,11 @@ bare in an open run, and in an authenticated run with the run's key id (which
 is public) and a tag it had to make up. Each kind is written at most once per
 path, so the search covers every moment at which it can land.
 
+A bound set with ``revoked`` too makes it a member the run authority revoked from round
+0, which every node knows: its snapshot is its own, at its own key, in its own name and
+signed as itself — everything a learner may write — and only the revocation refuses it
+(planted bug ``skip-revocation-check``).
+
 A bound set with ``member`` makes the forger a *member* of a run with per-node keys
 (spec/protocol.md §16.3): ``evil`` is on the roster as a learner and holds the run key
 and its own key (gm_core.modelkeys' stand-in), so its objects carry a valid tag and a
@@ -109,7 +114,7 @@ def _object(c: cluster.Cluster, kind: Forgery) -> tuple[str, bytes] | None:
     fragment = schedule.fragment_of(round_, config.fragments)
     frontier = newest.frontier if newest is not None else c.manifest.init
     if kind is Forgery.SNAPSHOT:
-        learner = _victim(c) if _member(c) else EVIL
+        learner = _victim(c) if _member(c) and not _revoked(c) else EVIL
         snapshot = Snapshot(
             learner=learner,
             round=round_,
@@ -167,6 +172,13 @@ def next_commit(
 def _member(c: cluster.Cluster) -> bool:
     """Whether the forger is a member (the run has per-node keys, and it is on the roster)."""
     return c.run_auth is not None and c.run_auth.signing is not None
+
+
+def _revoked(c: cluster.Cluster) -> bool:
+    """Whether the forger is a revoked member: it then writes its own snapshot in its own
+    name, which nothing but the revocation refuses (spec/protocol.md §16.3.3)."""
+    signing = None if c.run_auth is None else c.run_auth.signing
+    return signing is not None and EVIL in signing.revoked_from
 
 
 def _victim(c: cluster.Cluster) -> str:

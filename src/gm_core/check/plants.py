@@ -203,6 +203,15 @@ def _name_every_arrival(real: Callable[..., tuple[str, ...]]) -> Callable[..., t
     return members
 
 
+def _ignore_revocations(
+    real: Callable[[auth.Signing, str, str], str | None],
+) -> Callable[[auth.Signing, str, str], str | None]:
+    def revoked(signing: auth.Signing, signer: str, key: str) -> str | None:
+        return None
+
+    return revoked
+
+
 def _one_fragment_after_a_cycle(real: Callable[[int, int], int]) -> Callable[[int, int], int]:
     def fragment_of(round: int, fragments: int) -> int:
         return real(round, fragments) if round < fragments else 0
@@ -294,6 +303,16 @@ PLANTS: dict[str, Plant] = {
             attribute="_signed",
             broken=_trust_any_signer,
             bounds=CI_BOUNDS["a member forges a commit (per-node keys)"],
+            caught=True,
+        ),
+        Plant(
+            name="skip-revocation-check",
+            rule="revocation (§16.3.3)",
+            change="a revoked member's word counts at every round",
+            module=auth,
+            attribute="_revoked",
+            broken=_ignore_revocations,
+            bounds=CI_BOUNDS["a revoked member publishes its own snapshot (per-node keys)"],
             caught=True,
         ),
         Plant(

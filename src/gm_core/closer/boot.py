@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import attrs
 
-from gm_core import cadence, codec, election, keys, liveness, timing, tip
+from gm_core import cadence, codec, election, liveness, timing, tip
 from gm_core.auth import Envelope, Unauthenticated
 from gm_core.closer import collect, pump
 from gm_core.closer.state import (
@@ -258,11 +258,14 @@ def _claim_read(
     holder, problem = _claim_holder(state.envelope, event.data, state.round, attempt)
     if holder == state.node:
         return _open(state, event.now_s, attempt, cmds)
+    claims = {**state.claims, attempt: holder}
     if not holder:
+        # No claim (forged, garbage, another format's): it outranks nothing, so the closer
+        # watched and the takeover deadline stay, and the next bid goes out at once at the
+        # attempt above it (spec §16.4.4): each such object costs one write and one read.
         detail = f"claim {attempt}: {problem}"
         cmds.append(Notify(kind="claim_rejected", round=state.round, detail=detail))
-    claims = dict(state.claims)
-    claims[attempt] = holder  # a hostile claim occupies its number but names nobody
+        return attrs.evolve(following, claims=claims)
     return attrs.evolve(following, claims=claims, closer_lease=None, waiting_since_s=event.now_s)
 
 
@@ -378,12 +381,16 @@ def _follow(state: CloserState, now_s: float, cmds: list[Command]) -> CloserStat
         # Looks are sparse: bid only once a look sent since the deadline has missed.
         poll_at_s = min(state.poll_at_s, state.looked_at_s + state.options.poll_s)
         return _watch(attrs.evolve(state, poll_at_s=poll_at_s), now_s, cmds)
-    attempt = election.next_attempt(state.claims)
-    if attempt >= keys.ATTEMPT_LIMIT:
-        # Every claim number is taken (spec §15.8): nobody can take this round over, so
-        # stop bidding and keep watching for its record; say so once.
+    limit = election.attempt_limit(state.envelope)
+    attempt = election.next_attempt(
+        state.claims, nonce=state.options.claim_nonce, round_=state.round, limit=limit
+    )
+    if attempt is None:
+        # No claim number left (spec §15.8; a format-1 run's 10^4 can be filled): nobody
+        # can take this round over, so stop bidding and keep watching for its record; say
+        # so once.
         if state.waiting_since_s < NEVER:
-            detail = f"all {keys.ATTEMPT_LIMIT} claim numbers are taken"
+            detail = f"no claim number below {limit} is left"
             cmds.append(Notify(kind="claims_exhausted", round=state.round, detail=detail))
         return attrs.evolve(state, waiting_since_s=NEVER)
     claim = Claim(round=state.round, attempt=attempt, node=state.node)

@@ -98,6 +98,10 @@ class CloserOptions:
     lease_epoch_us: int | None = None
     """The shell's wall clock minus its monotonic clock, in µs: lease sequence numbers are
     then this node's wall clock (:func:`gm_core.liveness.next_seq`). None: a plain count."""
+    claim_nonce: bytes = attrs.field(default=b"", repr=False)
+    """Random bytes of the shell's, secret to this node: where it jumps when it bids past a
+    flood of invalid claims (:func:`gm_core.election.next_attempt`), which nobody who
+    cannot foresee them can pre-occupy. Empty: a fixed draw (the model cluster's)."""
 
 
 @attrs.frozen(kw_only=True)
