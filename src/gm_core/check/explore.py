@@ -59,6 +59,7 @@ from gm_core.check.actions import Action, Kind, apply, describe, enabled, settle
 from gm_core.check.fingerprint import Fingerprinter
 from gm_core.check.independence import Footprint, Recorder, independent
 from gm_core.check.progress import FairRuns
+from gm_core.check.search import collector_paused
 from gm_core.check.steps import Steps
 from gm_core.check.transitions import Transitions
 from gm_core.records import ROLE_LEARNER, AlgorithmConfig, Alignment
@@ -208,7 +209,7 @@ def explore(
     if bounds.delays is not None:  # a sleeping action may be the only free one: no sleep sets
         sleep_sets = False
     recording = Recorder().installed() if sleep_sets else nullcontext(None)
-    with Transitions().installed() as transitions, recording as recorder:
+    with collector_paused(), Transitions().installed() as transitions, recording as recorder:
         steps = Steps(lambda c, a: step(c, a, bounds), recorder, transitions.exact)
         return _Search(bounds, on_progress, steps).run()
 
