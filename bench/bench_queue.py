@@ -1,7 +1,8 @@
 """A shared queue against static ranks when half the learners are twice as slow (issue 13).
 
 Run: ``.venv/bin/python bench/bench_queue.py [--units 96] [--batches 4] [--step-s 0.05]
-[--repeats 1] [--in-flight 2] [--grace-seconds S] [--follow N] [--json FILE] [--log FILE]``
+[--repeats 1] [--in-flight 2] [--grace-seconds S] [--follow N] [--sim [--sim-latency-s S]
+[--blocking]] [--json FILE] [--log FILE]``
 
 Four learner processes (``both`` nodes, ``Session.run``) consume one dataset of ``--units``
 units of ``--batches`` batches through a ``file://`` bucket; two take ``--step-s`` per step,
@@ -22,10 +23,14 @@ loss at the end (a linear student of a fixed teacher, the model each node holds 
 machines on a virtual clock, four ``both`` nodes, the first two twice as slow, the same
 ``DiLoCo`` options, every request taking ``--sim-latency-s``): one simulated run records
 when each learner's every step ended, stalls included, and :mod:`gm_core.sim.consume`
-reads from it how long the dataset takes pulled from a queue (plus the queue's requests at
-each unit's boundary, :data:`QUEUE_REQUESTS_PER_UNIT` of them) and split into static ranks,
-against the same ideal; the loss is the committed model's (a small MLP the simulator
-trains) at each split's end time. ``--repeats`` runs that many seeds.
+reads from it how long the dataset takes pulled from a queue and split into static ranks,
+against the same ideal. The queue's own requests: :data:`BEHIND_REQUESTS_PER_UNIT` per
+unit sent in the background while the unit trains (``Session.run``'s consumer), delaying
+the next unit only by what the unit's training does not cover, and
+:data:`FIRST_UNIT_REQUESTS` before the first unit; with ``--blocking``, the consumer before
+it claimed ahead: :data:`QUEUE_REQUESTS_PER_UNIT` on the training thread at every unit's
+boundary. The loss is the committed model's (a small MLP the simulator trains) at each
+split's end time. ``--repeats`` runs that many seeds.
 """
 
 from __future__ import annotations
@@ -45,9 +50,19 @@ import numpy as np
 NODES = 4
 IN, OUT = 16, 4
 QUEUE_REQUESTS_PER_UNIT = 5.5
-"""The queue's requests on the training thread at a unit's boundary, prefetch 1: before its
-done marker a LIST of the unit, the marker (PUT) and the claims' DELETE; before the next
-unit a LIST of it; every second unit also the queue's LIST and two claims (PUT)."""
+"""``--blocking``: the queue's requests on the training thread at a unit's boundary, prefetch
+1, as the consumer sent them before it claimed ahead: before its done marker a LIST of the
+unit, the marker (PUT) and the claims' DELETE; before the next unit a LIST of it; every
+second unit also the queue's LIST and two claims (PUT)."""
+BEHIND_REQUESTS_PER_UNIT = 5
+"""The queue's requests in the background while a unit trains, prefetch 1: the previous
+unit's done marker (a LIST of it, the PUT; the claims' DELETE runs beside them), then the
+claim ahead (the queue's LIST, one PUT: no body read while untouched units are left) and
+its check (a LIST of the unit). Near the end, with no untouched unit left, the claim ahead
+also reads the bodies peers wrote: not modelled."""
+FIRST_UNIT_REQUESTS = 5
+"""Before the first unit, on the training thread: the units statement (PUT), the queue's
+LIST, two claims (PUT), the check of the first (LIST)."""
 
 
 def _teacher() -> np.ndarray:
@@ -216,11 +231,21 @@ def simulate(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
     )
     report = world.run(scenario)
     ends, steps = report.step_ends, report.step_s
-    overhead_s = QUEUE_REQUESTS_PER_UNIT * args.sim_latency_s
-    split = {
-        "queue": consume.pulled(ends, steps, args.units, args.batches, overhead_s),
-        "ranks": consume.static(ends, steps, args.units, args.batches),
-    }
+    latency_s = args.sim_latency_s
+    if args.blocking:
+        queue = consume.pulled(
+            ends, steps, args.units, args.batches, QUEUE_REQUESTS_PER_UNIT * latency_s
+        )
+    else:
+        queue = consume.pulled(
+            ends,
+            steps,
+            args.units,
+            args.batches,
+            behind_s=BEHIND_REQUESTS_PER_UNIT * latency_s,
+            first_s=FIRST_UNIT_REQUESTS * latency_s,
+        )
+    split = {"queue": queue, "ranks": consume.static(ends, steps, args.units, args.batches)}
     origin = consume.start_s(ends, steps)
     rows = []
     for mode, got in split.items():
@@ -258,6 +283,11 @@ def main() -> None:
     parser.add_argument("--sim", action="store_true", help="the simulator side instead")
     parser.add_argument(
         "--sim-latency-s", type=float, default=0.005, help="with --sim: every request's median"
+    )
+    parser.add_argument(
+        "--blocking",
+        action="store_true",
+        help="with --sim: the queue's requests between units, on the training thread",
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--log", type=Path, help="append the nodes' logs here")

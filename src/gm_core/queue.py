@@ -45,6 +45,18 @@ unit's folder, answered :attr:`Outcome.HELD` or :attr:`Outcome.LOST`.
 **Prefetch.** A node asking for a unit while it holds none unstarted claims up to
 ``1 + prefetch`` units at once; each is checked as above when it starts.
 
+**Claiming ahead** (a pipelined trainer, :class:`Ahead`). So that no store request sits
+between two units on the training thread, a shell may, while the trainer trains, send
+:class:`Ahead`: the machine claims up to ``prefetch`` units beyond the one trained and
+checks the next as above (never waiting for a peer); a later :class:`Want` starts a
+checked unit without a request (:func:`ready`). When the trainer has stepped a unit's
+last batch it sends :class:`Ended` (no request: the unit stays held, its done marker not
+written) and may then :class:`Want` a ready unit and :class:`Finish` the ended one after,
+while it trains the next. The check before a start is then as old as the unit trained
+before it: a peer may have re-issued the unit meanwhile (only if this node's lease looked
+dead), and the node trains it in vain; its completion is still decided by the check
+before its done marker, so each unit is still counted once.
+
 **Giving back.** A node that stops training with units claimed but not started (an
 ``either`` node elected closer) sends :class:`GiveBack`: it lists the queue (units
 claimed under its id before a restart are its too) and for each such unit writes
@@ -151,7 +163,24 @@ class GiveBack:
     now_s: float
 
 
-QueueEvent = Event | Want | Finish | Watch | GiveBack
+@attrs.frozen(kw_only=True)
+class Ahead:
+    """The trainer trains (or is about to): claim ``prefetch`` units beyond its unit and
+    check the next, without waiting for a peer."""
+
+    now_s: float
+
+
+@attrs.frozen(kw_only=True)
+class Ended:
+    """The trainer stepped the last batch of ``unit`` (its :class:`Finish` follows later)."""
+
+    now_s: float
+    unit: str
+
+
+Task = Want | Finish | Watch | GiveBack | Ahead
+QueueEvent = Event | Task | Ended
 
 
 @attrs.frozen(kw_only=True)
@@ -181,6 +210,8 @@ class Outcome(enum.StrEnum):
     """Every unit claimed here and not started is given back (held by nobody)."""
     MISMATCHED = "mismatched"
     """The queue holds another set of units than this node's (``mismatch`` says how)."""
+    AHEAD = "ahead"
+    """Units are claimed ahead as far as any was free, and the next one is checked."""
 
 
 @attrs.frozen(kw_only=True)
@@ -190,6 +221,8 @@ class Held:
     started: bool = False
     resumed: bool = False
     """Found claimed by this node (under the same id, before a restart)."""
+    checked: bool = False
+    """Checked by :class:`Ahead` since it was claimed: :class:`Want` starts it at once."""
 
 
 class Phase(enum.StrEnum):
@@ -259,7 +292,7 @@ class Listing:
 class QueueState:
     spec: QueueSpec
     phase: Phase = Phase.AGREEING
-    task: Want | Finish | Watch | GiveBack | None = None
+    task: Task | None = None
     """The trainer's request being served."""
     outcome: Outcome | None = None
     current: Assignment | None = None
@@ -299,7 +332,9 @@ def advance(state: QueueState, event: QueueEvent) -> Transition:
         if state.command is not None:
             return state, []
         return _issue(state, PutOnce(req=0, key=_units_key(state), data=units_body(state)))
-    if isinstance(event, Want | Finish | Watch | GiveBack):
+    if isinstance(event, Ended):
+        return _end(state, event)
+    if isinstance(event, Want | Finish | Watch | GiveBack | Ahead):
         return _request(state, event)
     if isinstance(event, TimerFired):
         if state.in_flight or state.command is None or state.phase is Phase.IDLE:
@@ -314,13 +349,42 @@ def advance(state: QueueState, event: QueueEvent) -> Transition:
     return _answered(state, event)
 
 
-def _request(state: QueueState, event: Want | Finish | Watch | GiveBack) -> Transition:
+def ready(state: QueueState) -> bool:
+    """Whether a :class:`Want` now starts a unit without a store request (one checked by
+    :class:`Ahead` is waiting)."""
+    waiting = [h for h in state.held if not h.started]
+    return (
+        state.phase is Phase.IDLE
+        and state.task is None
+        and state.current is None
+        and bool(waiting)
+        and waiting[0].checked
+    )
+
+
+def _end(state: QueueState, event: Ended) -> Transition:
     if state.task is not None or state.phase is not Phase.IDLE:
         raise ValueError(f"the queue is busy ({state.phase}): one request at a time")
+    if state.current is None or state.current.unit != event.unit:
+        raise ValueError(f"unit {event.unit!r} is not being trained here")
+    return attrs.evolve(state, current=None), []
+
+
+def _request(state: QueueState, event: Task) -> Transition:
+    if state.task is not None or state.phase is not Phase.IDLE:
+        raise ValueError(f"the queue is busy ({state.phase}): one request at a time")
+    training = None if state.current is None else state.current.unit
+    ended = [h.unit for h in state.held if h.started and h.unit != training]
+    if isinstance(event, Want) and ended and not ready(state):
+        # Waiting for peers could wait on this node's own unit, done but not marked.
+        raise ValueError(f"unit {ended[0]!r} ended: finish it before waiting for another")
     state = attrs.evolve(state, task=event, outcome=None)
+    if isinstance(event, Ahead):
+        return _ahead(state)
     if isinstance(event, GiveBack):
-        if state.current is not None:
-            raise ValueError(f"unit {state.current.unit!r} is not finished yet")
+        if state.current is not None or ended:
+            unit = state.current.unit if state.current is not None else ended[0]
+            raise ValueError(f"unit {unit!r} is not finished yet")
         # Its claims may predate this machine (a restart under the same id): list the queue
         # and give back every unit whose newest claim names this node (:func:`_give_own`).
         return _scan(state)
@@ -336,9 +400,37 @@ def _request(state: QueueState, event: Want | Finish | Watch | GiveBack) -> Tran
     if state.current is not None:
         raise ValueError(f"unit {state.current.unit!r} is not finished yet")
     waiting = [h for h in state.held if not h.started]
+    if waiting and waiting[0].checked:
+        return _start(state, waiting[0])
     if waiting:
         return _check(state, waiting[0].unit)
     return _scan(state)
+
+
+def _assigned(held: Held) -> Assignment:
+    return Assignment(unit=held.unit, attempt=held.attempt, resumed=held.resumed)
+
+
+def _ahead(state: QueueState) -> Transition:
+    """Claim up to ``prefetch`` unstarted units if fewer are held, then check them."""
+    if sum(not h.started for h in state.held) < state.spec.prefetch:
+        return _scan(state)
+    return _ahead_next(state)
+
+
+def _ahead_next(state: QueueState) -> Transition:
+    """Check the first unstarted unit not yet checked; reply once none is left (no new scan:
+    what was free has been claimed)."""
+    unchecked = [h for h in state.held if not h.started and not h.checked]
+    if unchecked:
+        return _check(state, unchecked[0].unit)
+    return _reply(state, Outcome.AHEAD)
+
+
+def _wish(state: QueueState) -> int:
+    """How many unstarted units the task wants held: one to start plus ``prefetch``, or
+    (claiming ahead, while one is trained) ``prefetch``."""
+    return state.spec.prefetch + (0 if isinstance(state.task, Ahead) else 1)
 
 
 def _answered(state: QueueState, event: Event) -> Transition:
@@ -450,6 +542,26 @@ def _scanned(state: QueueState, event: Listed) -> Transition:
         for unit, (c, d) in found.items()
     }
     state = attrs.evolve(state, listing=listing)
+    if isinstance(state.task, Ahead):
+        # Claiming ahead reads no body while units nobody has touched fill the wish: a unit
+        # with no claim and no done marker listed is free whatever the bodies say, and the
+        # bodies peers wrote since the last scan would cost a request each (the whole point
+        # of claiming ahead is to fit between two starts). Otherwise read as a Want does.
+        held = frozenset(h.unit for h in state.held)
+        untouched = [u for u in state.spec.units if u not in listing and u not in held]
+        if len(untouched) >= _wish(state) - sum(not h.started for h in state.held):
+            picks = choose(
+                untouched,
+                done=frozenset(),
+                holders={},
+                attempts={},
+                used={},
+                me=state.spec.node,
+                live=frozenset(),
+                held=frozenset(),
+                ordered=state.spec.ordered,
+            )
+            return _claim_next(attrs.evolve(state, candidates=picks), event.now_s)
     queue, todo = state.spec.queue, []
     for unit, seen in sorted(listing.items()):
         todo += [keys.queue_done(queue, unit, a) for a in seen.dones]
@@ -500,7 +612,7 @@ def _choose_or_probe(state: QueueState, now_s: float, *, probed: bool = False) -
     everyone = frozenset(holders.values())
     if not probed:
         free = _choose(state, holders, done, held, live=everyone)
-        wish = 1 + spec.prefetch - sum(not h.started for h in state.held)
+        wish = _wish(state) - sum(not h.started for h in state.held)
         others = sorted(
             {
                 node
@@ -616,7 +728,7 @@ def spread(node: str, unit: str) -> str:
 def _claim_next(state: QueueState, now_s: float) -> Transition:
     spec = state.spec
     unstarted = sum(not h.started for h in state.held)
-    if state.candidates and unstarted < 1 + spec.prefetch:
+    if state.candidates and unstarted < _wish(state):
         (unit, attempt), rest = state.candidates[0], state.candidates[1:]
         state = attrs.evolve(state, candidates=rest)
         if _holders(state).get(unit) == spec.node:  # resumed: this node's claim already
@@ -626,6 +738,8 @@ def _claim_next(state: QueueState, now_s: float) -> Transition:
         state = attrs.evolve(state, phase=Phase.CLAIMING)
         return _issue(state, PutOnce(req=0, key=key, data=body))
     state = attrs.evolve(state, candidates=())
+    if isinstance(state.task, Ahead):
+        return _ahead_next(state)
     waiting = [h for h in state.held if not h.started]
     if waiting:
         return _check(state, waiting[0].unit)
@@ -655,12 +769,12 @@ def _hold(state: QueueState, unit: str, attempt: int, *, resumed: bool = False) 
 
 
 def _start(state: QueueState, held: Held) -> Transition:
-    assignment = Assignment(unit=held.unit, attempt=held.attempt, resumed=held.resumed)
     started = attrs.evolve(held, started=True)
     state = attrs.evolve(
         state,
         held=tuple(started if h.unit == held.unit else h for h in state.held),
-        current=assignment,
+        current=_assigned(held),
+        todo=(),
     )
     return _reply(state, Outcome.ASSIGNED)
 
@@ -686,16 +800,26 @@ def _checked(state: QueueState, event: Listed) -> Transition:
             (claims if isinstance(parsed, keys.QueueClaimKey) else dones).add(parsed.attempt)
     lost = superseded(held.attempt, claims)
     task = state.task
-    if isinstance(task, Want):
+    if isinstance(task, Want | Ahead):
         # A done marker not yet judged garbage means a peer may have finished the unit.
         queue = spec.queue
         finished = [a for a in dones if state.dones.get(keys.queue_done(queue, unit, a), True)]
         if lost or finished:
-            # Re-issued or finished by a peer while it waited here: drop it, choose again.
+            # Re-issued or finished by a peer while it waited here: drop it, choose again
+            # (claiming ahead: check the next, if any).
             state, note = _drop(state, unit, "taken over before it was started")
-            state, cmds = _request(attrs.evolve(state, task=None, phase=Phase.IDLE), task)
+            if isinstance(task, Ahead):
+                state, cmds = _ahead_next(state)
+            else:
+                state, cmds = _request(attrs.evolve(state, task=None, phase=Phase.IDLE), task)
             return state, [note, *cmds]
-        return _start(attrs.evolve(state, todo=()), held)
+        if isinstance(task, Ahead):
+            checked = attrs.evolve(held, checked=True)
+            state = attrs.evolve(
+                state, held=tuple(checked if h.unit == unit else h for h in state.held), todo=()
+            )
+            return _ahead_next(state)
+        return _start(state, held)
     if isinstance(task, Watch):
         if not lost:  # the usual answer, every renewal interval: not worth a notice
             state = attrs.evolve(state, phase=Phase.IDLE, task=None, command=None, todo=())
@@ -706,7 +830,7 @@ def _checked(state: QueueState, event: Listed) -> Transition:
     assert isinstance(task, Finish)
     if lost:
         state, note = _drop(state, unit, "taken over before it was finished: no done marker")
-        state, cmds = _reply(attrs.evolve(state, current=None), Outcome.LOST)
+        state, cmds = _reply(_unassign(state, unit), Outcome.LOST)
         return state, [note, *cmds]
     key = keys.queue_done(spec.queue, unit, held.attempt)
     marker = DoneMarker(node=spec.node, attempt=held.attempt, steps=task.steps, tokens=task.tokens)
@@ -731,9 +855,8 @@ def _marked(state: QueueState, event: PutDone) -> Transition:
     assert isinstance(task, Finish)
     collect = state.todo if event.created else ()
     state = attrs.evolve(
-        state,
+        _unassign(state, task.unit),
         held=tuple(h for h in state.held if h.unit != task.unit),
-        current=None,
         todo=(),
     )
     state, cmds = _reply(state, Outcome.DONE)
@@ -781,6 +904,13 @@ def _given(state: QueueState, event: PutDone) -> Transition:
     held = tuple(h for h in state.held if h.unit != claim.unit)
     given = (*state.given, claim.unit) if event.created else state.given
     return _give_next(attrs.evolve(state, held=held, command=None, given=given))
+
+
+def _unassign(state: QueueState, unit: str) -> QueueState:
+    """No longer training ``unit`` (a pipelined trainer may already train the next)."""
+    if state.current is not None and state.current.unit == unit:
+        return attrs.evolve(state, current=None)
+    return state
 
 
 def _drop(state: QueueState, unit: str, why: str) -> tuple[QueueState, Notify]:

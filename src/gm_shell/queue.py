@@ -25,6 +25,18 @@ Its own lease stays renewed meanwhile (the session's loop renews it).
 that a slow node holds as many as a fast one but finishes fewer); a prefetched unit is
 checked again before it starts. Loading itself is lazy: ``load`` is called when the unit
 starts.
+
+**No request between units** (:meth:`Consumer.end`, what ``Session.run`` uses). Once a
+unit starts, a background task on the loop claims the next ones and checks the first
+(:class:`gm_core.queue.Ahead`); when the trainer has stepped a unit's last batch it says
+so with :meth:`Consumer.end` and asks for the next, which starts at once when it was
+checked, and the ended unit's done marker is written in the background while the next
+one trains. The trainer waits only when nothing was checked ahead (the first unit,
+``prefetch=0``, or nothing was free), and then first writes the ended unit's marker, so
+that it never waits for peers while its own unit is unmarked. With store latency ``L``
+the background needs about four to six ``L`` per unit (the marker's check and write, a
+listing, a claim, the next unit's check, and reads of claims peers wrote since): units
+shorter than that still wait for part of it.
 """
 
 from __future__ import annotations
@@ -123,6 +135,12 @@ class Consumer:
         self._lock = asyncio.Lock()
         """One request at a time: the trainer's and a watcher's (both run on the loop)."""
         self._watcher: asyncio.Task[None] | None = None
+        self._ending: core.Finish | None = None
+        """A unit the trainer ended (:meth:`end`), handed over at the next :meth:`want` (or
+        :meth:`give_back`, :meth:`close`), which takes it out of this slot at once: the
+        trainer ends its next unit into the slot while the background writes this one."""
+        self._behind: asyncio.Task[None] | None = None
+        """The background work after a start: the ended unit's marker, then claims ahead."""
         self.state = core.initial(spec)
         self._serve(Started(now_s=_now()))
         if self.state.outcome is core.Outcome.MISMATCHED:
@@ -130,24 +148,73 @@ class Consumer:
 
     def want(self) -> core.Assignment | None:
         """The next unit to train (blocks while only live peers' units are left); None when
-        every unit is done."""
-        if self.state.outcome is core.Outcome.EXHAUSTED:
+        every unit is done. After :meth:`end`, a unit checked ahead starts at once."""
+        return self._loop.run(self._want())
+
+    async def _want(self) -> core.Assignment | None:
+        await self._caught_up()
+        ending = await self._ended()
+        if ending is not None and not core.ready(self.state):
+            await self._drive(ending)  # nothing checked ahead: may wait, so mark it first
+            ending = None
+        if self.state.phase is core.Phase.STOPPED:
             return None
-        self._serve(core.Want(now_s=_now()))
-        return self.state.current if self.state.outcome is core.Outcome.ASSIGNED else None
+        await self._drive(core.Want(now_s=_now()))  # with ``ending`` left: starts at once
+        if self.state.outcome is not core.Outcome.ASSIGNED:
+            return None
+        self._behind = asyncio.get_running_loop().create_task(self._ahead(ending))
+        return self.state.current
+
+    async def _ahead(self, ending: core.Finish | None) -> None:
+        if ending is not None:
+            await self._drive(ending)
+        await self._drive(core.Ahead(now_s=_now()))
+
+    async def _ended(self) -> core.Finish | None:
+        """Take the unit the trainer ended out of its slot and tell the machine (it is then
+        no longer the one trained); its marker is the caller's to write."""
+        ending, self._ending = self._ending, None
+        current = self.state.current
+        if ending is not None and current is not None and current.unit == ending.unit:
+            await self._drive(core.Ended(now_s=_now(), unit=ending.unit))
+        return ending
+
+    async def _flush(self) -> None:
+        """Write the done marker of the unit the trainer ended, if any."""
+        ending = await self._ended()
+        if ending is not None:
+            await self._drive(ending)
+
+    async def _caught_up(self) -> None:
+        """Wait for the background work after the last start (raising what it raised: only
+        a core bug raises there; a failed request is retried by the machine)."""
+        behind, self._behind = self._behind, None
+        if behind is not None:
+            await behind
+
+    def end(self, unit: str, steps: int, tokens: int) -> None:
+        """The trainer stepped ``unit``'s last batch: its done marker is written in the
+        background (after the next :meth:`want`), or by :meth:`give_back` or :meth:`close`."""
+        self._ending = core.Finish(now_s=_now(), unit=unit, steps=steps, tokens=tokens)
 
     def finish(self, unit: str, steps: int, tokens: int) -> bool:
-        """Write ``unit``'s done marker; False when a peer took it over meanwhile."""
+        """Write ``unit``'s done marker now; False when a peer took it over meanwhile."""
         self._serve(core.Finish(now_s=_now(), unit=unit, steps=steps, tokens=tokens))
         return self.state.outcome is core.Outcome.DONE
 
     def give_back(self) -> tuple[str, ...]:
         """Give back every unit claimed here and not started (this node stops training), and
         any claimed under this node's id before a restart: peers take them at once. The
-        units given back (a claim a peer had already re-issued is not among them)."""
+        units given back (a claim a peer had already re-issued is not among them). An
+        ended unit's done marker is written first."""
+        return self._loop.run(self._give_back())
+
+    async def _give_back(self) -> tuple[str, ...]:
+        await self._caught_up()
+        await self._flush()
         before = len(self.state.given)
-        if self.state.outcome is not core.Outcome.EXHAUSTED:
-            self._serve(core.GiveBack(now_s=_now()))
+        if self.state.phase is not core.Phase.STOPPED:
+            await self._drive(core.GiveBack(now_s=_now()))
         return self.state.given[before:]
 
     def watch(self, period_s: float, on_lost: Callable[[], None]) -> None:
@@ -207,15 +274,22 @@ class Consumer:
         task.add_done_callback(self._background.discard)
 
     def close(self) -> None:
-        """Let deletions already sent land (bounded), so a closing session does not cut them."""
+        """Write an ended unit's done marker (it was trained to its end) and let the
+        background work and deletions already sent land (bounded), so a closing session
+        does not cut them. A failure here is logged: the unit is then resumed or re-issued."""
 
         async def settle() -> None:
+            try:
+                await asyncio.wait_for(self._caught_up(), 60.0)
+                await asyncio.wait_for(self._flush(), 60.0)
+            except Exception as error:
+                LOG.warning("queue %s: closing: %s", self.state.spec.queue, error)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
                     asyncio.gather(*self._background, return_exceptions=True), 10.0
                 )
 
-        if self._background:
+        if self._loop.alive and (self._background or self._behind or self._ending):
             self._loop.run(settle())
 
 

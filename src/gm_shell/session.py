@@ -1197,7 +1197,7 @@ class Session:
                 if unit is None:
                     return False
                 steps, counted = self._train(step, data.load(data.values[unit.unit]))
-                consumer.finish(unit.unit, steps, counted)
+                consumer.end(unit.unit, steps, counted)  # its marker: written behind the next
             given = consumer.give_back()
             self.given_back += given
             events.LOG.info(

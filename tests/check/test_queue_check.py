@@ -24,6 +24,9 @@ PINNED = {
     "ranks: one node, two ranks, it looks when its rank is done": 148,
     "queue: one node, two units, it looks when they are done": 582,
     "queue: an either node elected after a unit, prefetch 1": 1_312,
+    "queue: two nodes, one unit, the first to run out looks": 4_685,
+    "queue: one node, three units, pipelined, a crash": 1_014,
+    "queue: one node, two units, pipelined, two lost responses": 869,
 }
 """States of the queue's and the ranks' sets ``gm check --ci`` explores."""
 BOUNDS = coordination_table(QueueBounds, PINNED)

@@ -27,7 +27,7 @@ from gm_core.events import (
     Started,
     TimerFired,
 )
-from gm_core.queue import Finish, GiveBack, Outcome, QueueSpec, QueueState, Want
+from gm_core.queue import Ahead, Ended, Finish, GiveBack, Outcome, QueueSpec, QueueState, Want
 from gm_core.records import Lease
 from gm_core.store_model import ModelStore
 
@@ -71,6 +71,13 @@ class World:
     """The last lease sequence number written (one count for every node: it only has to rise)."""
     early: list[tuple[str, int, str]] = attrs.field(factory=list)
     """Re-issues of a unit whose holder had not crashed since its claim: (unit, attempt, holder)."""
+    pipelined: bool = False
+    """Trainers as ``Session.run`` drives a queue: a unit ended, the next started (at once
+    when :class:`Ahead` checked it), the ended one finished after, then claims ahead."""
+    ending: dict[str, Finish] = attrs.field(factory=dict)
+    """A pipelined node's ended unit whose done marker is still to write."""
+    ahead: set[str] = attrs.field(factory=set)
+    """Pipelined nodes that have claimed ahead since their unit started."""
 
     def start(self, node: str) -> None:
         spec = QueueSpec(
@@ -85,6 +92,8 @@ class World:
         )
         self.states[node] = queue.initial(spec)
         self.exhausted.discard(node)
+        self.ending.pop(node, None)
+        self.ahead.discard(node)
         self.renew(node)
         self.feed(node, Started(now_s=self.now_s))
 
@@ -113,13 +122,39 @@ class World:
         )
 
     def act(self, node: str) -> None:
-        """The node's trainer: finish the unit it trains, or ask for the next."""
+        """The node's trainer: finish the unit it trains, or ask for the next (pipelined: the
+        next of the steps :attr:`pipelined` names)."""
         current = self.states[node].current
-        if current is None:
+        if self.pipelined:
+            self.act_pipelined(node, current)
+        elif current is None:
             self.feed(node, Want(now_s=self.now_s))
         else:
             steps, tokens = 3, tokens_of(current.unit)
             self.feed(node, Finish(now_s=self.now_s, unit=current.unit, steps=steps, tokens=tokens))
+
+    def act_pipelined(self, node: str, current: queue.Assignment | None) -> None:
+        now_s = self.now_s
+        if current is not None and node not in self.ahead and node in self.ending:
+            self.feed(node, self.ending.pop(node))
+        elif current is not None and node not in self.ahead:
+            self.ahead.add(node)
+            self.feed(node, Ahead(now_s=now_s))
+        elif current is not None:
+            tokens = tokens_of(current.unit)
+            self.ending[node] = Finish(now_s=now_s, unit=current.unit, steps=3, tokens=tokens)
+            self.ahead.discard(node)
+            self.feed(node, Ended(now_s=now_s, unit=current.unit))
+        elif node in self.ending and not queue.ready(self.states[node]):
+            self.feed(node, self.ending.pop(node))
+        else:
+            self.feed(node, Want(now_s=now_s))
+
+    def flush(self, node: str) -> None:
+        """A pipelined node about to stop writes its ended unit's done marker first."""
+        if node in self.ending:
+            self.feed(node, self.ending.pop(node))
+            self.run_fair(resting=frozenset({node}), until=self.idle(node))
 
     def execute(self, index: int, fault: str | None = None) -> None:
         node, cmd = self.inflight.pop(index)
@@ -184,6 +219,7 @@ class World:
     def crash(self, node: str) -> None:
         self.crashed_at[node] = self.store.writes
         self.states.pop(node, None)
+        self.ending.pop(node, None)
         self.timers.pop(node, None)
         self.inflight = [(n, c) for n, c in self.inflight if n != node]
 
@@ -342,6 +378,7 @@ def drive(world: World, nodes: list[str], steps: list[tuple[str, int]], faults: 
     envelope=st.sampled_from([OPEN, KEYED]),
     steps=steps_strategy,
     faults=st.booleans(),
+    pipelined=st.booleans(),
 )
 def test_each_unit_is_completed_exactly_once_across_crashes_and_restarts(
     units: tuple[str, ...],
@@ -350,9 +387,10 @@ def test_each_unit_is_completed_exactly_once_across_crashes_and_restarts(
     envelope: auth.Envelope,
     steps: list[tuple[str, int]],
     faults: bool,
+    pipelined: bool,
 ) -> None:
     names = [f"n{i}" for i in range(nodes)]
-    world = World(units=units, envelope=envelope, prefetch=prefetch)
+    world = World(units=units, envelope=envelope, prefetch=prefetch, pipelined=pipelined)
     for name in names:
         world.start(name)
     drive(world, names, [s for s in steps if s[0] != "pause"], faults)
@@ -371,14 +409,20 @@ def test_each_unit_is_completed_exactly_once_across_crashes_and_restarts(
     nodes=st.integers(2, 3),
     envelope=st.sampled_from([OPEN, KEYED]),
     steps=steps_strategy,
+    pipelined=st.booleans(),
 )
 def test_paused_holders_never_lose_a_unit_nor_count_it_twice(
-    units: tuple[str, ...], nodes: int, envelope: auth.Envelope, steps: list[tuple[str, int]]
+    units: tuple[str, ...],
+    nodes: int,
+    envelope: auth.Envelope,
+    steps: list[tuple[str, int]],
+    pipelined: bool,
 ) -> None:
     """A paused lease looks dead: its units are re-issued and may be finished twice, but the
-    ledger counts each once, and only a claim's own node writes that attempt's marker."""
+    ledger counts each once, and only a claim's own node writes that attempt's marker
+    (pipelined too, where a unit checked ahead may be re-issued before it starts)."""
     names = [f"n{i}" for i in range(nodes)]
-    world = World(units=units, envelope=envelope)
+    world = World(units=units, envelope=envelope, prefetch=1, pipelined=pipelined)
     for name in names:
         world.start(name)
     drive(world, names, steps, faults=True)
@@ -523,6 +567,7 @@ def test_units_given_back_are_taken_at_once_by_a_peer() -> None:
     envelope=st.sampled_from([OPEN, KEYED]),
     steps=steps_strategy,
     faults=st.booleans(),
+    pipelined=st.booleans(),
 )
 def test_a_node_that_gives_back_leaves_every_unit_to_its_live_peers(
     units: tuple[str, ...],
@@ -530,11 +575,12 @@ def test_a_node_that_gives_back_leaves_every_unit_to_its_live_peers(
     envelope: auth.Envelope,
     steps: list[tuple[str, int]],
     faults: bool,
+    pipelined: bool,
 ) -> None:
     """Whenever the giver stops (between units), its peers complete every unit exactly once,
     none by re-issuing a claim of the giver's, which stays live throughout."""
     names = ["n0", "n1", "n2"]
-    world = World(units=units, envelope=envelope, prefetch=prefetch)
+    world = World(units=units, envelope=envelope, prefetch=prefetch, pipelined=pipelined)
     for name in names:
         world.start(name)
     drive(world, names, [s for s in steps if s[0] in ("exec", "act", "tick")], faults)
@@ -544,9 +590,10 @@ def test_a_node_that_gives_back_leaves_every_unit_to_its_live_peers(
         return world.states["n0"].phase in (queue.Phase.IDLE, queue.Phase.STOPPED)
 
     world.run_fair(resting=giver, until=settled)  # its request in flight ends
-    if world.states["n0"].current is not None:
+    while world.states["n0"].current is not None:
         world.act("n0")  # it trains its unit to the end before it stops
         world.run_fair(resting=giver, until=settled)
+    world.flush("n0")
     if world.states["n0"].phase is not queue.Phase.STOPPED:  # not exhausted yet
         world.feed("n0", GiveBack(now_s=world.now_s))
         world.run_fair(resting=giver, until=world.idle("n0"))
@@ -578,6 +625,93 @@ def test_a_node_restarted_and_elected_before_its_first_unit_gives_its_old_units_
     world.run_fair(resting=frozenset({"a"}))
     assert world.now_s < TIMEOUT_S  # taken at once, no lease timeout waited out
     assert "b" in world.exhausted
+    check_ledger(world, exactly_once=True)
+
+
+def test_a_pipelined_node_starts_a_unit_checked_ahead_without_a_request() -> None:
+    """Between two units the trainer sends nothing to the store: the next unit was claimed
+    and checked while the previous one trained, and the previous one's done marker is
+    written while the next one trains."""
+    world = World(units=("u0", "u1", "u2"), envelope=KEYED, prefetch=1)
+    started(world, "a")
+    world.feed("a", Want(now_s=world.now_s))  # the first unit: claims two, starts one
+    world.until(world.training("a"))
+    first = world.states["a"].current
+    assert first is not None
+    world.feed("a", Ahead(now_s=world.now_s))  # one is held unstarted already: checks it
+    world.until(world.idle("a"))
+    assert world.states["a"].outcome is Outcome.AHEAD
+    assert queue.ready(world.states["a"]) is False  # it still trains the first
+    world.feed("a", Ended(now_s=world.now_s, unit=first.unit))
+    assert queue.ready(world.states["a"])
+    world.feed("a", Want(now_s=world.now_s))
+    assert world.inflight == []  # started at once
+    second = world.states["a"].current
+    assert second is not None
+    assert second.unit != first.unit
+    world.feed(
+        "a", Finish(now_s=world.now_s, unit=first.unit, steps=3, tokens=tokens_of(first.unit))
+    )
+    world.until(world.idle("a"))
+    assert world.states["a"].outcome is Outcome.DONE
+    assert world.states["a"].current == second  # the unit being trained is still its
+    world.feed("a", Ahead(now_s=world.now_s))  # claims the third and checks it
+    world.until(world.idle("a"))
+    assert [h.checked for h in world.states["a"].held if not h.started] == [True]
+    world.pipelined = True
+    world.ahead.add("a")
+    world.run_fair()
+    check_ledger(world, exactly_once=True)
+
+
+def test_a_pipelined_want_that_could_wait_on_its_own_ended_unit_is_refused() -> None:
+    """Nothing checked ahead and a unit ended but not marked: waiting for peers' units could
+    wait for this one, so the trainer must finish it first."""
+    world = World(units=("u0", "u1"), envelope=OPEN)
+    started(world, "a")
+    world.act("a")
+    world.until(world.training("a"))
+    current = world.states["a"].current
+    assert current is not None
+    world.feed("a", Ended(now_s=world.now_s, unit=current.unit))
+    with pytest.raises(ValueError, match="finish it before"):
+        world.feed("a", Want(now_s=world.now_s))
+    with pytest.raises(ValueError, match="not finished"):
+        world.feed("a", GiveBack(now_s=world.now_s))
+
+
+def test_a_unit_checked_ahead_then_reissued_is_trained_in_vain_and_counted_once() -> None:
+    """The check before a start is as old as the unit trained before it: a peer that saw
+    this node's lease stop re-issues the unit meanwhile; the node's late done marker is not
+    written, and the unit counts once."""
+    world = World(units=("u0", "u1"), envelope=OPEN, prefetch=1)
+    started(world, "a")
+    world.feed("a", Want(now_s=world.now_s))
+    world.until(world.training("a"))
+    first = world.states["a"].current
+    assert first is not None
+    world.feed("a", Ahead(now_s=world.now_s))
+    world.until(world.idle("a"))
+    (ahead,) = [h for h in world.states["a"].held if not h.started]
+    world.paused.add("a")
+    started(world, "b")
+    world.feed("b", Want(now_s=world.now_s))  # a looks dead: b re-issues both units
+    world.until(world.training("b"))
+    world.run_fair(resting=frozenset({"a"}))
+    assert world.exhausted == {"b"}
+    world.paused.clear()
+    world.feed("a", Ended(now_s=world.now_s, unit=first.unit))
+    world.feed("a", Want(now_s=world.now_s))  # starts the unit checked ahead, in vain
+    assert world.states["a"].current is not None
+    assert world.states["a"].current.unit == ahead.unit
+    world.feed("a", Finish(now_s=world.now_s, unit=first.unit, steps=3, tokens=1))
+    world.until(world.idle("a"))
+    assert world.states["a"].outcome is Outcome.LOST
+    unit = ahead.unit
+    world.feed("a", Ended(now_s=world.now_s, unit=unit))
+    world.feed("a", Finish(now_s=world.now_s, unit=unit, steps=3, tokens=tokens_of(unit)))
+    world.until(world.idle("a"))
+    assert world.states["a"].outcome is Outcome.LOST
     check_ledger(world, exactly_once=True)
 
 

@@ -8,7 +8,11 @@ once every unit of the queue is done, and prints whether it found the run finish
 Optional: the ``mailbox`` options (an open run: no key) and its ``role`` (``both`` by
 default; ``either`` also prints whether it was elected closer, how many units it gave
 back and how often it was relieved and trained again; ``closer`` trains nothing and serves
-until the run is finished).
+until the run is finished), a ``gate`` file the node waits for before it opens its session,
+having touched ``{gate}.ready`` (so the interpreter's start is not part of what a test
+times), and a ``hold`` file while
+which exists the node's next step does not begin (a test's schedule: the run's other
+nodes act meanwhile).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,8 +33,17 @@ ALGORITHM = DiLoCo(sync_every=4, fragments=1, quorum=1, lease_timeout_s=2.0)
 OPTIONS = SessionOptions(poll_s=0.05, renew_s=0.4, close_timeout_s=20.0, join_timeout_s=60.0)
 
 
+def wait_while(busy: Any) -> None:
+    """Poll a file the test controls (a gate or a hold), a schedule and not a timing guess."""
+    while busy():
+        time.sleep(0.02)
+
+
 def main(spec: dict[str, Any]) -> None:
     model, train = torch_model(0)
+    if "gate" in spec:
+        Path(spec["gate"] + ".ready").touch()
+        wait_while(lambda: not Path(spec["gate"]).exists())
     session = Session(
         model,
         algorithm=ALGORITHM,
@@ -53,6 +67,8 @@ def main(spec: dict[str, Any]) -> None:
             yield unit, b
 
     def step(batch: tuple[str, int]) -> int:
+        if "hold" in spec:
+            wait_while(Path(spec["hold"]).exists)
         x = rng.normal(size=(4, IN)).astype(np.float32)
         train(x, x @ TEACHER)
         trace.write(f"{batch[0]} {batch[1]}\n")

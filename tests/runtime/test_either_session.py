@@ -38,14 +38,26 @@ def test_an_either_node_elected_after_the_closer_is_killed_closes_the_rounds(
     url, options = run_url
     traces = {n: tmp_path / f"{n}.trace" for n in ("e1", "e2")}
     spec = {"url": url, "mailbox": attrs.asdict(options), "units": UNITS, "batches": BATCHES}
-    closer = spawn("queue_worker.py", {**spec, "node": "d", "role": "closer", "step_s": 0})
-    deadline = Deadline(240)
-    procs = {"d": closer}
+    gates = {n: tmp_path / f"{n}.gate" for n in ("d", "e1", "e2")}
+    deadline = Deadline(300)
+    procs = {}
     try:
+        # Every interpreter starts now and waits at its gate (see the next test).
+        d = {"node": "d", "role": "closer", "step_s": 0}
         # e1 creates the run and trains alone, slowly, until d leads and e2 trains: units
         # are left for the elected node to give back.
         e1 = {"node": "e1", "role": "either", "trace": str(traces["e1"]), "step_s": 0.25}
-        procs["e1"] = spawn("queue_worker.py", {**spec, **e1})
+        e2 = {"node": "e2", "role": "either", "trace": str(traces["e2"]), "step_s": 0.1}
+        for name, node in (("d", d), ("e1", e1), ("e2", e2)):
+            procs[name] = spawn("queue_worker.py", {**spec, **node, "gate": str(gates[name])})
+        deadline.wait(
+            "an interpreter never came to its gate",
+            lambda: all(Path(f"{g}.ready").exists() for g in gates.values()),
+            alive=procs.values(),
+            every_s=0.25,
+        )
+        gates["d"].touch()
+        gates["e1"].touch()
         # e1 leads at first; once it has seen d's lease renewing, its record names d.
         deadline.wait(
             "d never led",
@@ -53,9 +65,9 @@ def test_an_either_node_elected_after_the_closer_is_killed_closes_the_rounds(
             alive=procs.values(),
             every_s=0.5,
         )
-        e2 = {"node": "e2", "role": "either", "trace": str(traces["e2"]), "step_s": 0.1}
-        procs["e2"] = spawn("queue_worker.py", {**spec, **e2})
+        gates["e2"].touch()
         deadline.wait("e2 never trained", lambda: bool(traced(traces["e2"])), alive=procs.values())
+        closer = procs["d"]
         closer.send_signal(signal.SIGKILL)
         closer.communicate()
         killed_after = max(r.round for r in read(url, options)[0])
@@ -75,7 +87,12 @@ def test_an_either_node_elected_after_the_closer_is_killed_closes_the_rounds(
     # first is then relieved, by the other's record, and trains again.
     taken = next(r for r in later if r.closer != "d")
     assert taken.closer in elected
-    assert taken.claim >= 1
+    by_round = {r.round: r for r in records}
+    named = by_round[killed_after].next_closer
+    # Where the last record before the kill named d, its round was taken over by a claim.
+    # Under load d may already have been taken over (or have named another) before it was
+    # killed: the next closer was then named, and claim 0 is right.
+    assert taken.claim >= 1 or named != "d", (taken, by_round[killed_after])
     assert len(later) >= 3
     relieved = {n for n, o in outcomes.items() if o["relieved"]}
     assert len(elected) == 1 or relieved, outcomes
@@ -117,15 +134,29 @@ def test_an_elected_node_trains_again_once_a_dedicated_closer_leads(
     url, options = run_url
     traces = {n: tmp_path / f"{n}.trace" for n in ("e1", "e2")}
     spec = {"url": url, "mailbox": attrs.asdict(options), "units": UNITS, "batches": BATCHES}
-    deadline = Deadline(240)
+    gates = {n: tmp_path / f"{n}.gate" for n in ("d", "e1", "e2")}
+    hold = tmp_path / "e2.hold"
+    deadline = Deadline(300)
     procs = {}
     try:
-        # e1 creates the run and leads; once e2 trains too, e1 is elected.
+        # Every interpreter starts now and waits at its gate, which the test opens in turn:
+        # the start of an interpreter under load is not raced against the run's progress.
+        d = {"node": "d", "role": "closer", "step_s": 0}
         e1 = {"node": "e1", "role": "either", "trace": str(traces["e1"]), "step_s": 0.1}
-        procs["e1"] = spawn("queue_worker.py", {**spec, **e1})
-        deadline.wait("e1 never trained", lambda: bool(traced(traces["e1"])), alive=procs.values())
         e2 = {"node": "e2", "role": "either", "trace": str(traces["e2"]), "step_s": 0.1}
-        procs["e2"] = spawn("queue_worker.py", {**spec, **e2})
+        e2 |= {"hold": str(hold)}
+        for name, node in (("d", d), ("e1", e1), ("e2", e2)):
+            procs[name] = spawn("queue_worker.py", {**spec, **node, "gate": str(gates[name])})
+        deadline.wait(
+            "an interpreter never came to its gate",
+            lambda: all(Path(f"{g}.ready").exists() for g in gates.values()),
+            alive=procs.values(),
+            every_s=0.25,
+        )
+        # e1 creates the run and leads; once e2 trains too, e1 is elected.
+        gates["e1"].touch()
+        deadline.wait("e1 never trained", lambda: bool(traced(traces["e1"])), alive=procs.values())
+        gates["e2"].touch()
         deadline.wait(
             "e1 never served",
             lambda: "elected" in lease_roles(read_bucket(url, options), "e1"),
@@ -133,7 +164,24 @@ def test_an_elected_node_trains_again_once_a_dedicated_closer_leads(
             every_s=0.25,
         )
         served_at = len(traced(traces["e1"]))
-        procs["d"] = spawn("queue_worker.py", {**spec, "node": "d", "role": "closer", "step_s": 0})
+        gates["d"].touch()
+        deadline.wait(
+            "d never led",
+            lambda: any(r.closer == "d" for r in read(url, options)[0]),
+            alive=procs.values(),
+            every_s=0.25,
+        )
+        # Once d leads, e2 holds before its next step until e1 trains again, so the queue
+        # cannot run out before e1 is relieved (under load it did: d came after the run
+        # ended). Not before: while e1 serves, only e2's snapshots move the rounds.
+        hold.touch()
+        deadline.wait(
+            "e1 never trained again",
+            lambda: len(traced(traces["e1"])) > served_at + BATCHES,
+            alive=procs.values(),
+            every_s=0.25,
+        )
+        hold.unlink()
         outcomes = {n: result(n, procs[n], timeout_s=240) for n in ("e1", "e2", "d")}
     finally:
         for proc in procs.values():

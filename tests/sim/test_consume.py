@@ -40,6 +40,17 @@ def test_the_queues_own_requests_delay_every_later_step() -> None:
     assert got.took_s == 6.0 + 3 * 0.5
 
 
+def test_requests_behind_a_unit_delay_the_next_only_past_the_units_own_training() -> None:
+    step_s = {"a": 1.0}
+    ends = {"a": steady(1.0, 20)}
+    hidden = consume.pulled(ends, step_s, units=3, batches=2, behind_s=1.5)
+    assert hidden is not None
+    assert hidden.took_s == 6.0  # 1.5 s of requests behind 2 s units: none shows
+    showing = consume.pulled(ends, step_s, units=3, batches=2, behind_s=2.5, first_s=0.25)
+    assert showing is not None
+    assert showing.took_s == 6.0 + 0.25 + 3 * 0.5
+
+
 def test_a_trajectory_too_short_for_the_dataset_says_so() -> None:
     step_s = {"a": 1.0, "b": 1.0}
     ends = {"a": steady(1.0, 5), "b": steady(1.0, 5)}
@@ -61,6 +72,8 @@ def test_bad_arguments_are_refused() -> None:
         consume.pulled({"a": [1.0]}, {"a": 1.0}, units=0, batches=1)
     with pytest.raises(ValueError, match="overhead -1"):
         consume.pulled({"a": [1.0]}, {"a": 1.0}, units=1, batches=1, overhead_s=-1)
+    with pytest.raises(ValueError, match="behind -1"):
+        consume.pulled({"a": [1.0]}, {"a": 1.0}, units=1, batches=1, behind_s=-1)
 
 
 trajectories = st.dictionaries(
@@ -84,9 +97,15 @@ def built(
     return ends, step_s
 
 
-@given(trajectories, st.integers(1, 12), st.integers(1, 4), st.floats(0.0, 1.0))
+@given(
+    trajectories, st.integers(1, 12), st.integers(1, 4), st.floats(0.0, 1.0), st.floats(0.0, 3.0)
+)
 def test_every_unit_is_trained_once_and_nothing_beats_the_trajectories(
-    drawn: dict[str, tuple[float, list[float]]], units: int, batches: int, overhead_s: float
+    drawn: dict[str, tuple[float, list[float]]],
+    units: int,
+    batches: int,
+    overhead_s: float,
+    behind_s: float,
 ) -> None:
     ends, step_s = built(drawn)
     origin = consume.start_s(ends, step_s)
@@ -94,7 +113,7 @@ def test_every_unit_is_trained_once_and_nothing_beats_the_trajectories(
     fits = all(c * batches <= len(ends[n]) for n, c in shares.items())
     assert (consume.static(ends, step_s, units, batches) is not None) == fits
     for got in (
-        consume.pulled(ends, step_s, units, batches, overhead_s),
+        consume.pulled(ends, step_s, units, batches, overhead_s, behind_s=behind_s),
         consume.static(ends, step_s, units, batches),
     ):
         if got is None:

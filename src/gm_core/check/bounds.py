@@ -186,6 +186,17 @@ COORDINATION_BOUNDS: dict[str, QueueBounds | BarrierBounds] = {
     "queue: an either node elected after a unit, prefetch 1": QueueBounds(
         nodes=1, units=2, prefetch=1, crashes=1, elections=1
     ),
+    # finished_sound's lease half: n1 is live (its lease new on n0's clock) when n0 runs out.
+    "queue: two nodes, one unit, the first to run out looks": QueueBounds(
+        nodes=2, units=1, looks=1, max_time_s=0.5
+    ),
+    # Session.run's consumer: claims ahead while a unit trains, the next one started at once.
+    "queue: one node, three units, pipelined, a crash": QueueBounds(
+        nodes=1, units=3, prefetch=1, crashes=1, pipelined=True
+    ),
+    "queue: one node, two units, pipelined, two lost responses": QueueBounds(
+        nodes=1, units=2, prefetch=1, losses=2, pipelined=True
+    ),
     "barrier: two parties": BarrierBounds(parties=2, waiters=2, timeout_s=1.5),
     "barrier: one party, two waiters overflow": BarrierBounds(parties=1, waiters=2, timeout_s=1.5),
     "barrier: two parties, a lost response": BarrierBounds(

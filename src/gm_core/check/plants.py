@@ -189,6 +189,20 @@ def _claimed_ranks_only(real: Callable[..., list[Any]]) -> Callable[..., list[An
     return slices
 
 
+def _finish_with_live_learners(real: Callable[..., Any]) -> Callable[..., Any]:
+    def finished(shape: completion.Shape, markers: Any, live: frozenset[str]) -> Any:
+        return real(shape, markers, frozenset())
+
+    return finished
+
+
+def _forget_the_next_unit(real: Callable[..., Any]) -> Callable[..., Any]:
+    def unassign(state: queue.QueueState, unit: str) -> queue.QueueState:
+        return attrs.evolve(state, current=None)
+
+    return unassign
+
+
 def _release_one_early(real: Callable[[int, int], bool]) -> Callable[[int, int], bool]:
     def is_full(arrived: int, parties: int) -> bool:
         return real(arrived + 1, parties)
@@ -355,6 +369,27 @@ PLANTS: dict[str, Plant] = {
             bounds=COORDINATION_BOUNDS[
                 "ranks: one node, two ranks, it looks when its rank is done"
             ],
+            caught=True,
+        ),
+        Plant(
+            name="finish-with-live-learners",
+            rule="run completion (coordination §5.2)",
+            change="the finish look ignores learners whose leases are live",
+            module=completion,
+            attribute="finished",
+            broken=_finish_with_live_learners,
+            bounds=COORDINATION_BOUNDS["queue: two nodes, one unit, the first to run out looks"],
+            caught=True,
+        ),
+        Plant(
+            name="queue-finish-forgets-the-next-unit",
+            rule="queue: claiming ahead (coordination §2.2)",
+            change="writing an ended unit's done marker clears the unit being trained (the "
+            "consumer before it claimed ahead)",
+            module=queue,
+            attribute="_unassign",
+            broken=_forget_the_next_unit,
+            bounds=COORDINATION_BOUNDS["queue: one node, three units, pipelined, a crash"],
             caught=True,
         ),
         Plant(

@@ -13,11 +13,13 @@ over a holder that is still training is part of every search. Clocks stop at
 
 From each world the actions are: deliver one request in flight, deliver it but lose the
 response (``losses``), fire one node's timer, let one idle node's trainer act (ask for a
-unit, or finish the one it trains), watch the rank it trains (``watches``, ranks only),
-renew a lease, or crash a node and restart it under the same id remembering nothing
-(``crashes``). Breadth first, with the world's canonical value as its fingerprint (the
-store's ETags and write counter left out: the leases' ETags are the nodes' renewal counts),
-so the first violation found has a shortest trace.
+unit, or finish the one it trains; with ``pipelined``, the next of the steps
+``Session.run``'s consumer takes: the ended unit's marker, a claim ahead, a unit's end, a
+start), watch the rank it trains (``watches``, ranks only), renew a lease, or crash a node
+and restart it under the same id remembering nothing (``crashes``). Breadth first, with the
+world's canonical value as its fingerprint (the store's ETags and write counter left out:
+the leases' ETags are the nodes' renewal counts), so the first violation found has a
+shortest trace.
 
 Checked in every world (:func:`violations`), restated from spec/coordination.md §2.5 and
 §3.4 rather than calling the queue's rules:
@@ -37,8 +39,11 @@ Checked in every world (:func:`violations`), restated from spec/coordination.md 
   out — a queue node told ``exhausted``, a ranked node once its rank is done, which then
   trains nothing more, as :meth:`gm_shell.Session.run` — deletes its lease and may *look*
   (:mod:`gm_core.finish`); leases here are the nodes' renewal counts, listed and read like
-  objects (a serving node's says ``closer``). Whether every learner's lease had stopped is
-  the look's own rule, judged on its clock, and not restated.
+  objects (a serving node's says ``closer``). **The lease half**, restated from ghost
+  clocks (``World.renewed``, ``World.quiet``): at the instant a node decides the run is
+  finished, every other learner has left, or its lease went ``timeout_s`` of the deciding
+  node's clock without a change at some stretch since the look began
+  (:func:`_live_at_finish`).
 - **either_gives_back** (with ``elections``): an ``either`` node elected closer gives back
   its unstarted units (:class:`gm_core.queue.GiveBack`, sent only between units, as
   ``Session.run`` does); when that is done, no unit without a done marker has its newest
@@ -93,7 +98,15 @@ class QueueBounds:
     """Looks at whether the run is finished, by nodes whose data ran out (finished_sound)."""
     elections: int = 0
     """Times an idle node may be elected closer and give its units back (either_gives_back)."""
+    pipelined: bool = False
+    """Trainers as ``Session.run`` drives a queue (:class:`gm_core.queue.Ahead`): a unit
+    ended, the next started (at once when it was checked ahead), the ended one finished
+    after, then claims ahead. Not with ``elections`` or ``ranks``."""
     max_states: int = 2_000_000
+
+    def __attrs_post_init__(self) -> None:
+        if self.pipelined and (self.elections or self.ranks):
+            raise ValueError("pipelined trainers are modelled without elections and ranks")
 
 
 @attrs.frozen(kw_only=True)
@@ -111,6 +124,10 @@ class Node:
     finisher: finish.FinishState | None = None
     """Its look at whether the run is finished (``looks``), once its data ran out."""
     finisher_timer_s: float | None = None
+    ending: queue.Finish | None = None
+    """Pipelined: the unit its trainer ended, whose done marker is still to be written."""
+    ahead: bool = False
+    """Pipelined: it has claimed ahead since its unit started."""
 
 
 @attrs.frozen(kw_only=True)
@@ -130,6 +147,12 @@ class World:
     bad: tuple[str, ...] = ()
     """What went wrong at the instant it happened (a node told it holds a unit that is not
     its; a done marker sent after judging another claim highest)."""
+    renewed: tuple[tuple[float, ...], ...] = ()
+    """Ghost, with ``looks`` (finished_sound's lease half): ``renewed[i][j]`` is node ``i``'s
+    clock when node ``j``'s lease last changed, or when ``i`` began its look if later."""
+    quiet: tuple[tuple[float, ...], ...] = ()
+    """Ghost, with ``looks``: ``quiet[i][j]`` is the longest stretch of ``i``'s clock without
+    a change of ``j``'s lease since ``i`` began its look."""
 
 
 Action = tuple[str, int]
@@ -176,6 +199,8 @@ def initial(bounds: QueueBounds) -> World:
         watches=bounds.watches if bounds.ranks else 0,
         looks=bounds.looks,
         elections=0 if bounds.ranks else bounds.elections,
+        renewed=((0.0,) * bounds.nodes,) * bounds.nodes if bounds.looks else (),
+        quiet=((0.0,) * bounds.nodes,) * bounds.nodes if bounds.looks else (),
     )
     for index in range(bounds.nodes):
         world = _start(world, bounds, index, clock_s=0.0, epoch=0)
@@ -197,7 +222,10 @@ def _start(world: World, bounds: QueueBounds, index: int, clock_s: float, epoch:
 def _feed(world: World, bounds: QueueBounds, index: int, event: queue.QueueEvent) -> World:
     node = world.nodes[index]
     before = node.state
-    state, cmds = queue.advance(before, event)
+    try:
+        state, cmds = queue.advance(before, event)
+    except ValueError as error:  # the trainer follows the shell's order: the machine is wrong
+        return attrs.evolve(world, bad=(*world.bad, f"{names(bounds)[index]}'s queue: {error}"))
     timer_s = node.timer_s
     inflight = list(world.inflight)
     bad = list(world.bad)
@@ -268,14 +296,55 @@ def _feed_finisher(world: World, bounds: QueueBounds, index: int, event: Event) 
     state, cmds = finish.advance(node.finisher, event)
     timer_s = node.finisher_timer_s
     inflight = list(world.inflight)
+    bad = list(world.bad)
     for cmd in cmds:
         if isinstance(cmd, WakeAt):
             timer_s = cmd.at_s
         elif isinstance(cmd, Get | PutOnce | List):
             inflight.append((index, world.incarnations[index], cmd, "f"))
+            if isinstance(cmd, PutOnce) and cmd.key == keys.finished():
+                bad.extend(_live_at_finish(world, bounds, index))
     nodes = list(world.nodes)
     nodes[index] = attrs.evolve(node, finisher=state, finisher_timer_s=timer_s)
-    return attrs.evolve(world, nodes=tuple(nodes), inflight=tuple(inflight))
+    return attrs.evolve(world, nodes=tuple(nodes), inflight=tuple(inflight), bad=tuple(bad))
+
+
+def _live_at_finish(world: World, bounds: QueueBounds, index: int) -> list[str]:
+    """finished_sound's lease half, at the instant node ``index`` decides the run is finished
+    (sends ``finished.json``): every other learner has left (its data ran out: lease
+    deleted), or its lease stopped during the look, i.e. went ``timeout_s`` of the deciding
+    node's clock without a change at some stretch since the look began. Restated from ghost
+    clocks, not from what the look observed (a look sees a change no earlier than it
+    happened, and reads every lease again in its last pass, so a sound look passes; a lease
+    that changes after that last read, at the very instant of the decision, is a paused
+    node resuming, which no timeout can tell from a dead one)."""
+    now_s = world.nodes[index].clock_s
+    return [
+        f"{names(bounds)[index]} decided the run finished at {now_s} while "
+        f"{names(bounds)[j]} was live (its lease changed at {world.renewed[index][j]} on "
+        f"{names(bounds)[index]}'s clock, never quiet for {bounds.timeout_s} in the look)"
+        for j, other in enumerate(world.nodes)
+        if j != index
+        and not other.serving
+        and not _ended(other, bounds)
+        and max(world.quiet[index][j], now_s - world.renewed[index][j]) < bounds.timeout_s
+    ]
+
+
+def _renewed(world: World, index: int) -> World:
+    """Node ``index``'s lease changed: every node's stretch without a change of it ends at
+    its clock now (with ``looks``)."""
+    if not world.renewed:
+        return world
+    quiet = tuple(
+        (*q[:index], max(q[index], node.clock_s - r[index]), *q[index + 1 :])
+        for q, r, node in zip(world.quiet, world.renewed, world.nodes, strict=True)
+    )
+    renewed = tuple(
+        (*row[:index], node.clock_s, *row[index + 1 :])
+        for row, node in zip(world.renewed, world.nodes, strict=True)
+    )
+    return attrs.evolve(world, renewed=renewed, quiet=quiet)
 
 
 def _look(world: World, bounds: QueueBounds, index: int) -> World:
@@ -298,6 +367,12 @@ def _look(world: World, bounds: QueueBounds, index: int) -> World:
     nodes = list(world.nodes)
     nodes[index] = attrs.evolve(node, finisher=finish.initial(spec))
     world = attrs.evolve(world, nodes=tuple(nodes), looks=world.looks - 1)
+    if world.renewed:  # the look's stretches start now
+        renewed = list(world.renewed)
+        quiet = list(world.quiet)
+        renewed[index] = (node.clock_s,) * len(world.nodes)
+        quiet[index] = (0.0,) * len(world.nodes)
+        world = attrs.evolve(world, renewed=tuple(renewed), quiet=tuple(quiet))
     return _feed_finisher(world, bounds, index, Started(now_s=node.clock_s))
 
 
@@ -419,13 +494,16 @@ def _node_action(world: World, bounds: QueueBounds, kind: str, at: int) -> World
     nodes = list(world.nodes)
     if kind == "renew":
         nodes[at] = attrs.evolve(node, epoch=node.epoch + 1)
-        return attrs.evolve(world, nodes=tuple(nodes), renewals=world.renewals - 1)
+        world = attrs.evolve(world, nodes=tuple(nodes), renewals=world.renewals - 1)
+        return _renewed(world, at)
     if kind == "fire":
         assert node.timer_s is not None
         clock_s = max(node.clock_s, node.timer_s)
         epoch = node.epoch + (clock_s > node.clock_s)  # time passing here renews the lease
         nodes[at] = attrs.evolve(node, clock_s=clock_s, timer_s=None, epoch=epoch)
         world = attrs.evolve(world, nodes=tuple(nodes))
+        if epoch != node.epoch:
+            world = _renewed(world, at)
         return _feed(world, bounds, at, TimerFired(now_s=clock_s))
     if kind == "fire-look":
         assert node.finisher_timer_s is not None
@@ -445,12 +523,40 @@ def _node_action(world: World, bounds: QueueBounds, kind: str, at: int) -> World
         world = attrs.evolve(world, watches=world.watches - 1)
         return _feed(world, bounds, at, queue.Watch(now_s=now_s))
     current = node.state.current
+    if bounds.pipelined:
+        return _act_pipelined(world, bounds, at)
     if current is None:
         return _feed(world, bounds, at, queue.Want(now_s=now_s))
     tokens = units(bounds).index(current.unit) + 1
     return _feed(
         world, bounds, at, queue.Finish(now_s=now_s, unit=current.unit, steps=1, tokens=tokens)
     )
+
+
+def _act_pipelined(world: World, bounds: QueueBounds, at: int) -> World:
+    """The trainer's next step as ``gm_shell.queue.Consumer`` takes them for ``Session.run``:
+    after a start, the ended unit's marker and then the claim ahead; at a unit's end,
+    :class:`~gm_core.queue.Ended`, then a start at once if one was checked ahead, else the
+    ended unit's marker first and a :class:`~gm_core.queue.Want` that may wait."""
+    node = world.nodes[at]
+    now_s, current, ending = node.clock_s, node.state.current, node.ending
+    event: queue.QueueEvent
+    if current is not None and not node.ahead and ending is not None:
+        node, event = attrs.evolve(node, ending=None), ending
+    elif current is not None and not node.ahead:
+        node, event = attrs.evolve(node, ahead=True), queue.Ahead(now_s=now_s)
+    elif current is not None:
+        tokens = units(bounds).index(current.unit) + 1
+        ending = queue.Finish(now_s=now_s, unit=current.unit, steps=1, tokens=tokens)
+        node = attrs.evolve(node, ending=ending, ahead=False)
+        event = queue.Ended(now_s=now_s, unit=current.unit)
+    elif ending is not None and not queue.ready(node.state):
+        node, event = attrs.evolve(node, ending=None), ending
+    else:
+        event = queue.Want(now_s=now_s)
+    nodes = list(world.nodes)
+    nodes[at] = node
+    return _feed(attrs.evolve(world, nodes=tuple(nodes)), bounds, at, event)
 
 
 def _execute(
@@ -503,6 +609,8 @@ def fingerprint(world: World) -> object:
         world.looks,
         world.elections,
         world.bad,
+        world.renewed,
+        world.quiet,
     )
 
 

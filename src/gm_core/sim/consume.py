@@ -11,11 +11,14 @@ to consume, split two ways (issue 13's benchmark):
 
 * **pulled** from one shared queue (:mod:`gm_core.queue`): each learner asks for a unit
   when it has finished its previous one (at its first step at the start), the first to ask
-  gets the next unit; a unit is the learner's next ``batches`` steps, plus
-  ``overhead_s`` per unit for the queue's own requests at a unit's boundary (the shell
-  runs them on the training thread: the check before a unit starts, the one before its
-  done marker, the marker, and a share of the listing and claims, one per
-  ``1 + prefetch`` units), which delays the learner's later steps by as much;
+  gets the next unit; a unit is the learner's next ``batches`` steps, plus the queue's own
+  requests, in two parts: ``overhead_s`` per unit on the training thread (a shell that
+  sends them between units), and ``behind_s`` per unit sent in the background while the
+  unit trains (``Session.run``'s pipelined consumer: the previous unit's done marker, the
+  claim ahead and its check), which delays the next unit only by what the unit's own
+  training does not cover. ``first_s`` is the first unit's requests, on the training
+  thread in both shells (nothing was claimed ahead). Every delay moves the learner's later
+  steps by as much;
 * **static** ranks (``Session(ranks=N)``): learner ``r`` of the ``N`` (in name order)
   trains units ``r, r + N, …``, with no request between them.
 
@@ -57,21 +60,36 @@ def _unit_end(ends: Sequence[float], count: int, batches: int, overhead_s: float
     return ends[last] + count * overhead_s
 
 
+def _unit_span(ends: Sequence[float], first_s: float, count: int, batches: int) -> float:
+    """How long a learner's ``count``-th unit trained, on its trajectory (``first_s``: when
+    its first step started)."""
+    start = first_s if count == 1 else ends[(count - 1) * batches - 1]
+    return ends[count * batches - 1] - start
+
+
 def pulled(
     ends: Mapping[str, Sequence[float]],
     step_s: Mapping[str, float],
     units: int,
     batches: int,
     overhead_s: float = 0.0,
+    *,
+    behind_s: float = 0.0,
+    first_s: float = 0.0,
 ) -> Consumed | None:
     """The shared queue's split: the first learner to ask takes the next unit (ties: by
     name). None when the trajectories end before the dataset does."""
-    if units < 1 or batches < 1 or overhead_s < 0:
-        raise ValueError(f"units {units}, batches {batches}, overhead {overhead_s}")
+    if units < 1 or batches < 1 or min(overhead_s, behind_s, first_s) < 0:
+        raise ValueError(
+            f"units {units}, batches {batches}, overhead {overhead_s}, behind {behind_s}, "
+            f"first {first_s}"
+        )
     origin = start_s(ends, step_s)
     asking = [(e[0] - step_s[name], name) for name, e in sorted(ends.items()) if e]
     heapq.heapify(asking)
     taken = dict.fromkeys(ends, 0)
+    lag = dict.fromkeys(ends, first_s)
+    """Per learner, how far the queue's requests have moved its steps so far."""
     finished = origin
     for _ in range(units):
         _, name = heapq.heappop(asking)
@@ -79,6 +97,10 @@ def pulled(
         end = _unit_end(ends[name], taken[name], batches, overhead_s)
         if math.isinf(end):
             return None
+        first = ends[name][0] - step_s[name]
+        span = _unit_span(ends[name], first, taken[name], batches)
+        lag[name] += max(0.0, behind_s - span)
+        end += lag[name]
         finished = max(finished, end)
         heapq.heappush(asking, (end, name))
     return Consumed(took_s=finished - origin, units=taken)
