@@ -1128,7 +1128,10 @@ class Session:
 
         At the end of a plain iterable the node writes ``done/{node}.json`` (with ``ranks``,
         its rank's done marker, or raises :class:`~gm_shell.ranks.RankLost` if a peer holds
-        the rank now); with a queue, each unit's done marker is written as the unit ends.
+        the rank now); with a queue, each unit's done marker is written in the background
+        while the next unit trains (the next was claimed and checked while this one trained,
+        so no store request sits between two units; :mod:`gm_shell.queue`), or before this
+        node waits for a unit, gives its units back, or closes.
         Then the session closes: the last deltas are flushed and committed, and, before
         this node's closer stops, it looks whether the whole run is finished (every unit or
         rank done, or with plain data some node done, and no learner live on this node's
