@@ -27,16 +27,18 @@ checked again before it starts. Loading itself is lazy: ``load`` is called when 
 starts.
 
 **No request between units** (:meth:`Consumer.end`, what ``Session.run`` uses). Once a
-unit starts, a background task on the loop claims the next ones and checks the first
-(:class:`gm_core.queue.Ahead`); when the trainer has stepped a unit's last batch it says
-so with :meth:`Consumer.end` and asks for the next, which starts at once when it was
-checked, and the ended unit's done marker is written in the background while the next
-one trains. The trainer waits only when nothing was checked ahead (the first unit,
-``prefetch=0``, or nothing was free), and then first writes the ended unit's marker, so
-that it never waits for peers while its own unit is unmarked. With store latency ``L``
-the background needs about four to six ``L`` per unit (the marker's check and write, a
-listing, a claim, the next unit's check, and reads of claims peers wrote since): units
-shorter than that still wait for part of it.
+unit starts, a background task on the loop writes the previous unit's done marker and,
+just in time (twice the last claim's duration before the unit is expected to end, judged
+from the last unit's duration; at once when the trainer asks), claims the next ones and
+checks the first (:class:`gm_core.queue.Ahead`): a slow node that claimed a whole unit
+early would keep it from a fast node near the end of the data. When the trainer has
+stepped a unit's last batch it says so with :meth:`Consumer.end` and asks for the next,
+which starts at once when it was checked. The trainer waits only when nothing was checked
+ahead (the first unit, ``prefetch=0``, or nothing was free), and then first writes the
+ended unit's marker, so that it never waits for peers while its own unit is unmarked. With
+store latency ``L`` the background needs about five ``L`` per unit (the marker's check and
+write, a listing, a claim, the next unit's check; near the end also reads of bodies peers
+wrote): units shorter than that still wait for part of it.
 """
 
 from __future__ import annotations
@@ -141,6 +143,15 @@ class Consumer:
         trainer ends its next unit into the slot while the background writes this one."""
         self._behind: asyncio.Task[None] | None = None
         """The background work after a start: the ended unit's marker, then claims ahead."""
+        self._wanted = asyncio.Event()
+        """Set when the trainer wants the next unit (the claim ahead must not wait longer),
+        or stops (then no claim ahead at all: :attr:`_stopping`)."""
+        self._stopping = False
+        self._started_s: float | None = None
+        self._unit_s = 0.0
+        """How long the last unit took, start to start (the trainer's pace)."""
+        self._ahead_s = 0.0
+        """How long the last claim ahead took (the store's pace)."""
         self.state = core.initial(spec)
         self._serve(Started(now_s=_now()))
         if self.state.outcome is core.Outcome.MISMATCHED:
@@ -152,6 +163,9 @@ class Consumer:
         return self._loop.run(self._want())
 
     async def _want(self) -> core.Assignment | None:
+        now_s = _now()
+        if self._started_s is not None:
+            self._unit_s = now_s - self._started_s
         await self._caught_up()
         ending = await self._ended()
         if ending is not None and not core.ready(self.state):
@@ -162,13 +176,26 @@ class Consumer:
         await self._drive(core.Want(now_s=_now()))  # with ``ending`` left: starts at once
         if self.state.outcome is not core.Outcome.ASSIGNED:
             return None
-        self._behind = asyncio.get_running_loop().create_task(self._ahead(ending))
+        self._started_s = _now()
+        self._wanted = asyncio.Event()
+        # Claim just in time (twice the last claim's time before the unit is expected to
+        # end), not at the unit's start: a slow node that claims a unit a whole unit early
+        # keeps it from a fast node near the end of the data.
+        wait_s = max(0.0, self._unit_s - 2 * self._ahead_s)
+        self._behind = asyncio.get_running_loop().create_task(self._ahead(ending, wait_s))
         return self.state.current
 
-    async def _ahead(self, ending: core.Finish | None) -> None:
+    async def _ahead(self, ending: core.Finish | None, wait_s: float) -> None:
         if ending is not None:
-            await self._drive(ending)
-        await self._drive(core.Ahead(now_s=_now()))
+            await self._drive(ending)  # at once: the unit is done, peers may be waiting on it
+        if wait_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wanted.wait(), wait_s)
+        if self._stopping:
+            return
+        began = _now()
+        await self._drive(core.Ahead(now_s=began))
+        self._ahead_s = _now() - began
 
     async def _ended(self) -> core.Finish | None:
         """Take the unit the trainer ended out of its slot and tell the machine (it is then
@@ -189,6 +216,7 @@ class Consumer:
         """Wait for the background work after the last start (raising what it raised: only
         a core bug raises there; a failed request is retried by the machine)."""
         behind, self._behind = self._behind, None
+        self._wanted.set()
         if behind is not None:
             await behind
 
@@ -210,6 +238,7 @@ class Consumer:
         return self._loop.run(self._give_back())
 
     async def _give_back(self) -> tuple[str, ...]:
+        self._stopping = True  # a claim ahead not begun yet would only be given back
         await self._caught_up()
         await self._flush()
         before = len(self.state.given)
@@ -280,6 +309,7 @@ class Consumer:
 
         async def settle() -> None:
             try:
+                self._stopping = True
                 await asyncio.wait_for(self._caught_up(), 60.0)
                 await asyncio.wait_for(self._flush(), 60.0)
             except Exception as error:
