@@ -47,17 +47,24 @@ def test_a_node_killed_mid_unit_loses_nothing_and_each_unit_is_done_once(
     def lines(node: str) -> list[str]:
         return traced(traces[node])
 
-    deadline.wait("the victim never trained", lambda: bool(lines("n0")), alive=[victim])
-    survivors = {n: start(run_url, n, traces[n], step_s=0.02) for n in ("n1", "n2")}
-    # Kill the victim once the survivors train: it holds its unit and a prefetched one, which
-    # the survivors may take only once it is dead.
-    deadline.wait(
-        "the survivors never trained", lambda: bool(lines("n1") or lines("n2")), alive=[victim]
-    )
-    victim.kill()
-    victim.communicate()
-    killed_in = lines("n0")[-1].split()[0]
-    found = [result(name, proc, timeout_s=180)["finished"] for name, proc in survivors.items()]
+    survivors: dict[str, subprocess.Popen[str]] = {}
+    try:
+        deadline.wait("the victim never trained", lambda: bool(lines("n0")), alive=[victim])
+        survivors = {n: start(run_url, n, traces[n], step_s=0.02) for n in ("n1", "n2")}
+        # Kill the victim once the survivors train: it holds its unit and a prefetched one,
+        # which the survivors may take only once it is dead.
+        deadline.wait(
+            "the survivors never trained", lambda: bool(lines("n1") or lines("n2")), alive=[victim]
+        )
+        victim.kill()
+        victim.communicate()
+        killed_in = lines("n0")[-1].split()[0]
+        found = [result(n, proc, timeout_s=180)["finished"] for n, proc in survivors.items()]
+    finally:  # a survivor that outlives a failure would run on, orphaned, for good
+        for proc in [victim, *survivors.values()]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     # The last survivor to leave found the run finished (the dead victim's lease aged out
     # on its clock) and said so once; gm status shows it.
     assert any(found), found
