@@ -138,10 +138,7 @@ def advance(state: LearnerState, event: Event) -> Result:
     elif isinstance(event, TimerFired):
         state = attrs.evolve(state, wake_s=NEVER)
     elif isinstance(event, Shared):
-        heard = boot._heard(state, event)
-        if heard is state:
-            return state, cmds  # nothing it takes: as if never told (no pump either)
-        state = heard
+        state = boot._heard(state, event)
     else:
         state, purpose = settle(state, event.req)
         if purpose is None:
