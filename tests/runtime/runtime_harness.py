@@ -80,6 +80,9 @@ class Harness:
     nodes: dict[str, Node] = attrs.field(factory=dict)
     incarnations: dict[str, int] = attrs.field(factory=dict)
 
+    def __attrs_post_init__(self) -> None:
+        _OPEN.append(self)
+
     def spawn(
         self, name: str, *, role: str = "both", seed: int | None = None, **extra: Any
     ) -> Node:
@@ -138,6 +141,8 @@ class Harness:
 
     def close(self) -> None:
         """Whatever is still running dies (resumed first, so SIGKILL is not queued behind STOP)."""
+        if self in _OPEN:
+            _OPEN.remove(self)
         for node in self.nodes.values():
             if node.alive:
                 os.kill(node.pid, signal.SIGCONT)
@@ -172,6 +177,31 @@ class Harness:
     def log(self, name: str) -> str:
         return (self.nodes[name].out / "stderr.log").read_text(errors="replace")
 
+    def report(self, events: int = 8, lines: int = 8) -> str:
+        """Each node's state, the counts of its event kinds, its last events and log lines:
+        what a timed-out wait shows, so that a CI failure can be read without the run."""
+        parts = []
+        for name, node in self.nodes.items():
+            seen = self.events(name)
+            kinds: dict[str, int] = {}
+            for event in seen:
+                kinds[event["event"]] = kinds.get(event["event"], 0) + 1
+            state = "running" if node.alive else f"exit {node.process.exitcode}"
+            parts.append(f"--- {name} ({state}): {kinds}")
+            parts.extend(
+                f"  {e['event']} r{e['round']} {e.get('detail', '')[:160]}" for e in seen[-events:]
+            )
+            log = node.out / "stderr.log"
+            if log.exists():
+                tail = log.read_text(errors="replace").splitlines()[-lines:]
+                parts.extend(f"  | {line[:200]}" for line in tail)
+        return "\n".join(parts)
+
+
+_OPEN: list[Harness] = []
+"""The harnesses not yet closed (one test at a time per process): a timed-out
+:func:`wait_until` appends their reports to its message."""
+
 
 def wait_until(
     what: str, check: Callable[[], bool], timeout_s: float, every_s: float = 0.1
@@ -179,7 +209,8 @@ def wait_until(
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            reports = "".join(f"\n{harness.report()}" for harness in _OPEN)
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{reports}")
         time.sleep(every_s)
 
 
