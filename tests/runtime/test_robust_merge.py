@@ -15,6 +15,7 @@ it merges ``100·Δ``, and the outer momentum keeps applying that step for round
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from runtime_bucket import Witness, judge
 from runtime_harness import file_run, make_harness, wait_until
 from test_chaos import committed, started
 
-from gm_core.records import Reason
+from gm_core.records import Reason, RoundRecord
 from gm_shell.stores import MailboxOptions
 
 HONEST = ("n0", "n1", "n2")
@@ -54,6 +55,15 @@ def test_a_scaled_up_learner_is_rejected_as_outlier_and_the_run_goes_on(tmp_path
         wait_until("evil to join", lambda: started(h, "evil"), 60)
         count = len(committed(witness))
         wait_until("ten more commits", lambda: len(committed(witness)) >= count + 10, 120)
+        # Rounds that offered all four: on a loaded machine a lease lapses now and then and
+        # a round closes with three (a CI-like run of three at once saw 4 of 12): wait for
+        # the evidence rather than for a number of commits.
+        wait_until(
+            "five rounds offered all four",
+            lambda: len(screened(url, options, witness)) >= 5,
+            180,
+            1.0,
+        )
         codes = h.stop("evil", *HONEST[::-1])
     finally:
         h.close()
@@ -61,9 +71,9 @@ def test_a_scaled_up_learner_is_rejected_as_outlier_and_the_run_goes_on(tmp_path
     assert all(code == 0 for code in codes.values()), codes
     judgement = judge(url, options, witness)
     assert not judgement.violations, judgement.violations
-    screened = [r for r in judgement.records if len(r.participants) + len(r.rejections) == 4]
-    assert len(screened) >= 5, [(r.round, r.participants, r.rejections) for r in judgement.records]
-    for record in screened:
+    four = offered_all(judgement.records)
+    assert len(four) >= 5, [(r.round, r.participants, r.rejections) for r in judgement.records]
+    for record in four:
         assert {p.learner for p in record.participants} == set(HONEST), record
         assert [(x.learner, x.reason) for x in record.rejections] == [("evil", Reason.OUTLIER)]
     for record in judgement.records:
@@ -84,6 +94,16 @@ def test_a_scaled_up_learner_is_rejected_as_outlier_and_the_run_goes_on(tmp_path
         assert all(np.all(np.isfinite(p)) for p in result["params"])
         last = np.mean(result["losses"])
         assert last < start, (name, start, last, result["losses"])
+
+
+def offered_all(records: Sequence[RoundRecord]) -> list[RoundRecord]:
+    """The records of rounds that offered all four learners' deltas (merged or rejected)."""
+    return [r for r in records if len(r.participants) + len(r.rejections) == 4]
+
+
+def screened(url: str, options: MailboxOptions, witness: Witness) -> list[RoundRecord]:
+    """The committed rounds so far that offered all four learners' deltas."""
+    return offered_all(judge(url, options, witness).records)
 
 
 def merged_all(url: str, options: MailboxOptions, witness: Witness) -> bool:
