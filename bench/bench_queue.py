@@ -95,7 +95,9 @@ def worker(spec: dict[str, Any]) -> None:
     options = SessionOptions(poll_s=0.05, close_timeout_s=60.0, join_timeout_s=120.0)
     times: list[float] = []
     steps: list[None] = []
-    spent = dict.fromkeys(("work", "session_step", "between"), 0.0)
+    spent = dict.fromkeys(("work", "session_step", "between", "want"), 0.0)
+    waits: list[tuple[float, bool]] = []
+    """Each ``want`` of a unit over 20 ms: how long, and whether the claim ahead had begun."""
     """Where this node's time from its first step to its last went: in ``step`` (the
     batch's work and sleep), in ``Session.step`` (pacing: stalls on commits), and between
     steps besides (the queue's claims, listings and done markers at a unit's end; the next
@@ -144,6 +146,21 @@ def worker(spec: dict[str, Any]) -> None:
         spent["session_step"] += last_call[0]
 
     session.step = timed_step  # type: ignore[method-assign]  # Session.run calls self.step
+    real_want = session._want
+
+    def timed_want(consumer: Any, data: Any) -> Any:
+        entered = time.monotonic()
+        behind = consumer._behind
+        begun = behind is None or behind.done() or getattr(consumer, "_ahead_began", False)
+        got = real_want(consumer, data)
+        took = time.monotonic() - entered
+        if times and got is not None:  # after the first step, before the last
+            spent["want"] += took
+            if took > 0.02:
+                waits.append((round(took, 3), bool(begun)))
+        return got
+
+    session._want = timed_want  # type: ignore[method-assign]
     with session:
         with session.barrier("start", parties=NODES) as barrier:
             barrier.wait()
@@ -157,7 +174,8 @@ def worker(spec: dict[str, Any]) -> None:
         loss = float(torch.nn.functional.mse_loss(model(x), x @ teacher))
     got = {"first": times[0], "last": times[-1], "loss": loss, "steps": len(steps)}
     spent["between"] -= spent["session_step"] - last_call[0]  # the last call ends no gap
-    print(json.dumps({**got, "spent": spent}))
+    spent["between"] -= spent["want"]
+    print(json.dumps({**got, "spent": spent, "waits": waits}))
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -198,14 +216,19 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             "start": round(o["first"] - first, 2),
             **{k: round(v, 2) for k, v in o["spent"].items()},
             "tail": round(last - o["last"], 2),
+            "waits": o["waits"],
         }
         for o in outs
     ]
+    # The same ideal at the pace each node's ``step`` really kept (under load a step takes
+    # longer than its sleep: no split of the data can win that back).
+    paced_s = steps / sum(o["steps"] / o["spent"]["work"] for o in outs)
     return {
         "mode": mode,
         "took_s": round(took_s, 2),
         "ideal_s": round(ideal_s, 2),
         "over_ideal": round(took_s / ideal_s, 3),
+        "over_paced_ideal": round(took_s / paced_s, 3),
         "loss": [round(v, 5) for v in losses],
         "steps_fast_slow": [outs[n]["steps"] for n in range(NODES)],
         "spent_s": spent,

@@ -362,6 +362,34 @@ def ready(state: QueueState) -> bool:
     )
 
 
+def untouched(state: QueueState) -> int:
+    """How many units the last listing showed with neither a claim nor a done marker."""
+    touched = sum(1 for seen in state.listing.values() if seen.claims or seen.dones)
+    return len(state.spec.units) - touched
+
+
+def ahead_wait_s(state: QueueState, unit_s: float, ahead_s: float) -> float:
+    """How long after a unit starts a pipelined trainer's claim ahead (:class:`Ahead`) waits.
+
+    ``unit_s``: how long this node's last unit took, start to start (0: none yet);
+    ``ahead_s``: how long its last claim ahead took (the store's pace).
+
+    A slow node's early claim costs the run only near the end of the data, where a faster
+    node would have finished that unit sooner. While the last listing shows more than
+    twice as many untouched units as units claimed and not done (what every holder has in
+    hand, at least this node's ``1 + prefetch``), the claim goes at once: the holders
+    cannot take all the untouched units before this node starts the one it claims, so an
+    early claim keeps no unit from a faster peer, and a late one would stall the trainer
+    whenever the store or the unit is slower than last time. Below that it waits until
+    twice ``ahead_s`` before the unit is expected to end (just in time), so the last units
+    go to whoever is free first. Only the listing is read: claim bodies (who holds what)
+    are not, as claiming ahead reads none (:func:`_scanned`)."""
+    held = sum(1 for seen in state.listing.values() if seen.claims and not seen.dones)
+    if untouched(state) > 2 * max(held, 1 + state.spec.prefetch):
+        return 0.0
+    return max(0.0, unit_s - 2 * ahead_s)
+
+
 def _end(state: QueueState, event: Ended) -> Transition:
     if state.task is not None or state.phase is not Phase.IDLE:
         raise ValueError(f"the queue is busy ({state.phase}): one request at a time")

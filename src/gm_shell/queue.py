@@ -27,11 +27,12 @@ checked again before it starts. Loading itself is lazy: ``load`` is called when 
 starts.
 
 **No request between units** (:meth:`Consumer.end`, what ``Session.run`` uses). Once a
-unit starts, a background task on the loop writes the previous unit's done marker and,
-just in time (twice the last claim's duration before the unit is expected to end, judged
-from the last unit's duration; at once when the trainer asks), claims the next ones and
-checks the first (:class:`gm_core.queue.Ahead`): a slow node that claimed a whole unit
-early would keep it from a fast node near the end of the data. When the trainer has
+unit starts, a background task on the loop writes the previous unit's done marker and
+claims the next ones and checks the first (:class:`gm_core.queue.Ahead`): at once while
+many units are untouched, just in time near the end of the data (twice the last claim's
+duration before the unit is expected to end, judged from the last unit's duration; at once
+when the trainer asks), where a slow node that claimed a whole unit early would keep it
+from a fast node (:func:`gm_core.queue.ahead_wait_s` decides). When the trainer has
 stepped a unit's last batch it says so with :meth:`Consumer.end` and asks for the next,
 which starts at once when it was checked. The trainer waits only when nothing was checked
 ahead (the first unit, ``prefetch=0``, or nothing was free), and then first writes the
@@ -152,6 +153,8 @@ class Consumer:
         """How long the last unit took, start to start (the trainer's pace)."""
         self._ahead_s = 0.0
         """How long the last claim ahead took (the store's pace)."""
+        self._ahead_began = False
+        """Whether the claim ahead after the last start has begun (for measurements)."""
         self.state = core.initial(spec)
         self._serve(Started(now_s=_now()))
         if self.state.outcome is core.Outcome.MISMATCHED:
@@ -178,10 +181,8 @@ class Consumer:
             return None
         self._started_s = _now()
         self._wanted = asyncio.Event()
-        # Claim just in time (twice the last claim's time before the unit is expected to
-        # end), not at the unit's start: a slow node that claims a unit a whole unit early
-        # keeps it from a fast node near the end of the data.
-        wait_s = max(0.0, self._unit_s - 2 * self._ahead_s)
+        self._ahead_began = False
+        wait_s = core.ahead_wait_s(self.state, self._unit_s, self._ahead_s)
         self._behind = asyncio.get_running_loop().create_task(self._ahead(ending, wait_s))
         return self.state.current
 
@@ -194,6 +195,7 @@ class Consumer:
         if self._stopping:
             return
         began = _now()
+        self._ahead_began = True
         await self._drive(core.Ahead(now_s=began))
         self._ahead_s = _now() - began
 

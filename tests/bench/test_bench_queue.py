@@ -23,8 +23,10 @@ def test_bench_queue_measures_the_queue_and_the_ranks(
         assert row["ideal_s"] > 0
         assert len(row["loss"]) == 4
         assert len(row["spent_s"]) == 4
+        assert row["over_paced_ideal"] > 0
         assert all(
-            set(n) == {"start", "work", "session_step", "between", "tail"} for n in row["spent_s"]
+            set(n) == {"start", "work", "session_step", "between", "want", "tail", "waits"}
+            for n in row["spent_s"]
         )
 
 

@@ -824,3 +824,51 @@ def test_choose_offers_own_units_then_free_then_dead_holders(free: set[str]) -> 
     assert kinds == sorted(kinds, key=order.__getitem__)
     assert all(holders[u] != "live" and u != "u7" for u, _ in picks)
     assert all(a == (2 if holders[u] == "me" else 5) for u, a in picks)
+
+
+def _listed(units: int, claimed: int, done: int, prefetch: int) -> QueueState:
+    """A node's state whose last listing showed ``claimed`` units claimed and not done and
+    ``done`` units done, of ``units``."""
+    names = tuple(f"u{i:03d}" for i in range(units))
+    spec = QueueSpec(
+        queue=Q,
+        node="a",
+        units=names,
+        prefetch=prefetch,
+        lease_timeout_s=TIMEOUT_S,
+        poll_s=POLL_S,
+        envelope=OPEN,
+    )
+    listing = {u: queue.Listing(claims=(0,)) for u in names[:claimed]}
+    listing |= {u: queue.Listing(claims=(0,), dones=(0,)) for u in names[claimed:][:done]}
+    return attrs.evolve(queue.initial(spec), listing=listing)
+
+
+@given(
+    units=st.integers(1, 60),
+    claimed=st.integers(0, 60),
+    done=st.integers(0, 60),
+    more=st.integers(1, 60),
+    prefetch=st.integers(0, 3),
+    unit_s=st.floats(0, 10),
+    ahead_s=st.floats(0, 10),
+)
+def test_claims_ahead_go_at_once_while_untouched_units_abound_and_just_in_time_near_the_end(
+    units: int, claimed: int, done: int, more: int, prefetch: int, unit_s: float, ahead_s: float
+) -> None:
+    """The claim ahead waits either not at all or until twice the last claim's time before
+    the unit is expected to end; at once while untouched units outnumber twice what the
+    holders have in hand, just in time once no unit is untouched; and a later listing with
+    more units claimed never makes the claim earlier."""
+    claimed, done = min(claimed, units), min(done, units - min(claimed, units))
+    just_in_time = max(0.0, unit_s - 2 * ahead_s)
+    state = _listed(units, claimed, done, prefetch)
+    wait = queue.ahead_wait_s(state, unit_s, ahead_s)
+    assert wait in (0.0, just_in_time)
+    assert queue.untouched(state) == units - claimed - done
+    if units - claimed - done > 2 * max(claimed, 1 + prefetch):
+        assert wait == 0.0
+    if claimed + done == units:
+        assert wait == just_in_time
+    later = _listed(units, min(units - done, claimed + more), done, prefetch)
+    assert queue.ahead_wait_s(later, unit_s, ahead_s) >= wait
