@@ -24,7 +24,9 @@ machines on a virtual clock, four ``both`` nodes, the first two twice as slow, t
 ``DiLoCo`` options, every request taking ``--sim-latency-s``): one simulated run records
 when each learner's every step ended, stalls included, and :mod:`gm_core.sim.consume`
 reads from it how long the dataset takes pulled from a queue and split into static ranks,
-against the same ideal. The queue's own requests: :data:`BEHIND_REQUESTS_PER_UNIT` per
+against the same ideal, and the floor any split has on those trajectories
+(``floor_over_ideal``: when the learners' steps first add up to the dataset's, the protocol's
+stalls included, no queue cost). The queue's own requests: :data:`BEHIND_REQUESTS_PER_UNIT` per
 unit sent in the background while the unit trains (``Session.run``'s consumer), delaying
 the next unit only by what the unit's training does not cover, and
 :data:`FIRST_UNIT_REQUESTS` before the first unit; with ``--blocking``, the consumer before
@@ -270,6 +272,11 @@ def simulate(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
         )
     split = {"queue": queue, "ranks": consume.static(ends, steps, args.units, args.batches)}
     origin = consume.start_s(ends, steps)
+    # The floor of any split on these trajectories: when the learners' steps, the protocol's
+    # stalls in them, first add up to the dataset's (no unit boundaries, no queue requests).
+    merged = sorted(t for e in ends.values() for t in e)
+    needed = args.units * args.batches
+    floor_s = merged[needed - 1] - origin if len(merged) >= needed else float("inf")
     rows = []
     for mode, got in split.items():
         if got is None:
@@ -282,6 +289,7 @@ def simulate(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
                 "took_s": round(got.took_s, 2),
                 "ideal_s": round(ideal, 2),
                 "over_ideal": round(got.took_s / ideal, 3),
+                "floor_over_ideal": round(floor_s / ideal, 3),
                 "loss": [round(losses[-1], 5)] if losses else [],
                 "steps_slow_slow_fast_fast": [
                     got.units[n] * args.batches for n in sorted(got.units)
