@@ -51,6 +51,7 @@ from gm_core.commands import (
     Probe,
     PutOnce,
     PutOver,
+    Share,
     Verify,
     WakeAt,
 )
@@ -66,6 +67,7 @@ from gm_core.events import (
     Probed,
     PutDone,
     RequestFailed,
+    Shared,
     Started,
     Stepped,
     TimerFired,
@@ -356,6 +358,7 @@ def _feed(c: Cluster, name: str, machine: Machine, event: Event) -> Cluster:
     queued = list(c.inflight)
     notes = list(c.notes)
     timers = dict(node.timers)
+    shares: list[Share] = []
     for cmd in cmds:
         if isinstance(cmd, WakeAt):
             timers[machine] = cmd.at_s
@@ -363,13 +366,33 @@ def _feed(c: Cluster, name: str, machine: Machine, event: Event) -> Cluster:
             changed["pace"] = cmd
         elif isinstance(cmd, Notify):
             notes.append((name, cmd))
+        elif isinstance(cmd, Share):
+            shares.append(cmd)
         else:
             queued.append(
                 InFlight(node=name, machine=machine, incarnation=node.incarnation, command=cmd)
             )
     nodes = dict(c.nodes)
     nodes[name] = attrs.evolve(node, timers=timers, **changed)
-    return attrs.evolve(c, nodes=nodes, inflight=tuple(queued), notes=tuple(notes))
+    c = attrs.evolve(c, nodes=nodes, inflight=tuple(queued), notes=tuple(notes))
+    for share in shares:
+        c = _share(c, name, machine, share, event.now_s)
+    return c
+
+
+def other_machine(machine: Machine) -> Machine:
+    return Machine.CLOSER if machine is Machine.LEARNER else Machine.LEARNER
+
+
+def _share(c: Cluster, name: str, machine: Machine, share: Share, now_s: float) -> Cluster:
+    """Feed ``share`` to the node's other machine, if it runs one, in the same action: the
+    shell does it in the same turn of its loop, after the machine's other commands.
+    (Looked up at call time: the model checker's sleep sets note who was told.)"""
+    other = other_machine(machine)
+    node = c.nodes[name]
+    if (node.closer if other is Machine.CLOSER else node.learner) is None:
+        return c
+    return _feed(c, name, other, Shared(now_s=now_s, key=share.key, data=share.data))
 
 
 def _decided(

@@ -158,6 +158,24 @@ class Pace:
 
 
 @attrs.frozen(kw_only=True)
+class Share:
+    """Tell this node's other machine, if it runs one, that this machine created ``key``
+    holding ``data`` (a create-once write that is known to have landed).
+
+    The shell feeds it to that machine as :class:`~gm_core.events.Shared` at once, in the
+    same turn of the loop as the write's outcome. A node that learns and closes then
+    hears of its own snapshot and its own record without a listing or a probe: between
+    two of its machines, the store's poll was the only messenger, and on a node whose
+    learner waits at ``in_flight`` for its own closer's record it cost up to two poll
+    intervals per round (bench_step). What a machine does with it is its own decision;
+    the key alone tells which object it is.
+    """
+
+    key: str
+    data: bytes
+
+
+@attrs.frozen(kw_only=True)
 class Notify:
     """Something a user may want to know (to callbacks and logging); no effect on the store."""
 
@@ -168,4 +186,4 @@ class Notify:
 
 StoreCommand = Get | Probe | PutOnce | PutOver | List | Delete | DeletePrefix
 PayloadCommand = Capture | Verify | Merge | Align
-Command = StoreCommand | PayloadCommand | WakeAt | Pace | Notify
+Command = StoreCommand | PayloadCommand | WakeAt | Pace | Share | Notify

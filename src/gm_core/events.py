@@ -42,6 +42,17 @@ class CloseRequested:
 
 
 @attrs.frozen(kw_only=True)
+class Shared:
+    """This node's other machine created ``key`` holding ``data`` (see
+    :class:`~gm_core.commands.Share`): the object is in the store, as a read of the key
+    would find it, learned without one."""
+
+    now_s: float
+    key: str
+    data: bytes
+
+
+@attrs.frozen(kw_only=True)
 class GotObject:
     """Outcome of Get; ``data`` is None when the object is absent.
 
@@ -160,4 +171,6 @@ class Unusable:
 
 
 Outcome = GotObject | Probed | PutDone | Listed | Deleted | Captured | Verified | Merged | Aligned
-Event = Started | TimerFired | Stepped | CloseRequested | Outcome | RequestFailed | Unusable
+Event = (
+    Started | TimerFired | Stepped | CloseRequested | Shared | Outcome | RequestFailed | Unusable
+)

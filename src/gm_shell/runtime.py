@@ -24,7 +24,12 @@ exactly as :mod:`gm_core.cluster` does against its model store:
   training thread, which folds it into the model at its next step and reports
   ``Aligned`` with that step;
 - ``WakeAt`` replaces the machine's one timer; ``Pace`` goes to the pacer;
-  ``Notify`` becomes a typed event (:mod:`gm_shell.events`).
+  ``Notify`` becomes a typed event (:mod:`gm_shell.events`);
+- ``Share`` is fed at once to the node's other machine as ``Shared`` (a learner's
+  once its feed commits, a closer's after its transition's other commands): its own
+  snapshot reaches its closer, its own record its learner, without a listing or a
+  probe (spec/protocol.md §6.4). On the same node the closer's ``Verify`` of its own
+  learner's delta finds it decoded and judged already (:meth:`Runtime._encode_delta`).
 
 The training thread talks to the loop through notes it leaves with the pacer
 (a step with its copies, a capture, an applied commit). Every learner feed
@@ -78,6 +83,7 @@ from gm_core.commands import (
     Probe,
     PutOnce,
     PutOver,
+    Share,
     Verify,
     WakeAt,
 )
@@ -93,6 +99,7 @@ from gm_core.events import (
     Probed,
     PutDone,
     RequestFailed,
+    Shared,
     Started,
     Stepped,
     TimerFired,
@@ -107,6 +114,7 @@ from gm_shell import events, members
 from gm_shell.backends import Backend
 from gm_shell.cache import FragmentCache
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
+from gm_shell.fragments import Merged as MergedArrays
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox, PutOutcome
 from gm_shell.pacer import (
@@ -506,12 +514,28 @@ class Runtime:
         return captures if made else []
 
     def _step_closer(self, event: Event) -> None:
-        """One closer transition, isolated: whatever it raises restarts the closer alone."""
+        """One closer transition, isolated: whatever it raises restarts the closer alone.
+        What it shares with the learner is told after its other commands (as the model
+        cluster does), outside that isolation: the learner's feed is its own."""
+        shares: list[Share] = []
         try:
             for cmd in self._advance(Machine.CLOSER, event):
-                self._interpret(Machine.CLOSER, cmd)
+                if isinstance(cmd, Share):
+                    shares.append(cmd)
+                else:
+                    self._interpret(Machine.CLOSER, cmd)
         except Exception as error:
             self._restart_closer(error)
+            return
+        for share in shares:
+            self._tell(Machine.LEARNER, share)
+
+    def _tell(self, machine: Machine, share: Share) -> None:
+        """Feed ``share`` to ``machine`` if this node runs it (:class:`Share`): the other
+        machine's write, learned in the same turn of the loop, without a look at the store."""
+        if (self.learner if machine is Machine.LEARNER else self.closer) is None:
+            return
+        self._feed(machine, Shared(now_s=now(), key=share.key, data=share.data))
 
     def _restart_closer(self, error: Exception) -> None:
         """Drop the closer's state and its requests in flight; a fresh one starts later."""
@@ -704,6 +728,9 @@ class Runtime:
     def _interpret(self, machine: Machine, cmd: Command) -> None:
         if isinstance(cmd, WakeAt):
             self._wake(machine, cmd.at_s)
+        elif isinstance(cmd, Share):  # a learner's, carried out once its feed commits
+            other = Machine.CLOSER if machine is Machine.LEARNER else Machine.LEARNER
+            self._tell(other, cmd)
         elif isinstance(cmd, Notify):
             event = events.from_notify(cmd, self.node, now())
             if isinstance(event, events.Diverged):
@@ -828,21 +855,36 @@ class Runtime:
                     f"a parameter of fragment {taken.fragment} moved to other memory around "
                     f"the step of round {taken.round}'s capture; it is captured afresh"
                 )
-            data, ref = await self._compute(self._encode_delta, taken)
+            data, ref, judged = await self._compute(self._encode_delta, taken)
             await self._mailbox.put_once(ref.key, data)  # taken: the same bytes are there
         except Exception:
             if self.pacer is not None:
                 self.pacer.publish([ForgetWork(round=taken.round)], None)
             raise
+        if judged is not None:
+            self._deltas.put(ref.key, judged)
         return Captured(now_s=now(), req=req, payload=ref, requests=self._requests())
 
-    def _encode_delta(self, taken: Taken) -> tuple[bytes, PayloadRef]:
-        """A worker's part of a capture: the delta, its bytes, and the buffer given back."""
+    def _encode_delta(self, taken: Taken) -> tuple[bytes, PayloadRef, Any]:
+        """A worker's part of a capture: the delta, its bytes, and the buffer given back.
+
+        On a node that also closes, the payload is read here as its closer's ``Verify``
+        will read it (:meth:`FragmentCodec.load` of the same bytes: checked, decoded where
+        the closer merges, judged finite), for the closer's cache: its own learner's
+        snapshot then costs the closer no GET and no trip to a worker (a round's critical
+        path, bench_step); a delta that is not finite is left for ``Verify`` to judge."""
         try:
-            return self._codec.encode(taken.fragment, Role.DELTA, taken.round, taken.delta())
+            data, ref = self._codec.encode(taken.fragment, Role.DELTA, taken.round, taken.delta())
         finally:
             if self._replica is not None:
                 self._replica.recycle(taken)
+        if self._closer_options is None:  # no closer on this node (set once, any thread)
+            return data, ref, None
+        try:
+            judged = self._codec.load(taken.fragment, Role.DELTA, ref, data, self._codec.device)
+        except UnusablePayloadError:
+            judged = None
+        return data, ref, judged
 
     async def _align(self, cmd: Align) -> None:
         committed = await self.commit(cmd.fragment, cmd.theta)
@@ -893,17 +935,13 @@ class Runtime:
             weights=normalized_weights([c.weight for c in cmd.contributions]),
             final=finals if any(finals) else (),
         )
-        merged = await self._compute(
-            self._codec.merge_held, fragment, theta, momentum, deltas, contributions
+        merged, payloads = await self._compute(
+            self._merged, cmd, theta, momentum, deltas, contributions
         )
-        writes = [
-            self._write(self._commits, fragment, Role.THETA, cmd.round, merged.theta, home=True)
-        ]
-        if not cmd.final_only:  # a round of final deltas only keeps the momentum it had
-            writes.append(
-                self._write(self._momenta, fragment, Role.MOMENTUM, cmd.round, merged.momentum)
-            )
-        refs = await asyncio.gather(*writes)
+        caches = (self._commits, self._momenta)[: len(payloads)]
+        refs = await asyncio.gather(
+            *(self._upload(c, *payload) for c, payload in zip(caches, payloads, strict=True))
+        )
         outer = refs[1] if len(refs) > 1 else None
         return Merged(
             now_s=now(),
@@ -916,6 +954,29 @@ class Runtime:
             requests=self._requests(),
         )
 
+    def _merged(
+        self,
+        cmd: Merge,
+        theta: F32,
+        momentum: Any,
+        deltas: list[Any],
+        contributions: Contributions,
+    ) -> tuple[MergedArrays[Any], list[tuple[bytes, PayloadRef, Any]]]:
+        """A worker's part of a merge, in one trip: the merge and outer step, then the new
+        theta's payload and, unless the round holds final deltas only (it keeps the
+        momentum it had), the momentum's; each with what a reader of its bytes will decode
+        (:meth:`_written`). One trip, not one per step: under load each trip to a worker
+        and back waits for both threads to be scheduled (4-13 ms at the p90 per trip in
+        bench_step's loop at load 14 on 2 cores, against a median of 0.2-0.8 ms). The two
+        encodes, once on the two workers at once, follow each other: on a large fragment a
+        merge takes one encode longer where two cores were free."""
+        fragment, round_ = cmd.fragment, cmd.round
+        merged = self._codec.merge_held(fragment, theta, momentum, deltas, contributions)
+        payloads = [self._written(fragment, Role.THETA, round_, merged.theta, home=True)]
+        if not cmd.final_only:
+            payloads.append(self._written(fragment, Role.MOMENTUM, round_, merged.momentum))
+        return merged, payloads
+
     def _requests(self) -> Requests:
         """This node's requests so far, for the tape's running total (see records.Requests)."""
         stats = self._mailbox.stats
@@ -926,22 +987,21 @@ class Runtime:
             deletes=stats.delete_requests,
         )
 
-    async def _write(
-        self,
-        cache: FragmentCache[Any],
-        fragment: int,
-        role: Role,
-        round_: int,
-        x: Any,
-        *,
-        home: bool = False,
-    ) -> PayloadRef:
-        """Encode ``x`` (a buffer on the codec's device) there, upload create-once, and cache
-        what any reader of those bytes will decode: on the device, or with ``home`` on the
-        host (decoded from the bytes there, or ``x`` copied back once when they are exact)."""
+    def _written(
+        self, fragment: int, role: Role, round_: int, x: Any, *, home: bool = False
+    ) -> tuple[bytes, PayloadRef, Any]:
+        """Encode ``x`` (a buffer on the codec's device) there; with it, what any reader of
+        those bytes will decode: on the device, or with ``home`` on the host (decoded from
+        the bytes there, or ``x`` copied back once when they are exact). A worker's part."""
         device = self._codec.device
-        data, ref = await self._compute(self._codec.encode, fragment, role, round_, x, device)
-        await self._mailbox.put_once(ref.key, data)
+        data, ref = self._codec.encode(fragment, role, round_, x, device)
         back = self._codec.brought_home if home else self._codec.roundtrip
-        cache.put(ref.key, await self._compute(back, fragment, role, x, data, device))
+        return data, ref, back(fragment, role, x, data, device)
+
+    async def _upload(
+        self, cache: FragmentCache[Any], data: bytes, ref: PayloadRef, decoded: Any
+    ) -> PayloadRef:
+        """Upload a payload create-once; then cache what a reader of it decodes."""
+        await self._mailbox.put_once(ref.key, data)
+        cache.put(ref.key, decoded)
         return ref

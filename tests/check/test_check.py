@@ -28,6 +28,7 @@ from gm_core.check.independence import Footprint, Recorder, independent
 from gm_core.check.plants import PLANTS, planted
 from gm_core.check.steps import Steps
 from gm_core.check.transitions import Transitions
+from gm_core.commands import Share
 from gm_core.events import TimerFired
 from gm_core.liveness import LeaseView
 from gm_core.records import Manifest
@@ -36,25 +37,25 @@ from gm_core.store_model import ModelStore
 from gm_shell import check_cli
 
 PINNED = {
-    "one node, one fault": 7_627,
-    "one node, one crash": 5_247,
+    "one node, one fault": 8_184,
+    "one node, one crash": 5_716,
     "learner and closer apart": 4_043,
-    "two learners, one closes": 1_511,
-    "two closers race for round 0": 1_760,
-    "two closers race, one fault": 15_884,
-    "three closers contend for round 0": 48_931,
-    "three nodes, two fragments": 33_700,
+    "two learners, one closes": 1_717,
+    "two closers race for round 0": 2_192,
+    "two closers race, one fault": 20_812,
+    "three closers contend for round 0": 60_675,
+    "three nodes, two fragments": 38_406,
     "the closer crashes and restarts across two rounds": 49_249,
-    "a learner dies for good, quorum 2": 8_929,
-    "one node two rounds in flight": 14_691,
-    "one closer, a learner gives a round up": 3_573,
-    "a forger without the key writes a snapshot": 5_524,
-    "a forger without the key, two rounds": 393,
-    "a member forges a commit (per-node keys)": 104,
-    "a member forges a snapshot as another (per-node keys)": 6_191,
-    "a member forges a claim (per-node keys)": 26_004,
+    "a learner dies for good, quorum 2": 10_293,
+    "one node two rounds in flight": 30_987,
+    "one closer, a learner gives a round up": 4_080,
+    "a forger without the key writes a snapshot": 6_248,
+    "a forger without the key, two rounds": 5_865,
+    "a member forges a commit (per-node keys)": 934,
+    "a member forges a snapshot as another (per-node keys)": 7_097,
+    "a member forges a claim (per-node keys)": 29_720,
     "a revoked member publishes its own snapshot (per-node keys)": 5_524,
-    "an either-role closer crashes across two rounds (2 delays)": 27_168,
+    "an either-role closer crashes across two rounds (2 delays)": 27_232,
     "three nodes, two fragments, four rounds, the closer crashes (1 delay)": 9_466,
 }
 PINNED_LONG = {
@@ -242,7 +243,7 @@ def _footprint(
     machine: str, reads: str = "", writes: str = "", prefixes: tuple[str, ...] = ()
 ) -> Footprint:
     return Footprint(
-        machine=(machine, cluster.Machine.CLOSER),
+        machines=frozenset({(machine, cluster.Machine.CLOSER)}),
         reads=frozenset(reads.split()),
         prefixes=prefixes,
         writes=frozenset(writes.split()),
@@ -259,6 +260,27 @@ def test_independence_is_disjoint_machines_and_no_conflicting_key() -> None:
     assert not independent(_footprint("n0", prefixes=("r/",)), _footprint("n1", writes="r/1"))
     assert independent(_footprint("n0", prefixes=("r/",)), _footprint("n1", writes="s/1"))
     assert not independent(None, _footprint("n1"))
+    both = attrs.evolve(
+        _footprint("n0"), machines=frozenset({("n0", m) for m in cluster.Machine})
+    )  # a learner's write told to its node's closer
+    learning = attrs.evolve(_footprint("n0"), machines=frozenset({("n0", cluster.Machine.LEARNER)}))
+    assert not independent(both, _footprint("n0"))
+    assert not independent(both, learning)
+    assert independent(both, _footprint("n1"))
+
+
+def test_recorder_counts_the_machine_a_share_told() -> None:
+    """A step that tells its node's other machine of a write touches both machines."""
+    c = initial_state(Bounds(roles=("lc",)))
+    recorder = Recorder()
+    take = actions.Action(kind=actions.Kind.DELIVER, node="n0", machine=cluster.Machine.LEARNER)
+    share = Share(key="k", data=b"x")
+    with recorder.installed():
+        with recorder.recording():
+            cluster._share(c, "n0", cluster.Machine.LEARNER, share, 0.0)
+        told = recorder.footprint(take)
+    assert told is not None
+    assert told.machines == {("n0", m) for m in cluster.Machine}
 
 
 def test_recorder_sees_what_a_step_touched_and_restores_the_store() -> None:
@@ -278,7 +300,7 @@ def test_recorder_sees_what_a_step_touched_and_restores_the_store() -> None:
         assert recorder.footprint(take) is None  # a sweep depends on everything
         assert recorder.footprint(attrs.evolve(take, kind=actions.Kind.CRASH)) is None
     assert seen == Footprint(
-        machine=("n0", cluster.Machine.LEARNER),
+        machines=frozenset({("n0", cluster.Machine.LEARNER)}),
         reads=frozenset({"a"}),
         prefixes=("p/",),
         writes=frozenset({"b"}),

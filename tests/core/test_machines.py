@@ -26,6 +26,7 @@ from gm_core.events import (
     Probed,
     PutDone,
     RequestFailed,
+    Shared,
     Started,
     Stepped,
     TimerFired,
@@ -97,7 +98,20 @@ def events(now: float, reqs: list[int]) -> st.SearchStrategy[Event]:
         ),
         st.builds(Aligned, now_s=st.just(now), req=req, step=st.just(10**6), tokens=st.just(10**9)),
         st.builds(RequestFailed, now_s=st.just(now), req=req, error=st.just("boom")),
+        st.builds(
+            Shared,
+            now_s=st.just(now),
+            key=st.sampled_from(SHARED_KEYS),
+            data=garbage.map(lambda d: d or b""),
+        ),
     )
+
+
+SHARED_KEYS = sorted(
+    {k for k in WARM[-1].store.objects if k.startswith((keys.ROUNDS_PREFIX, keys.SNAPSHOTS_PREFIX))}
+    | {keys.snapshot(3, "n0"), tape.record_key(OPEN, 5, 0), "junk", keys.head()}
+)
+"""Keys a machine may be told of: the run's own objects, ones of rounds to come, others."""
 
 
 @settings(deadline=None)

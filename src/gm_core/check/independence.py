@@ -14,7 +14,7 @@ never states: the state counts stay exactly those of the full search, which is
 how their soundness is checked here (the pinned counts did not move).
 
 Two actions are *independent* when each is a delivery, a timer or training (a
-crash, restart, clock move or forgery depends on everything), they belong to
+crash, restart, clock move or forgery depends on everything), they touch
 different machines, neither ends exploration (an action that creates the
 ``rounds``-th record leaves its siblings no successor: the search adds that
 condition), and their store footprints do not conflict: neither writes a key the
@@ -25,11 +25,13 @@ recorded while it ran (:class:`Recorder` listens to
 like the transition cache): the keys read (by the harness for the machine, and by
 the moment invariants the harness judges), the prefixes listed, the keys written
 (a create-once write that finds its key taken counts: its outcome depends on the
-key). Everything else an action changes is its own machine's state, timers and
-pace, and commands appended to the in-flight multiset, all of which commute; the
-fingerprint folds what would not (in-flight order, etags, the order of
-creations). A sleeping action's footprint is the one it had where it ran: an
-independent action in between changed nothing it touched.
+key), and the node's other machine when the action told it of a write
+(:class:`~gm_core.commands.Share`, fed within the action: the action then depends
+on that machine's state as on its own). Everything else an action changes is its
+machines' state, timers and pace, and commands appended to the in-flight
+multiset, all of which commute; the fingerprint folds what would not (in-flight
+order, etags, the order of creations). A sleeping action's footprint is the one it
+had where it ran: an independent action in between changed nothing it touched.
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ LOCAL = frozenset({Kind.DELIVER, Kind.FIRE, Kind.TRAIN})
 
 @attrs.frozen
 class Footprint:
-    """What one action touched: its machine, and the store keys it read, listed or wrote."""
+    """What one action touched: its machines, and the store keys it read, listed or wrote."""
 
-    machine: tuple[str, cluster.Machine]
+    machines: frozenset[tuple[str, cluster.Machine]]
+    """Its own, and the node's other machine when it was told of a write (``Share``)."""
     reads: frozenset[str]
     prefixes: tuple[str, ...]
     writes: frozenset[str]
@@ -60,7 +63,7 @@ class Footprint:
 
 def independent(a: Footprint | None, b: Footprint | None) -> bool:
     """Whether two actions commute (None: an action that depends on every other)."""
-    if a is None or b is None or a.machine == b.machine:
+    if a is None or b is None or not a.machines.isdisjoint(b.machines):
         return False
     if a.writes and (not a.writes.isdisjoint(b.writes) or not a.writes.isdisjoint(b.reads)):
         return False
@@ -81,6 +84,7 @@ class Recorder:
         self._reads: set[str] = set()
         self._writes: set[str] = set()
         self._prefixes: list[str] = []
+        self._told: set[tuple[str, cluster.Machine]] = set()
         self._everything = False
 
     @contextmanager
@@ -88,6 +92,7 @@ class Recorder:
         self._reads.clear()
         self._writes.clear()
         self._prefixes.clear()
+        self._told.clear()
         self._everything = False
         self._on = True
         try:
@@ -101,7 +106,7 @@ class Recorder:
             return None
         machine = cluster.Machine.LEARNER if action.kind is Kind.TRAIN else action.machine
         return Footprint(
-            machine=(action.node, machine),
+            machines=frozenset({(action.node, machine), *self._told}),
             reads=frozenset(self._reads),
             prefixes=tuple(self._prefixes),
             writes=frozenset(self._writes),
@@ -113,11 +118,28 @@ class Recorder:
         real = {name: getattr(ModelStore, name) for name in _ACCESS}
         for name, (kind, which) in _ACCESS.items():
             setattr(ModelStore, name, self._wrap(real[name], kind, which))
+        share = cluster._share
+        cluster._share = self._sharing(share)
         try:
             yield self
         finally:
             for name, method in real.items():
                 setattr(ModelStore, name, method)
+            cluster._share = share
+
+    def _sharing(self, share: Callable[..., cluster.Cluster]) -> Callable[..., cluster.Cluster]:
+        """``cluster._share``, noting the machine told: an action that tells a machine of a
+        write depends on that machine's state, as if it were that machine's own action."""
+
+        def wrapped(
+            c: cluster.Cluster, name: str, machine: cluster.Machine, *rest: Any
+        ) -> cluster.Cluster:
+            if self._on:
+                other = cluster.other_machine(machine)
+                self._told.add((name, other))
+            return share(c, name, machine, *rest)
+
+        return wrapped
 
     def _wrap(self, method: Callable[..., Any], kind: str, which: str) -> Callable[..., Any]:
         sink = {"read": self._reads, "write": self._writes}

@@ -132,13 +132,20 @@ def finish_instant(c: cluster.Cluster, take: Take = apply) -> cluster.Cluster:
     """``c`` after the fair run has done everything due at its instant.
 
     A run is judged at whole instants: what a commit sets off at once (the next
-    round's first reads, the learners' next steps) must not raise either.
+    round's first reads, the learners' next steps) must not raise either. It stops at
+    the next commit at the same instant: a node whose learner and closer tell each other
+    of their writes (spec/protocol.md §6.4) needs no poll, and its rounds, trained in no
+    time by the model, would follow one another without the clock moving until
+    ``MAX_INSTANT_ACTIONS`` cut them.
     """
+    tape = _Tape(c)
     for _ in range(MAX_INSTANT_ACTIONS):
         after = fair_step(c, c.now_s, take)
         if after is None:
             return c
         c = after
+        if tape.grew(c):
+            return c
     return c
 
 

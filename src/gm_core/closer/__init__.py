@@ -72,7 +72,7 @@ from gm_core.closer.state import (
     _busy,
 )
 from gm_core.commands import Command, Delete, Get, Notify
-from gm_core.events import CloseRequested, Event, Started, TimerFired
+from gm_core.events import CloseRequested, Event, Shared, Started, TimerFired
 from gm_core.records import Manifest
 from gm_core.requests import Purpose, issue, settle
 
@@ -127,6 +127,8 @@ def advance(state: CloserState, event: Event) -> Result:
         state = _stop(state, cmds)
     elif isinstance(event, TimerFired):
         state = attrs.evolve(state, wake_s=NEVER)
+    elif isinstance(event, Shared):
+        state = collect._heard(state, event, cmds)
     else:
         state, purpose = settle(state, getattr(event, "req", -1))  # Stepped has no req
         if purpose is None:

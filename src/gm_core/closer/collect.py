@@ -27,7 +27,7 @@ from gm_core.closer.state import (
     _set_entry,
 )
 from gm_core.commands import Command, Delete, Get, List, Notify, Verify
-from gm_core.events import Event, GotObject, Listed, Verified
+from gm_core.events import Event, GotObject, Listed, Shared, Verified
 from gm_core.records import Lease, Reason, Snapshot
 from gm_core.requests import Purpose, issue
 from gm_core.slots import SLOTS, Invalid, open_snapshot, snapshot_key, snapshot_slot
@@ -84,17 +84,97 @@ def _fetch(
     *,
     by_name: bool = False,
 ) -> CloserState:
-    old = state.entries.get(learner)  # the invalid slot below: its verdict stands until then
-    reason = old.reason if old is not None else None
-    entry = Entry(learner=learner, stage=Stage.FETCHING, slot=slot, reason=reason, by_name=by_name)
-    state = _set_entry(state, entry)
+    state = _reading(state, learner, slot, by_name=by_name)
     state, req = issue(state, Purpose(kind=Ask.SNAPSHOT, round=state.round, name=learner))
     cmds.append(Get(req=req, key=snapshot_key(state.envelope, state.round, learner, slot)))
     if by_name:
         return state  # no sign of life yet: the object may not exist
+    return _seen_alive(state, learner, now_s, cmds)
+
+
+def _reading(state: CloserState, learner: str, slot: int, *, by_name: bool) -> CloserState:
+    """``learner``'s snapshot at ``slot`` is being read."""
+    old = state.entries.get(learner)  # the invalid slot below: its verdict stands until then
+    reason = old.reason if old is not None else None
+    entry = Entry(learner=learner, stage=Stage.FETCHING, slot=slot, reason=reason, by_name=by_name)
+    return _set_entry(state, entry)
+
+
+def _seen_alive(state: CloserState, learner: str, now_s: float, cmds: list[Command]) -> CloserState:
+    """A snapshot of ``learner`` is in the round's folder: a sign of life (or a lease to read)."""
     if learner in state.leases:
         return _touch(state, learner, now_s)
     return boot._look_at_lease(state, Ask.LEASE, learner, cmds)
+
+
+MAX_HEARD = 8
+"""Snapshots of rounds not yet collected kept from this node's learner (``in_flight`` and a
+close's flush ahead at most, in practice); the oldest go first."""
+
+
+def _heard(state: CloserState, event: Shared, cmds: list[Command]) -> CloserState:
+    """This node's learner created ``event.key``: if it is its snapshot of the round being
+    collected, judge it now, as a listing and a read of the key would (the same bytes),
+    without waiting for either; if of a later round (a learner runs up to ``in_flight``
+    rounds ahead of the commits), keep it until that round is collected (:func:`_collect`).
+
+    Anything else is ignored: another key, a round already past, a slot a listing would
+    not have this closer read (one being read or judged is not read twice), and all of it
+    unless this node's learner is the only one live (:func:`alone`).
+    """
+    if not alone(state, event.now_s):
+        return state
+    try:
+        parsed = keys.parse(event.key)
+    except keys.BadKey:
+        return state
+    if not isinstance(parsed, keys.SnapshotKey) or parsed.learner != state.node:
+        return state
+    if parsed.round < state.round:
+        return state
+    if parsed.round == state.round and state.phase is Phase.COLLECTING:
+        return _take_heard(state, event.key, event.data, event.now_s, cmds)
+    kept = tuple(h for h in state.heard if h[0] >= state.round and h[1] != event.key)
+    heard = (*kept, (parsed.round, event.key, event.data))[-MAX_HEARD:]
+    return attrs.evolve(state, heard=heard)
+
+
+def _take_heard(
+    state: CloserState, key: str, data: bytes, now_s: float, cmds: list[Command]
+) -> CloserState:
+    """Judge ``data``, our learner's object at ``key`` in the round being collected, if a
+    listing showing the key would have this closer read it now."""
+    found = _snapshot_slot(state, key)
+    if found is None:
+        return state
+    learner, slot = found
+    if _next_slot(state.entries.get(learner)) != slot:
+        return state
+    state = _seen_alive(_reading(state, learner, slot, by_name=False), learner, now_s, cmds)
+    return _paced(_judge_read(state, learner, data, cmds), now_s)
+
+
+def alone(state: CloserState, now_s: float) -> bool:
+    """Whether no learner but this node's own is live as far as this closer knows: only then
+    does it hear of its node's writes before the store shows them (spec/protocol.md §6.4).
+
+    With other learners live, the poll paces them all alike; were its own learner told of
+    each record at once, it would stall less than they do at ``in_flight``, run ahead, and
+    start every grace window early. Measured on the model cluster (three learners, the
+    leader's node learning and closing, quorum 1; tests/core/test_batch.py): the rounds
+    then closed with the leader's learner alone and the other two were counted not live.
+    """
+    return not commit._live(state, now_s) - {state.node}
+
+
+def _take_kept(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    """Judge what our learner told us of the round now collected (while it is alone,
+    :func:`alone`); forget rounds past."""
+    now = [h for h in state.heard if h[0] == state.round] if alone(state, now_s) else []
+    state = attrs.evolve(state, heard=tuple(h for h in state.heard if h[0] > state.round))
+    for _, key, data in now:
+        state = _take_heard(state, key, data, now_s, cmds)
+    return state
 
 
 def _touch(state: CloserState, learner: str, now_s: float) -> CloserState:
@@ -168,7 +248,13 @@ def _snapshot_outcome(
         if entry.by_name:
             return _forget(state, learner)  # not written yet
         return _reject(state, learner, Reason.MISSING, cmds)
-    snapshot = open_snapshot(state.envelope, state.round, learner, entry.slot, event.data)
+    return _judge_read(state, learner, event.data, cmds)
+
+
+def _judge_read(state: CloserState, learner: str, data: bytes, cmds: list[Command]) -> CloserState:
+    """Judge the object read at the slot of ``learner``'s entry; have a snapshot verified."""
+    entry = state.entries[learner]
+    snapshot = open_snapshot(state.envelope, state.round, learner, entry.slot, data)
     if isinstance(snapshot, Invalid):  # not the learner's: on to its next slot
         cmds.append(Notify(kind=snapshot.kind, round=state.round, detail=snapshot.detail))
         return _reject(state, learner, snapshot.reason, cmds, invalid=True)
@@ -259,6 +345,8 @@ def rejected(round_: int, learner: str, reason: Reason) -> Notify:
 
 
 def _collect(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+    if state.heard:
+        state = _take_kept(state, now_s, cmds)
     if Ask.LIST not in state.busy and now_s >= state.poll_at_s:
         state, req = _busy(state, Purpose(kind=Ask.LIST, round=state.round))
         cmds.append(List(req=req, prefix=keys.snapshot_prefix(state.round)))

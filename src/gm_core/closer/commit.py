@@ -46,6 +46,7 @@ from gm_core.commands import (
     Notify,
     PutOnce,
     PutOver,
+    Share,
 )
 from gm_core.events import Event, GotObject, Listed, Merged, PutDone, Unusable
 from gm_core.fallback import Prior
@@ -428,7 +429,7 @@ def _commit_outcome(
     if purpose.round != state.round or state.phase is not Phase.COMMITTING:
         return state
     if isinstance(event, PutDone) and event.created and state.draft is not None:
-        return _committed(state, state.draft, event.now_s, cmds)
+        return _committed(state, state.draft, int(purpose.name), event.now_s, cmds)
     # Taken, or unknown after a lost response: read the record to learn which.
     return _check(state, purpose, cmds)
 
@@ -456,16 +457,21 @@ def _check_outcome(
         state = boot._skip(state, parsed, event.now_s, cmds)
         return state if state.phase is Phase.BLOCKED else _write(state, draft, cmds)
     if parsed == draft:
-        return _committed(state, parsed, event.now_s, cmds)
+        return _committed(state, parsed, int(purpose.name), event.now_s, cmds)
     return boot._adopt(state, parsed, event.now_s, cmds)
 
 
 def _committed(
-    state: CloserState, record: RoundRecord, now_s: float, cmds: list[Command]
+    state: CloserState, record: RoundRecord, slot: int, now_s: float, cmds: list[Command]
 ) -> CloserState:
-    """The record is in the bucket: publish the hint, sweep old rounds, open the next round."""
+    """The record is in the bucket at ``slot``: tell this node's learner (if any, and the
+    only one live: :func:`collect.alone`) at once, publish the hint, sweep old rounds, open
+    the next round."""
     detail = f"version={record.version} participants={len(record.participants)}"
     cmds.append(Notify(kind="committed", round=record.round, detail=detail))
+    if collect.alone(state, now_s):
+        key = record_key(state.envelope, record.round, slot)
+        cmds.append(Share(key=key, data=state.envelope.pack(key, record)))
     for rejection in record.rejections:
         entry = state.entries.get(rejection.learner)
         if entry is not None and entry.invalid:  # the object at its slot was no snapshot of it,

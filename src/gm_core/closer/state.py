@@ -151,6 +151,10 @@ class CloserState:
     grace_s: float = 0.0
     merge_at_s: float = 0.0
     entries: Mapping[str, Entry] = attrs.field(factory=dict)
+    heard: tuple[tuple[int, str, bytes], ...] = ()
+    """Snapshots this node's learner wrote (round, key, bytes) that no round being collected
+    could take when it told us (:func:`collect._heard`): judged when their round is
+    collected, as the listing that opens it would find them; dropped once it is past."""
     bad_keys: frozenset[str] = frozenset()
     draft: RoundRecord | None = None
     fallback: FragmentState | None = None

@@ -65,6 +65,7 @@ from gm_core.events import (
     Deleted,
     Event,
     RequestFailed,
+    Shared,
     Started,
     Stepped,
     TimerFired,
@@ -136,6 +137,8 @@ def advance(state: LearnerState, event: Event) -> Result:
         state = _close(attrs.evolve(state, keep_lease=event.keep_lease), event.now_s, cmds)
     elif isinstance(event, TimerFired):
         state = attrs.evolve(state, wake_s=NEVER)
+    elif isinstance(event, Shared):
+        state = boot._heard(state, event)
     else:
         state, purpose = settle(state, event.req)
         if purpose is None:

@@ -12,7 +12,7 @@ import attrs
 
 from gm_core import cadence, fallback, schedule, tip
 from gm_core.commands import Align, Command, Get, Notify
-from gm_core.events import Event, GotObject, Unusable
+from gm_core.events import Event, GotObject, Shared, Unusable
 from gm_core.learner import align
 from gm_core.learner.state import Anchor, Ask, LearnerState, Phase, schedule_step
 from gm_core.records import Alignment, FragmentState, RoundRecord
@@ -28,6 +28,7 @@ from gm_core.tape import (
     record_key,
     rejected,
     skip,
+    slot_of,
 )
 
 
@@ -36,13 +37,16 @@ def _record_outcome(
 ) -> LearnerState:
     """A head hint or a round record arrived (or did not): move the tape forward."""
     now_s, poll_s = event.now_s, state.options.poll_s
+    booting = state.phase is Phase.BOOTING
+    if purpose.kind is Ask.RECORD and not booting and purpose.round <= state.seen_round:
+        # Heard of meanwhile from this node's closer (:func:`_heard`): nothing new here.
+        return attrs.evolve(state, probing=False)
     poll_later = attrs.evolve(state, probing=False, probe_at_s=now_s + poll_s)
     if not isinstance(event, GotObject):
         return poll_later
     if purpose.kind is Ask.HEAD:
         hint = parse_head(state.envelope, event.data)
         return attrs.evolve(state, probing=False, probe_at_s=now_s, walk=tip.walk(hint))
-    booting = state.phase is Phase.BOOTING
     if event.data is None:
         if booting:
             return _walked(state, tip.missing(state.walk), now_s, cmds)
@@ -51,32 +55,61 @@ def _record_outcome(
             records, now_s, poll_s, longest_s=state.manifest.config.lease_timeout_s
         )
         return attrs.evolve(poll_later, records=records, idle_until_s=idle_until_s)
-    config, slot = state.manifest.config, int(purpose.name)
-    prev = expected_prev(state.manifest, state.held, purpose.round)
-    parsed = parse_record(state.envelope, event.data, purpose.round, config, slot, prev)
+    parsed = _parsed(state, purpose.round, int(purpose.name), event.data)
     if isinstance(parsed, BadRecord):
         return _bad_record(state, parsed, now_s, cmds)
     if booting:  # only the tip matters: keep memory bounded while searching for it
         records = cadence.restart(state.records, now_s)
         state = attrs.evolve(state, records=records, idle_until_s=now_s)
         return _walked(state, tip.found(state.walk, state.manifest, parsed), now_s, cmds)
+    return _adopt(attrs.evolve(state, probing=False), parsed, now_s)
+
+
+def _parsed(state: LearnerState, round_: int, slot: int, data: bytes) -> RoundRecord | BadRecord:
+    """The object at ``slot`` of round ``round_``'s record key, judged as the tape's next."""
+    prev = expected_prev(state.manifest, state.held, round_)
+    return parse_record(state.envelope, data, round_, state.manifest.config, slot, prev)
+
+
+def _adopt(state: LearnerState, record: RoundRecord, now_s: float) -> LearnerState:
+    """``record`` is the tape's next: fetched for alignment, and the next round probed."""
     fetched = dict(state.fetched)
-    fetched[parsed.round] = parsed
+    fetched[record.round] = record
     live = state.phase in (Phase.RUNNING, Phase.CLOSING)
     records = (cadence.seen if live else cadence.restart)(state.records, now_s)
     state = attrs.evolve(
         state,
         fetched=fetched,
-        held=parsed,
-        seen_round=parsed.round,
-        probing=False,
+        held=record,
+        seen_round=record.round,
         probe_at_s=now_s,
         records=records,
         idle_until_s=now_s,
     )
-    if state.phase in (Phase.RUNNING, Phase.CLOSING):
-        state = _catch_up(state, parsed)
+    if live:
+        state = _catch_up(state, record)
     return state
+
+
+def _heard(state: LearnerState, event: Shared) -> LearnerState:
+    """This node's closer created ``event.key``: if it is the next record at the slot a
+    probe would read, adopt it as the probe would, without waiting for one.
+
+    Only a record that opens as the tape's next is taken: anything else (another key, a
+    slot the probe would not read, a record that does not chain) is left to the probe,
+    which reads the same bytes and reports what it finds. A probe already out for the
+    round comes back to a round seen, and is dropped (:func:`_record_outcome`).
+    """
+    if state.phase not in (Phase.RUNNING, Phase.CLOSING):
+        return state
+    round_ = state.seen_round + 1
+    slot = slot_of(state.record_slots, round_)
+    if event.key != record_key(state.envelope, round_, slot):
+        return state
+    parsed = _parsed(state, round_, slot, event.data)
+    if isinstance(parsed, BadRecord):
+        return state
+    return _adopt(state, parsed, event.now_s)
 
 
 def _bad_record(

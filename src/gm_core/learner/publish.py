@@ -12,7 +12,7 @@ from __future__ import annotations
 import attrs
 
 from gm_core import follow, keys, schedule, slots
-from gm_core.commands import Capture, Command, Get, Notify, PutOnce
+from gm_core.commands import Capture, Command, Get, Notify, PutOnce, Share
 from gm_core.events import Captured, Event, GotObject, PutDone
 from gm_core.learner import pump
 from gm_core.learner.state import (
@@ -149,7 +149,9 @@ def _snapshot_written(
 
 
 def _published(state: LearnerState, out: Outgoing, cmds: list[Command]) -> LearnerState:
+    """The snapshot is in the store: say so, and tell this node's closer (if any) at once."""
     cmds.append(Notify(kind="published", round=out.round, detail=f"steps={out.steps}"))
+    cmds.append(Share(key=_snapshot_key(state, out), data=_packed(state, out)))
     outgoing = dict(state.outgoing)
     outgoing[out.round] = attrs.evolve(out, published=True)
     return attrs.evolve(state, outgoing=outgoing)

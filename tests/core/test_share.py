@@ -1,0 +1,178 @@
+"""A node's two machines tell each other of their own writes (``Share``/``Shared``).
+
+Between the learner and the closer of one node the store's poll was the only messenger:
+the closer learned of its own learner's snapshot by listing the round's folder and
+reading the key, the learner of its own closer's record by probing the record key, up to
+a poll interval each (bench_step: a due step waiting at ``in_flight`` for the record).
+These tests drive the model cluster, whose harness feeds a ``Share`` to the node's other
+machine within the same action, as the shell does in the same turn of its loop.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import attrs
+from fast_cluster import FAST_C, FAST_L, random_step
+
+from gm_core import cluster as cl
+from gm_core import keys, learner
+from gm_core.closer import Phase, Stage
+from gm_core.closer import collect as closer_collect
+from gm_core.commands import Get, List, Merge, PutOnce
+from gm_core.events import GotObject, Shared
+from gm_core.learner.state import Ask
+from gm_core.records import AlgorithmConfig
+from gm_core.requests import Purpose
+
+L, C = cl.Machine.LEARNER, cl.Machine.CLOSER
+SOLO = {"n0": frozenset({L, C})}
+
+
+def solo(in_flight: int) -> cl.Cluster:
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=in_flight)
+    c = cl.create(config, SOLO, learner_options=FAST_L, closer_options=FAST_C)
+    return cl.start(c, "n0")
+
+
+def deliver_until(
+    c: cl.Cluster,
+    done: Callable[[cl.InFlight], bool],
+    hold: Callable[[cl.InFlight], bool] = lambda _: False,
+) -> cl.Cluster:
+    """Deliver in order (what ``hold`` matches stays in flight), timers and training between,
+    until an item ``done`` is delivered."""
+    return delivered(c, done, hold)[0]
+
+
+def delivered(
+    c: cl.Cluster,
+    done: Callable[[cl.InFlight], bool],
+    hold: Callable[[cl.InFlight], bool] = lambda _: False,
+) -> tuple[cl.Cluster, str]:
+    """:func:`deliver_until`, and the key the item ``done`` wrote."""
+    for _ in range(2000):
+        ready = [i for i, f in enumerate(c.inflight) if not hold(f)]
+        if ready:
+            item = c.inflight[ready[0]]
+            c = cl.deliver(c, ready[0])
+            if done(item):
+                assert isinstance(item.command, PutOnce)
+                return c, item.command.key
+            continue
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        c = cl.train(c, "n0", 1)
+        c = cl.tick(c, 0.05)
+    raise AssertionError("never delivered")
+
+
+def writes(prefix: str, machine: cl.Machine) -> Callable[[cl.InFlight], bool]:
+    def done(item: cl.InFlight) -> bool:
+        cmd = item.command
+        return item.machine is machine and isinstance(cmd, PutOnce) and cmd.key.startswith(prefix)
+
+    return done
+
+
+def merging(item: cl.InFlight) -> bool:
+    return isinstance(item.command, Merge)
+
+
+def lists(c: cl.Cluster, round_: int) -> int:
+    """Listings of ``round_``'s snapshot folder still in flight."""
+    prefix = keys.snapshot_prefix(round_)
+    return sum(isinstance(f.command, List) and f.command.prefix == prefix for f in c.inflight)
+
+
+def test_the_closer_judges_its_own_learners_snapshot_as_it_lands() -> None:
+    c, key = delivered(solo(1), writes(keys.SNAPSHOTS_PREFIX, L))
+    state = c.nodes["n0"].closer
+    assert state is not None
+    parsed = keys.parse(key)
+    assert isinstance(parsed, keys.SnapshotKey)
+    round_ = parsed.round
+    if state.phase is Phase.COLLECTING and state.round == round_:
+        entry = state.entries["n0"]
+        assert entry.stage is Stage.VERIFYING  # no listing, no read of the key
+    else:  # told before its round opened: kept for it
+        assert [h[0] for h in state.heard] == [round_]
+    assert not cl.check(c)
+
+
+def test_the_learner_adopts_its_own_closers_record_as_it_lands() -> None:
+    c = deliver_until(solo(1), writes(keys.ROUNDS_PREFIX, C))
+    state = c.nodes["n0"].learner
+    assert state is not None
+    assert state.seen_round == 0  # no probe delivered since the write
+    assert 0 in state.fetched or state.aligned_round == 0 or state.aligning == 0
+    c = deliver_until(c, writes(keys.ROUNDS_PREFIX + "000000000003", C))
+    assert not cl.check(c)
+    assert [r.round for r in cl.records(c)] == [0, 1, 2, 3]
+
+
+def test_a_snapshot_of_a_round_not_open_yet_is_judged_when_it_opens() -> None:
+    """With ``in_flight`` 2 a learner publishes round r + 1 while r is being merged: its
+    closer keeps the snapshot and judges it on opening r + 1, before any listing."""
+    c = deliver_until(solo(2), writes(keys.ROUNDS_PREFIX, C))  # round 0 is in
+    c = deliver_until(c, writes(keys.snapshot_prefix(2), L), hold=merging)
+    state = c.nodes["n0"].closer
+    assert state is not None
+    assert (state.round, state.phase) == (1, Phase.MERGING)
+    assert [h[0] for h in state.heard] == [2]
+    kept = 2
+    c = deliver_until(c, writes(keys.ROUNDS_PREFIX + f"{kept - 1:012d}", C))
+    state = c.nodes["n0"].closer
+    assert state is not None
+    assert (state.round, state.phase) == (kept, Phase.COLLECTING)
+    assert state.entries["n0"].stage is Stage.VERIFYING
+    assert state.heard == ()
+    assert lists(c, kept) == 1  # the listing that opens the round is still in flight
+    assert not cl.check(c)
+
+
+def test_a_probe_of_a_round_heard_of_meanwhile_changes_nothing() -> None:
+    c = solo(1)
+    c = deliver_until(c, writes(keys.ROUNDS_PREFIX, C))
+    record_key = next(k for k in c.store.objects if k.startswith(keys.ROUNDS_PREFIX))
+    data = c.store.objects[record_key].data
+    before = c.nodes["n0"].learner
+    assert before is not None
+    # A probe of round 0 that was in flight when the record was heard of comes back.
+    req = max(before.pending, default=0) + 1
+    pending = {**before.pending, req: Purpose(kind=Ask.RECORD, round=0, name="0")}
+    state = attrs.evolve(before, pending=pending, probing=True)
+    after, cmds = learner.advance(state, GotObject(now_s=c.now_s, req=req, data=data, etag="e"))
+    assert after.seen_round == before.seen_round
+    assert after.fetched == before.fetched
+    assert not after.probing or any(isinstance(x, Get) for x in cmds)
+    # Heard twice: the second time is not the next round's record any more.
+    again, _ = learner.advance(before, Shared(now_s=c.now_s, key=record_key, data=data))
+    assert again.fetched == before.fetched
+    assert again.seen_round == before.seen_round
+
+
+def test_with_another_learner_live_the_poll_paces_both() -> None:
+    """The closer tells its learner nothing while another learner is live: told at once,
+    its own learner would run ahead of the other and leave it behind (``collect.alone``)."""
+    roles = {"n0": frozenset({L, C}), "n1": frozenset({L})}
+    config = AlgorithmConfig(sync_every=8, fragments=2, quorum=1, in_flight=1)
+    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
+    c = cl.start(cl.start(c, "n0"), "n1")
+    rng = random.Random(1)
+    for _ in range(3000):
+        state = c.nodes["n0"].closer
+        assert state is not None
+        if "n1" in closer_collect.commit._live(state, c.now_s):
+            break
+        c = random_step(c, rng, ["n0", "n1"])
+    else:
+        raise AssertionError("n1 never seen live")
+    c, key = delivered(c, writes(keys.ROUNDS_PREFIX, C))
+    parsed = keys.parse(key)
+    assert isinstance(parsed, keys.RoundKey)
+    state = c.nodes["n0"].learner
+    assert state is not None
+    assert state.seen_round < parsed.round  # left to its probe
+    assert not cl.check(c)
