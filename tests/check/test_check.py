@@ -54,7 +54,7 @@ PINNED = {
     "a member forges a commit (per-node keys)": 934,
     "a member forges a snapshot as another (per-node keys)": 7_097,
     "a member forges a claim (per-node keys)": 29_720,
-    "a revoked member publishes its own snapshot (per-node keys)": 5_524,
+    "a revoked member publishes its own snapshot (per-node keys)": 6_248,
     "an either-role closer crashes across two rounds (2 delays)": 27_232,
     "three nodes, two fragments, four rounds, the closer crashes (1 delay)": 9_466,
 }
@@ -63,15 +63,17 @@ PINNED_LONG = {
     # liveness fixes and the slots, which grew the CI sets of the same roles by 20-35%.
     # Session 11: the galloping tip walk (e4198cb, gm_core.tip.Walk at boot) moved two by a
     # few hundred states, as it moved four CI pins: 720,589 -> 713,256, 575,208 -> 574,959.
-    "two closers race through a poll": 713_256,
+    # Since a node's learner and closer tell each other of their writes (protocol.md §6.4):
+    # 713,256 -> 679,297, 367,395 -> 390,851, 574,959 -> 386,004, 287,965 -> 288,226 (PASS).
+    "two closers race through a poll": 679_297,
     # Session 12: re-counted at be35273 (PASS, 77 CPU-s): 772,559; `trust` had counted the
     # same in session 11. It moved with the slots and the §15.2 fixes, which the comment above
     # names. Then 464e730 (the own learner presumed live until its lease is looked at; its
     # message said this pin would move): PASS, 367,395, counted by `hostile` at bcd4028.
-    "two learners, one closes, through a poll": 367_395,
-    "one node, two rounds": 574_959,
+    "two learners, one closes, through a poll": 390_851,
+    "one node, two rounds": 386_004,
     # Delay-bounded (two delays), so it finishes in minutes: DEEP_BOUNDS.
-    "three nodes, two fragments, four rounds, the closer crashes (2 delays)": 287_965,
+    "three nodes, two fragments, four rounds, the closer crashes (2 delays)": 288_226,
 }
 """States explored at the CI bounds. If a protocol change moves these, check that the
 change was meant, then update the numbers in the same commit."""
@@ -225,18 +227,21 @@ def test_planted_restores_the_real_rule() -> None:
 
 
 @pytest.mark.parametrize(
-    "bounds",
+    ("bounds", "kept"),
     [
-        CI_BOUNDS["two closers race, one fault"],
-        CI_BOUNDS["one node, one crash"],  # a node's learner and closer are two machines
+        (CI_BOUNDS["two closers race, one fault"], 0.8),
+        # A node's learner and closer are two machines; since they tell each other of
+        # their writes (protocol.md §6.4) those deliveries touch both, and fewer commute:
+        # 9,882 of 11,658 transitions kept (0.85), where 0.8 held before.
+        (CI_BOUNDS["one node, one crash"], 0.9),
     ],
     ids=["two closers, one fault", "one node, one crash, liveness"],
 )
-def test_sleep_sets_prune_transitions_but_no_state(bounds: Bounds) -> None:
+def test_sleep_sets_prune_transitions_but_no_state(bounds: Bounds, kept: float) -> None:
     full = explore(bounds, sleep_sets=False)
     reduced = explore(bounds)
     assert attrs.evolve(reduced, transitions=0) == attrs.evolve(full, transitions=0)
-    assert reduced.transitions < 0.8 * full.transitions
+    assert reduced.transitions < kept * full.transitions
 
 
 def _footprint(

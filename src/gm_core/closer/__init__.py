@@ -128,7 +128,10 @@ def advance(state: CloserState, event: Event) -> Result:
     elif isinstance(event, TimerFired):
         state = attrs.evolve(state, wake_s=NEVER)
     elif isinstance(event, Shared):
-        state = collect._heard(state, event, cmds)
+        heard = collect._heard(state, event, cmds)
+        if heard is state:
+            return state, cmds  # nothing it takes: as if never told (no pump either)
+        state = heard
     else:
         state, purpose = settle(state, getattr(event, "req", -1))  # Stepped has no req
         if purpose is None:

@@ -138,7 +138,10 @@ def advance(state: LearnerState, event: Event) -> Result:
     elif isinstance(event, TimerFired):
         state = attrs.evolve(state, wake_s=NEVER)
     elif isinstance(event, Shared):
-        state = boot._heard(state, event)
+        heard = boot._heard(state, event)
+        if heard is state:
+            return state, cmds  # nothing it takes: as if never told (no pump either)
+        state = heard
     else:
         state, purpose = settle(state, event.req)
         if purpose is None:
