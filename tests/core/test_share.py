@@ -176,3 +176,40 @@ def test_with_another_learner_live_the_poll_paces_both() -> None:
     assert state is not None
     assert state.seen_round < parsed.round  # left to its probe
     assert not cl.check(c)
+
+
+def test_a_node_alone_waits_for_a_learner_whose_lease_appeared() -> None:
+    """A node alone closes a round on hearing of its learner's snapshot only after listings
+    of the round's snapshots and of the leases, issued since, have come back and the leases
+    found are read (``CloserState.listing``, ``discovery``). Otherwise it runs ahead of a
+    learner that joins: that one's snapshots land only in rounds already closed, which no
+    listing of an open round shows, and the leases are listed once per lease timeout; it
+    never took part (tests/runtime/test_leaving.py in the fresh-clone CI of 19e1ffd).
+
+    Here the newcomer's lease is in the store and it trains no step: with quorum 2, at most
+    the round whose listings were already back closes without it; then the node waits."""
+    roles = {"n0": frozenset({L, C}), "n1": frozenset({L})}
+    config = AlgorithmConfig(
+        sync_every=8, fragments=2, quorum=2, in_flight=1, lease_timeout_s=600.0
+    )
+    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
+    c = deliver_until(cl.start(c, "n0"), writes(keys.ROUNDS_PREFIX + "000000000002", C))
+    c = cl.start(c, "n1")
+    lease = keys.lease("n1")
+    for _ in range(200):
+        if lease in c.store.objects:
+            break
+        c = cl.deliver(c, next(i for i, f in enumerate(c.inflight) if f.node == "n1"))
+    else:
+        raise AssertionError("n1 never wrote its lease")
+    before = len(cl.records(c))
+    for _ in range(400):  # n0 trains and its requests come back; n1's timers fire
+        while c.inflight:
+            c = cl.deliver(c, 0)
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        c = cl.train(c, "n0", 1)
+        c = cl.tick(c, 0.05)
+    assert not cl.check(c)
+    closed = [(r.round, [p.learner for p in r.participants]) for r in cl.records(c)[before:]]
+    assert len(closed) <= 1, closed

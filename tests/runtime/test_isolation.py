@@ -18,7 +18,7 @@ import pytest
 from runtime_worker import IN, TEACHER, torch_model
 
 from gm_core import closer, learner
-from gm_core.events import Event, TimerFired
+from gm_core.events import Event, Shared, TimerFired
 from gm_shell import DiLoCo, Session, SessionOptions, events
 
 FAST = SessionOptions(
@@ -78,12 +78,15 @@ def test_a_learner_that_raises_rejoins_from_the_tape_and_the_closer_commits_on(
     faulty: list[Event] = []
 
     def advance(state: learner.LearnerState, event: Event) -> Any:
-        # A timer, never a step: the runtime's forecasts feed advance steps of their own.
-        # That timer raises each time it is fed, as a pure ``advance`` would (the runtime
-        # may compute a feed twice: see Runtime._feed).
-        if isinstance(event, TimerFired) and any(event is e for e in faulty):
+        # A timer or a word from the node's closer, never a step: the runtime's forecasts
+        # feed advance steps of their own. A node alone hears of each record from its
+        # closer (Shared) and may never wait for a timer. That event raises each time it
+        # is fed, as a pure ``advance`` would (the runtime may compute a feed twice: see
+        # Runtime._feed).
+        fed_by_loop = isinstance(event, (TimerFired, Shared))
+        if fed_by_loop and any(event is e for e in faulty):
             raise RuntimeError("injected fault in the learner")
-        if not raised and isinstance(event, TimerFired) and state.aligned_round >= 3:
+        if not raised and fed_by_loop and state.aligned_round >= 3:
             raised.append(state.aligned_round)
             faulty.append(event)
             raise RuntimeError("injected fault in the learner")

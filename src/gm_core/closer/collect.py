@@ -19,6 +19,7 @@ from gm_core.closer.state import (
     Ask,
     CloserState,
     Entry,
+    Listing,
     Phase,
     Stage,
     _busy,
@@ -151,6 +152,11 @@ def _take_heard(
     if _next_slot(state.entries.get(learner)) != slot:
         return state
     state = _seen_alive(_reading(state, learner, slot, by_name=False), learner, now_s, cmds)
+    # List the leases now: the round may not close before a listing issued after this has
+    # shown who else is live (:attr:`CloserState.discovery`).
+    state = attrs.evolve(
+        state, discovery=Listing.DUE, discover_at_s=min(state.discover_at_s, now_s)
+    )
     return _paced(_judge_read(state, learner, data, cmds), now_s)
 
 
@@ -411,6 +417,8 @@ def _discover(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSt
         return state
     state, req = _busy(state, Purpose(kind=Ask.DISCOVER, round=state.round))
     cmds.append(List(req=req, prefix=keys.LEASES_PREFIX))
+    if state.discovery is Listing.DUE:
+        state = attrs.evolve(state, discovery=Listing.OUT)
     every_s = (
         state.manifest.config.lease_timeout_s if commit._live(state, now_s) else _idle_s(state)
     )
@@ -420,6 +428,9 @@ def _discover(state: CloserState, now_s: float, cmds: list[Command]) -> CloserSt
 def _discover_outcome(
     state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
+    if purpose.round == state.round and state.discovery is Listing.OUT:
+        back = Listing.READING if isinstance(event, Listed) else Listing.DUE
+        state = attrs.evolve(state, discovery=back)
     if not isinstance(event, Listed):
         return state
     for key in event.keys:
@@ -434,7 +445,15 @@ def _discover_outcome(
                 state, Purpose(kind=Ask.NEWCOMER, round=state.round, name=parsed.node)
             )
             cmds.append(Get(req=req, key=key))
-    return state
+    return _leases_read(state)
+
+
+def _leases_read(state: CloserState) -> CloserState:
+    """The leases a listing found are all read: who is live is known (``discovery``)."""
+    reading = any(p.kind is Ask.NEWCOMER for p in state.pending.values())
+    if state.discovery is not Listing.READING or reading:
+        return state
+    return attrs.evolve(state, discovery=Listing.DONE)
 
 
 def _newcomer_outcome(
@@ -445,6 +464,7 @@ def _newcomer_outcome(
     A learner a probe found dead is looked at here too, once per listing, instead
     of at every probe interval.
     """
+    state = _leases_read(state)  # this one is judged below, in this same transition
     if not isinstance(event, GotObject) or event.data is None:
         return state
     body = state.envelope.open(keys.lease(purpose.name), event.data)

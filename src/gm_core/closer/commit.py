@@ -29,6 +29,7 @@ from gm_core.closer.state import (
     Ask,
     CloserState,
     Entry,
+    Listing,
     Phase,
     Stage,
     _fragment,
@@ -113,8 +114,16 @@ def _accepted(state: CloserState) -> list[Entry]:
     )
 
 
+def _listed(state: CloserState) -> bool:
+    """Whether the leases listed after a snapshot heard of are read (or none was heard of
+    this round: :attr:`CloserState.discovery`): who else is live is known."""
+    return state.discovery is Listing.DONE
+
+
 def _maybe_close(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
     """Start the merge once quorum (or every live learner) is in and grace has run out."""
+    if not _listed(state):
+        return state  # a snapshot heard of: who else is live is being listed
     cfg = state.manifest.config
     judged = _reported(state)
     # A snapshot this round proves its learner alive: its lease is no longer looked at.

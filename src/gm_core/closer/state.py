@@ -70,6 +70,20 @@ class Ask(enum.StrEnum):
     FOLLOW = "follow"
 
 
+class Listing(enum.StrEnum):
+    """Where the listing of the leases stands against a snapshot this closer heard of from
+    its node's learner (:func:`gm_core.closer.collect._take_heard`) instead of listing it."""
+
+    DONE = "done"
+    """Nothing heard this round, or the leases listed after it are read."""
+    DUE = "due"
+    """Heard of: a listing must be issued before the round may close."""
+    OUT = "out"
+    """A listing issued after it is out."""
+    READING = "reading"
+    """The leases that listing found are being read."""
+
+
 class Stage(enum.StrEnum):
     FETCHING = "fetching"
     VERIFYING = "verifying"
@@ -155,6 +169,15 @@ class CloserState:
     """Snapshots this node's learner wrote (round, key, bytes) that no round being collected
     could take when it told us (:func:`collect._heard`): judged when their round is
     collected, as the listing that opens it would find them; dropped once it is past."""
+    discovery: Listing = Listing.DONE
+    """A round whose own learner's snapshot was heard of closes only once a listing of the
+    leases issued after it has come back and the leases it found are read: a learner that
+    joined since the last listing then counts (the round waits for it as for any learner
+    live). A node alone closes a round as soon as its learner's snapshot is heard of, so it
+    runs ahead of a newcomer, whose snapshots then land only in rounds already closed,
+    which no listing of an open round shows; its lease, written before it trained, is in
+    the folder (tests/runtime/test_leaving.py, test_session.py's adaptive alignment, in
+    the fresh-clone CI of 19e1ffd: the newcomer never took part; spec/protocol.md §6.4)."""
     bad_keys: frozenset[str] = frozenset()
     draft: RoundRecord | None = None
     fallback: FragmentState | None = None
