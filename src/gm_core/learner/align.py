@@ -50,6 +50,10 @@ def _unusable(
     record = state.fetched.get(purpose.round)
     if record is None:
         return state
+    if event.reason is Reason.MISSING and _superseded(state, record):
+        # Swept while we lagged, and a newer commit of the fragment is in hand: align that
+        # one instead, as when it was in hand before this one's fetch (§7.6).
+        return _aligned_through(state, record.round, cmds, applied=False)
     window = retention.KEEP_CYCLES * state.manifest.config.fragments
     if event.reason is Reason.MISSING and record.round + window <= state.seen_round:
         # Swept while we lagged: the run has newer commits; join again from the newest.
@@ -68,6 +72,28 @@ def _unusable(
     anchors[record.fragment] = attrs.evolve(anchors[record.fragment], version=record.version)
     state = attrs.evolve(state, anchors=tuple(anchors))
     return _aligned_through(state, record.round, cmds, applied=False)
+
+
+def _superseded(state: LearnerState, record: RoundRecord) -> bool:
+    """Whether a fetched record commits ``record``'s fragment again, and ``record`` can be
+    passed over for it: it did not merge this learner's snapshot (carry would then move
+    the anchor to that snapshot's step), and we are not closing (a closing learner waits
+    to see its own rounds).
+
+    Aligning every commit in tape order, one per step, a learner whose steps are slower
+    than the run's commits falls behind without bound, and the closer sweeps the
+    payloads it would fetch next (two cycles are kept, §12.3): it found them absent and
+    re-joined, and fell behind again (a re-join loop). Overwrite and carry give the
+    same model from the newer commit alone (the commit is replaced; carry keeps the
+    local steps since the anchor either way), so the older one is not fetched.
+    """
+    return (
+        state.phase is Phase.RUNNING
+        and not _included(state, record)
+        and any(
+            r.fragment == record.fragment and r.round > record.round for r in state.fetched.values()
+        )
+    )
 
 
 def _rejoin(state: LearnerState) -> LearnerState:
@@ -214,6 +240,10 @@ def _align_next(state: LearnerState, cmds: list[Command]) -> LearnerState:
         if _included(state, record):
             state = attrs.evolve(state, divergences=0)
         state = _adapt(state, record, cmds)
+        if _superseded(state, record):
+            # A newer commit of the fragment is in hand: fold in that one alone.
+            state = _aligned_through(state, round_, cmds, applied=False)
+            continue
         if record.version == state.anchors[record.fragment].version:
             # Nothing was committed: the parameters and the anchor's counters stay, so
             # the steps still in the fragment's delta keep counting toward its weight.
