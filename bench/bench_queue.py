@@ -14,8 +14,10 @@ step of any node (every process is on this machine: one monotonic clock), the id
 speed-weighted time (the dataset's steps over the four nodes' summed step rates, no sync
 cost), their ratio, the steps each node trained (fast, slow, fast, slow), where each node's
 time went (``spent_s``: its start after the first node's, in ``step``, in ``Session.step``,
-between steps besides — the queue's own work —, and its idle tail before the last node's
-last step), and the nodes' eval
+between steps besides, in ``want`` waiting for its next unit — the queue's own work —, and
+its idle tail before the last node's last step; ``waits``: each wait for a unit over 20 ms
+and whether the claim ahead had begun), ``over_paced_ideal`` (the ideal at the pace each
+node's ``step`` really kept), and the nodes' eval
 loss at the end (a linear student of a fixed teacher, the model each node holds after
 ``close()``: the newest commit when it closed).
 
