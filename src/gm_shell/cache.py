@@ -64,6 +64,12 @@ class FragmentCache(Generic[B]):
             _, evicted = self._items.popitem(last=False)
             self._bytes -= evicted.nbytes
 
+    def discard(self, key: str) -> None:
+        """Forget ``key``'s value, if held (its memory is freed with the last reference)."""
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._bytes -= old.nbytes
+
     def __len__(self) -> int:
         return len(self._items)
 

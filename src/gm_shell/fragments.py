@@ -208,7 +208,9 @@ class FragmentCodec:
         if writer is None:
             writer = self._local.writer = PayloadWriter()
         file = write_fragment(writer, backend or self._numpy, x, self.wire(fragment, role))
-        data = bytes(byte_view(seal(file, self.config.compression)))
+        sealed = seal(file, self.config.compression)
+        # A zstd frame is new bytes already; the bare file is the writer's reused buffer.
+        data = sealed if isinstance(sealed, bytes) else bytes(byte_view(sealed))
         digest = content_hash(data, self._payload_key)
         ref = PayloadRef(key=keys.payload(round_, digest), size=len(data), digest=digest)
         return data, ref

@@ -173,6 +173,11 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+DELTA_CACHE_BYTES = 1 << 30
+"""The most bytes of decoded deltas a closer keeps by default: those of rounds it has not
+merged yet (a merge drops its own), which the run's learners and ``in_flight`` bound."""
+
+
 class Runtime:
     """The machines of one node and the interpreter of their commands."""
 
@@ -188,7 +193,7 @@ class Runtime:
         replica: Replica | None,
         learner_options: learner.LearnerOptions | None,
         closer_options: closer.CloserOptions | None,
-        cache_bytes: int,
+        cache_bytes: int | None,
         run_auth: RunAuth | None = None,
     ) -> None:
         digest = plan.schema_digest(manifest.schema)
@@ -251,9 +256,15 @@ class Runtime:
         )
         # A closer's deltas and momentum stay where it merges them (codec.device: torch's
         # accelerator, else the host); commits are host arrays, which a learner aligns from.
-        self._deltas: FragmentCache[Any] = FragmentCache(cache_bytes)
-        self._commits: FragmentCache[F32] = FragmentCache(cache_bytes)
-        self._momenta: FragmentCache[Any] = FragmentCache(cache_bytes)
+        # By default commits and momenta hold twice the model's bytes (fp32): the newest and
+        # the one before of every fragment, so that a commit never pushes out another
+        # fragment's base (issue 12: memory proportional to the model). Deltas are dropped
+        # once merged (:meth:`_merge`): they hold the rounds not merged yet, capped.
+        model = 4 * sum(codec.size(f) for f in range(len(codec.layouts)))
+        kept = 2 * model if cache_bytes is None else cache_bytes
+        self._deltas: FragmentCache[Any] = FragmentCache(cache_bytes or DELTA_CACHE_BYTES)
+        self._commits: FragmentCache[F32] = FragmentCache(kept)
+        self._momenta: FragmentCache[Any] = FragmentCache(kept)
 
     # -- lifecycle (called from other threads) --------------------------------------------------
 
@@ -942,6 +953,8 @@ class Runtime:
         refs = await asyncio.gather(
             *(self._upload(c, *payload) for c, payload in zip(caches, payloads, strict=True))
         )
+        for c in cmd.contributions:  # merged: read again only if this merge is redone
+            self._deltas.discard(c.payload.key)
         outer = refs[1] if len(refs) > 1 else None
         return Merged(
             now_s=now(),

@@ -90,6 +90,7 @@ from gm_core.tape import chain_digest
 from gm_shell import drift, events, leaving, members
 from gm_shell.accounting import PRICES_S3, PriceTable, Stats, cost_usd
 from gm_shell.align import Checkpoint, load_frontier, newest_record
+from gm_shell.allocator import fix_mmap_threshold
 from gm_shell.barrier import Barrier
 from gm_shell.finished import (
     RunFinishedError,
@@ -300,8 +301,16 @@ class SessionOptions:
             torch on CPU if installed, else numpy), ``torch`` (CPU) or ``numpy``. With
             torch on an accelerator, a closer decodes, merges and encodes its payloads
             there (on CPU it decodes and encodes with numpy, torch merging the host arrays).
-        cache_bytes: memory for payloads this node keeps to avoid downloading them again
-            (with torch on an accelerator, a closer's deltas and momentum are kept there).
+        cache_bytes: memory for payloads this node keeps to avoid downloading them again,
+            for each of its three caches (commits, deltas, momentum; with torch on an
+            accelerator, a closer's deltas and momentum are kept there); None: twice the
+            model's bytes (fp32) for commits and momenta (the newest two of every
+            fragment), 1 GiB for the deltas of rounds not merged yet (a merge drops its
+            own).
+        mmap_threshold: with glibc, the size from which every buffer gets its own mapping,
+            returned to the system when freed (:mod:`gm_shell.allocator`; set for the whole
+            process when the session starts); None (the default): the C allocator is left
+            as it is.
         max_sweep_rounds: rounds of garbage a closer sweeps per commit, at most.
     """
 
@@ -316,7 +325,14 @@ class SessionOptions:
     """Merge backend: ``auto`` (torch on CUDA or MPS if there is one, else torch on CPU if
     installed, else numpy; numpy for an MLX or JAX model, which never imports torch for its
     merges), ``torch`` (CPU) or ``numpy``."""
-    cache_bytes: int = 1 << 30
+    cache_bytes: int | None = None
+    mmap_threshold: int | None = None
+    """E.g. 1 MiB: a fragment's buffers are freed to the system, not kept in a fragmented
+    heap (with a 16 MiB model, a learner grew 272-339 MiB over a run, 154-179 with it, a
+    closer-learner 433-519 and 259-280: spec/threat-model.md §4.9). Off by default until
+    its cost is measured on a quiet machine: every buffer of a fragment is then faulted in
+    afresh (the closer's codec work on 16 MiB fragments took +21% CPU at the fastest round,
+    at load 13)."""
     max_sweep_rounds: int = 4
     max_divergences: int = 2
     """Non-finite rejections in a row (each followed by a reload) before ``step()`` raises
@@ -573,6 +589,8 @@ class Session:
     def start(self) -> None:
         """Open the mailbox, create or adopt the run, start the runtime, and join."""
         url = self._mailbox_arg.url if isinstance(self._mailbox_arg, Mailbox) else self._mailbox_arg
+        if self.options.mmap_threshold is not None:
+            fix_mmap_threshold(self.options.mmap_threshold)
         self._run_auth = resolve_run_key(self._run_key, url)
         self._node_key = resolve_node_key(self._node_key_arg)
         warning = open_run_warning(url, self._run_auth)
