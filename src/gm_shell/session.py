@@ -328,8 +328,8 @@ class SessionOptions:
     cache_bytes: int | None = None
     mmap_threshold: int | None = None
     """E.g. 1 MiB: a fragment's buffers are freed to the system, not kept in a fragmented
-    heap (with a 16 MiB model, a learner grew 272-339 MiB over a run, 154-179 with it, a
-    closer-learner 433-519 and 259-280: spec/threat-model.md §4.9). Off by default until
+    heap (with a 16 MiB model, a learner grew 272-352 MiB over a run, 154-179 with it, a
+    closer-learner 385-519 and 259-280: spec/threat-model.md §4.9). Off by default until
     its cost is measured on a quiet machine: every buffer of a fragment is then faulted in
     afresh (the closer's codec work on 16 MiB fragments took +21% CPU at the fastest round,
     at load 13)."""

@@ -438,8 +438,8 @@ HUGE_S3 = 16 * MiB
 OVER_BOUND = pytest.mark.xfail(
     strict=True,
     reason="gm itself outgrows 2 x model + 64 MiB (issue 12 Show, open): with the 16 MiB model"
-    " (one tensor: a fragment is the whole model) and no attacker, RSS grows 272-339 MiB"
-    " (learner) and 433-519 MiB (closer-learner) over the test's rounds, file:// and"
+    " (one tensor: a fragment is the whole model) and no attacker, RSS grows 272-352 MiB"
+    " (learner) and 385-519 MiB (closer-learner) over the test's rounds, file:// and"
     " SeaweedFS, open and keyed (2026-12-03, commit and momentum caches of 2 x the model's"
     " bytes, merged deltas dropped: was 384 and 755 MiB in 10 rounds with 1 GiB caches);"
     " with SessionOptions(mmap_threshold=1 MiB), opt-in, 154-179 and 259-280 MiB; what each"
