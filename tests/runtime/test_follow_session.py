@@ -43,10 +43,11 @@ FAST_MOST = 2_000
 
 @pytest.mark.xfail(
     strict=False,
-    reason="known bug, open: under load the fast learners run so far ahead that the closer "
-    "sweeps payloads (two cycles kept) before the slow n2 reads them (align_failed / "
-    "commit_unusable: '... is absent'), n2 re-joins again and again and the fast ones stall; "
-    "failed in 2 of 2 fresh-clone CI runs at load 4-16 on 2dc5262..9e833dc",
+    reason="open: in 1 of about 20 runs at load 5-13 (on 4ae33d0, and once on 3f88685) the fast "
+    "learners stalled for their timeout waiting for a round n2 never published (StalledError "
+    "'waiting for round 28, newest aligned round 25'); cause not found yet. The bug this was "
+    "marked for (n2's payloads swept before it read them, a re-join loop) is fixed by 4ae33d0: "
+    "asserted below",
 )
 def test_a_slow_learner_with_follow_publishes_the_others_rounds_early(tmp_path: Path) -> None:
     url = (tmp_path / "run").as_uri()
@@ -100,8 +101,19 @@ def test_a_slow_learner_with_follow_publishes_the_others_rounds_early(tmp_path: 
     following = [e for e in results[2]["events"] if isinstance(e, events.Following)]
     assert len(following) >= 2, results[2]["events"]
     assert all(e.accepted >= 1 for e in following)
-    # Nobody is ahead of the fast learners for them to follow.
-    assert not [e for r in results[:2] for e in r["events"] if isinstance(e, events.Following)]
+    # Nobody is ahead of the fast learners for them to follow, once both are in: n1 starts
+    # after n0 created the run, so in the first cycle n0 may be ahead of it (n1 followed
+    # round 0 in 3 of 6 runs since the learner and closer of n0 share their writes, c367e9a).
+    assert not [
+        e
+        for r in results[:2]
+        for e in r["events"]
+        if isinstance(e, events.Following) and e.round >= algo.fragments
+    ]
+    # The slow learner never asks for a payload the sweep deleted (tests/core/test_slow_aligner.py).
+    assert not [
+        e for e in results[2]["events"] if isinstance(e, events.AlignFailed | events.CommitUnusable)
+    ], results[2]["events"]
     records = {r.round: r for r in open_tape(read_bucket(url, MailboxOptions()))}
     # Rounds the slow learner followed into: it took part with fewer steps than the gap
     # between two of its rounds (published early), next to a fast learner.
