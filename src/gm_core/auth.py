@@ -106,7 +106,8 @@ _ROSTER_DOMAIN = b"gm/2 roster"
 _OPEN_NAME_KEY = b"gm/2 open run: slot names are public"
 """An open run's slot names use this public key: the same code, no secret."""
 SLOT_NAME_CHARS = 16
-_HEX = frozenset(b"0123456789abcdef")
+_HEX_DIGITS = "0123456789abcdef"
+_HEX = frozenset(_HEX_DIGITS.encode())
 
 
 class Why(enum.StrEnum):
@@ -319,19 +320,20 @@ def verify(run_auth: RunAuth, run_id: str, key: str, data: bytes) -> bytes | Una
     skipping it, and says to upgrade); not, it is refused like any forgery. Anything else
     (``{``: a format-1 or open run's object) is ``untagged``.
     """
-    newer = _newer_version(data)
-    if not data.startswith(MARKER) and newer is None:
+    newer = None if data.startswith(MARKER) else _newer_version(data)
+    if newer is None and not data.startswith(MARKER):
         return Unauthenticated(why=Why.UNTAGGED, detail=f"{key} carries no tag")
-    fields = _header_fields(data, newer)
-    if fields is None:
+    header = _header(data, newer)
+    if header is None:
         return Unauthenticated(why=Why.MALFORMED_HEADER, detail=f"{key}: unreadable header")
+    fields, end = header
     alg, key_id, tag = fields[:3]
     if alg != ALG:
         return Unauthenticated(why=Why.UNKNOWN_ALG, detail=f"{key}: algorithm {alg[:32]!r}")
     if key_id != run_auth.key_id:
         detail = f"{key}: key id {key_id}, this node's {run_auth.key_id}"
         return Unauthenticated(why=Why.WRONG_KEY, detail=detail)
-    body = data[data.index(b"\n") + 1 :]
+    body = data[end + 1 :]
     if not hmac.compare_digest(tag.encode(), _tag(run_auth, run_id, key, body)):
         return Unauthenticated(why=Why.BAD_TAG, detail=f"{key}: tag does not verify")
     if newer is not None:
@@ -357,14 +359,14 @@ def other_format(run_format: int | None, key: str, body: bytes) -> Unauthenticat
     declares none, or a newer one: the codec names that, and a record probe stops at it)."""
     if run_format is None:
         return None
+    declared = codec.format_number(body)  # a scan; the key is parsed only when it matters
+    if declared is None or declared == run_format or declared not in FORMATS:
+        return None
     try:
         parsed = keys.parse(key)
     except keys.BadKey:
         return None
     if not isinstance(parsed, _RECORD_KEYS):
-        return None
-    declared = codec.format_number(body)
-    if declared is None or declared == run_format or declared not in FORMATS:
         return None
     detail = f"{key}: a format {declared} object in a format {run_format} run"
     return Unauthenticated(why=Why.WRONG_FORMAT, detail=detail)
@@ -565,6 +567,12 @@ def _header_fields(data: bytes, newer: int | None = None) -> list[str] | None:
     """The header's fields after the marker, when it is a well-formed short ASCII line:
     ``alg key_id tag``, then ``signer signature`` when the writer signs. A newer envelope
     (``gm/{newer} ``) keeps those first three fields; what follows is its own."""
+    header = _header(data, newer)
+    return None if header is None else header[0]
+
+
+def _header(data: bytes, newer: int | None) -> tuple[list[str], int] | None:
+    """:func:`_header_fields`, and where the header line ends (the body starts after it)."""
     marker = MARKER if newer is None else b"%s%d " % (_FAMILY, newer)
     if not data.startswith(marker):
         return None
@@ -584,11 +592,12 @@ def _header_fields(data: bytes, newer: int | None = None) -> list[str] | None:
         return None
     if len(fields) == 5 and not (keys.valid_id(fields[3]) and _is_hex(fields[4], SIGNATURE_CHARS)):
         return None
-    return fields
+    return fields, end
 
 
 def _is_hex(text: str, length: int) -> bool:
-    return len(text) == length and set(text.encode()) <= _HEX
+    """Whether ``text`` is ``length`` lowercase hex digits (strip leaves nothing of them)."""
+    return len(text) == length and not text.strip(_HEX_DIGITS)
 
 
 def _mac(key: bytes, message: bytes) -> bytes:

@@ -100,6 +100,17 @@ def test_headers_that_do_not_parse_are_named() -> None:
     assert envelope.open("head.json", good) == b"{}"
 
 
+@given(
+    text=st.text(alphabet="0123456789abcdefABCDEF xg-\u00e9", max_size=20),
+    length=st.integers(0, 20),
+)
+def test_a_header_field_is_hex_only_when_every_character_is_a_lowercase_hex_digit(
+    text: str, length: int
+) -> None:
+    expected = len(text) == length and all(c in "0123456789abcdef" for c in text)
+    assert auth._is_hex(text, length) is expected
+
+
 @given(body=bodies)
 def test_an_open_run_stores_bodies_bare_and_refuses_tagged_objects(body: bytes) -> None:
     envelope = auth.for_run("run", None)
