@@ -23,8 +23,13 @@ authenticated side back to back, alternating which goes first):
   median and p99 of the gap ``step()`` adds on due steps at which no commit was waited for.
 * A closer's round: ``gm_runs.critical_path`` (four learners' snapshots already in the
   bucket, one closer-only session closes round after round) on a ``LocalStore`` through the
-  journaled store at 0 ms: round time (median interval between record writes), sequential
-  requests on the path (waves) and requests per round.
+  journaled store at each ``--latency-ms`` (default 0 and 20 ms a request): round time
+  (median interval between record writes), sequential requests on the path (waves),
+  requests per round, and two figures less exposed to the other processes on the machine:
+  the CPU time of the closer's event-loop thread (where the core, and so every tag and
+  verification, runs) per round, and the time spent inside ``Envelope.open`` and
+  ``Envelope.seal`` on that thread per round, by operation and object kind (the keyed
+  side's extra work itself; timed by wrapping the two methods on every side alike).
 
 Three sides: open, a run key (``keyed``), and a run key with per-node keys (``signed``:
 every object the nodes write is signed, every one they read checked; the critical path's
@@ -37,6 +42,7 @@ difference has to exceed.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import hashlib
 import hmac
@@ -45,6 +51,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -247,6 +254,73 @@ def counting() -> Iterator[dict[str, int]]:
         nodekeys.verify, nodekeys.signer = real_verify, real_signer  # type: ignore[assignment]
 
 
+LOOP_THREADS = "gm-loop"
+"""How a session's event-loop thread's name begins (gm_shell.session): the core runs there."""
+
+
+def _on_loop() -> bool:
+    return threading.current_thread().name.startswith(LOOP_THREADS)
+
+
+def _kind(key: str) -> str:
+    """The kind of object at ``key`` (``snapshot``, ``round``, ``head``...)."""
+    try:
+        return type(keys.parse(key)).__name__.removesuffix("Key").lower()
+    except keys.BadKey:
+        return "other"
+
+
+@contextlib.contextmanager
+def envelope_clock() -> Iterator[dict[str, float]]:
+    """Seconds spent inside ``Envelope.open`` and ``Envelope.seal`` (which ``pack`` calls)
+    on session loop threads within the block, by ``"open snapshot"``, ``"seal round"``...:
+    the two methods wrapped alike on every side (an open run's are the no-op branch)."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    real_open, real_seal = auth.Envelope.open, auth.Envelope.seal
+
+    def clocked(op: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def method(self: auth.Envelope, key: str, data: bytes) -> Any:
+            if not _on_loop():
+                return real(self, key, data)
+            started = time.perf_counter()
+            try:
+                return real(self, key, data)
+            finally:
+                elapsed = time.perf_counter() - started
+                spent[f"{op} {_kind(key)}"] += elapsed
+
+        return method
+
+    auth.Envelope.open = clocked("open", real_open)  # type: ignore[method-assign]
+    auth.Envelope.seal = clocked("seal", real_seal)  # type: ignore[method-assign]
+    try:
+        yield spent
+    finally:
+        auth.Envelope.open, auth.Envelope.seal = real_open, real_seal  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def loop_cpu() -> Iterator[dict[str, float]]:
+    """CPU seconds of each session loop thread that ends within the block, by thread name
+    (read on the thread as its loop stops: ``time.thread_time``)."""
+    from gm_shell import loopthread
+
+    cpu: dict[str, float] = collections.defaultdict(float)
+    real_run = loopthread.LoopThread._run
+
+    def run(self: loopthread.LoopThread) -> None:
+        try:
+            real_run(self)
+        finally:
+            cpu[threading.current_thread().name] += time.thread_time()
+
+    loopthread.LoopThread._run = run  # type: ignore[method-assign]
+    try:
+        yield cpu
+    finally:
+        loopthread.LoopThread._run = real_run  # type: ignore[method-assign]
+
+
 def step_side(folder: Path, steps: int, side: str) -> dict[str, Any]:
     """``step()`` gaps on due steps (no commit waited for) of one run over ``file://``."""
     with counting() as signatures:
@@ -275,11 +349,13 @@ def _gm_loop(folder: Path, steps: int, side: str) -> tuple[Any, int]:
     )
 
 
-def path_side(folder: Path, rounds: int, side: str) -> dict[str, Any]:
-    """A closer's round over a ``LocalStore``: round time, waves, requests per round."""
-    with counting() as signatures:
-        result = _critical_path(folder, rounds, side)
+def path_side(folder: Path, rounds: int, side: str, latency_ms: float) -> dict[str, Any]:
+    """A closer's round over a ``LocalStore`` at ``latency_ms`` a request: round time,
+    waves, requests per round; the loop thread's CPU and envelope time per round."""
+    with counting() as signatures, envelope_clock() as spent, loop_cpu() as cpu:
+        result = _critical_path(folder, rounds, side, latency_ms)
     row = result["results"][0]
+    closer_cpu = [s for name, s in cpu.items() if name.endswith("closer")]
     return {
         "round_ms": row["round_s_median"] * 1e3,
         "waves": row["waves_median"],
@@ -287,14 +363,17 @@ def path_side(folder: Path, rounds: int, side: str) -> dict[str, Any]:
         "by_class": row["requests_per_round"],
         "rounds_timed": row["rounds_timed"],
         "rounds": rounds,
+        "loop_cpu_ms": sum(closer_cpu) * 1e3 / rounds if closer_cpu else None,
+        "envelope_us": sum(spent.values()) * 1e6 / rounds,
+        "envelope_parts_us": {part: s * 1e6 / rounds for part, s in sorted(spent.items())},
         "tagged": tagged(folder),
         **signatures,
     }
 
 
-def _critical_path(folder: Path, rounds: int, side: str) -> dict[str, Any]:
+def _critical_path(folder: Path, rounds: int, side: str, latency_ms: float) -> dict[str, Any]:
     return gm_runs.critical_path(
-        latencies_ms=[0.0],
+        latencies_ms=[latency_ms],
         rounds=rounds,
         sync_every=8,
         fragments=2,
@@ -306,11 +385,16 @@ def _critical_path(folder: Path, rounds: int, side: str) -> dict[str, Any]:
     )
 
 
-def runs(repeat: int, steps: int, rounds: int) -> dict[str, list[dict[str, Any]]]:
-    """Each part's figures per repeat and side; the two sides alternate which runs first."""
-    out: dict[str, list[dict[str, Any]]] = {
-        f"{part} {side}": [] for part in ("step", "path") for side in SIDES
-    }
+def path_part(latency_ms: float) -> str:
+    return f"path {latency_ms:g}ms"
+
+
+def runs(
+    repeat: int, steps: int, rounds: int, latencies_ms: list[float]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each part's figures per repeat and side; the sides rotate which runs first."""
+    parts = ["step", *(path_part(ms) for ms in latencies_ms)]
+    out: dict[str, list[dict[str, Any]]] = {f"{p} {side}": [] for p in parts for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="gm-bench-auth-") as tmp:
         root = Path(tmp)
         for i in range(repeat):
@@ -318,25 +402,42 @@ def runs(repeat: int, steps: int, rounds: int) -> dict[str, list[dict[str, Any]]
             for side in order:
                 where = root / f"step-{side}-{i}"
                 out[f"step {side}"].append(step_side(where, steps, side))
-            for side in order:
-                where = root / f"path-{side}-{i}"
-                where.mkdir()
-                out[f"path {side}"].append(path_side(where, rounds, side))
+            for ms in latencies_ms:
+                for side in order:
+                    where = root / f"path-{ms:g}ms-{side}-{i}"
+                    where.mkdir()
+                    out[f"{path_part(ms)} {side}"].append(path_side(where, rounds, side, ms))
     return out
 
 
-def print_runs(figures: dict[str, list[dict[str, Any]]]) -> None:
+def paired(per_side: dict[str, list[float]]) -> str:
+    """keyed/open repeat by repeat (the two ran back to back): the median of those ratios
+    and their quartiles, or nothing when a side lacks a sample or the open one is zero."""
+    pairs = [k / o for o, k in zip(per_side["open"], per_side["keyed"], strict=False) if o]
+    if len(pairs) < 2 or len(pairs) != len(per_side["open"]):
+        return ""
+    low, _, high = statistics.quantiles(pairs, n=4)
+    return f"{statistics.median(pairs):.3f}x ({low:.3f}-{high:.3f})"
+
+
+def print_runs(figures: dict[str, list[dict[str, Any]]], latencies_ms: list[float]) -> None:
     rows = [
         ("step", "median_us", "step() on due steps, median (us)"),
         ("step", "p99_us", "step() on due steps, p99 (us)"),
-        ("path", "round_ms", "closer's round, median (ms)"),
-        ("path", "waves", "sequential requests per round"),
-        ("path", "requests_per_round", "requests per round (closer)"),
     ]
+    for ms in latencies_ms:
+        part = path_part(ms)
+        rows += [
+            (part, "round_ms", f"closer's round at {ms:g} ms, median (ms)"),
+            (part, "loop_cpu_ms", "  its loop thread's CPU / round (ms)"),
+            (part, "envelope_us", "  open+seal on that thread / round (us)"),
+            (part, "waves", "  sequential requests per round"),
+            (part, "requests_per_round", "  requests per round (closer)"),
+        ]
     print("\nOpen vs authenticated runs, file:// (median of repeats, min-max across repeats;")
     print("  signed: per-node keys on top of the run key)")
     head = "".join(f"{side:>9}{'spread':>17}" for side in SIDES)
-    print(f"  {'':<36}{head}{'keyed/open':>12}{'signed/keyed':>14}")
+    print(f"  {'':<36}{head}{'keyed/open':>12}{'signed/keyed':>14}{'keyed/open paired':>22}")
     for part, field, label in rows:
         per_side = {
             side: [r[field] for r in figures[f"{part} {side}"] if r.get(field) is not None]
@@ -351,8 +452,18 @@ def print_runs(figures: dict[str, list[dict[str, Any]]]) -> None:
         )
         ratio = med["keyed"] / med["open"] if med["open"] else float("nan")
         signed = med["signed"] / med["keyed"] if med["keyed"] else float("nan")
-        print(f"  {label:<36}{cells}{ratio:>11.3f}x{signed:>13.3f}x")
-    for part, what in (("path", "closer-only critical path"), ("step", "one-node step loop")):
+        print(f"  {label:<36}{cells}{ratio:>11.3f}x{signed:>13.3f}x{paired(per_side):>22}")
+    first = path_part(latencies_ms[0])
+    print(f"\n  Envelope time on the closer's loop thread at {latencies_ms[0]:g} ms, us per round")
+    print("  (median over repeats; every call of Envelope.open / .seal there, by object kind):")
+    for side in SIDES:
+        parts = collections.defaultdict(list)
+        for r in figures[f"{first} {side}"]:
+            for name, us in r["envelope_parts_us"].items():
+                parts[name].append(us)
+        cells = ", ".join(f"{n} {statistics.median(v):.1f}" for n, v in sorted(parts.items()))
+        print(f"    {side}: {cells}")
+    for part, what in ((first, "closer-only critical path"), ("step", "one-node step loop")):
         runs_ = figures[f"{part} signed"]
         signs = statistics.median(r["signs"] for r in runs_)
         verifies = statistics.median(r["verifies"] for r in runs_)
@@ -374,6 +485,12 @@ def main() -> None:
     parser.add_argument("--only", choices=("hash", "runs"), help="run one part")
     parser.add_argument("--steps", type=int, default=400, help="training steps per step() run")
     parser.add_argument("--rounds", type=int, default=24, help="rounds per closer run")
+    parser.add_argument(
+        "--latency-ms",
+        type=lambda text: [float(ms) for ms in text.split(",")],
+        default=[0.0, 20.0],
+        help="the store's latency per request for the closer's rounds (comma-separated ms)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes; figures mean nothing")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
@@ -381,7 +498,7 @@ def main() -> None:
     payload_bytes = 64 << 20
     budget_s = 0.2
     if args.smoke:
-        args.repeat, args.steps, args.rounds = 1, 40, 5
+        args.repeat, args.steps, args.rounds, args.latency_ms = 1, 40, 5, [0.0, 2.0]
         sizes, payload_bytes, budget_s = [2 << 10, 64 << 10], 1 << 20, 0.005
     started = time.monotonic()
     print(f"start: {load()}")
@@ -391,8 +508,8 @@ def main() -> None:
         result["payload"] = payload_path(payload_bytes, args.repeat, budget_s)
         print_hashing(result["hashing"], result["payload"])
     if args.only in (None, "runs"):
-        result["runs"] = runs(args.repeat, args.steps, args.rounds)
-        print_runs(result["runs"])
+        result["runs"] = runs(args.repeat, args.steps, args.rounds, args.latency_ms)
+        print_runs(result["runs"], args.latency_ms)
     print(f"\nend: {load()}")
     print(f"(python {sys.version.split()[0]}, done in {time.monotonic() - started:.0f} s)")
     if args.json is not None:

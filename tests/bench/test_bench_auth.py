@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 
 def test_bench_auth_smoke_measures_every_figure(run_bench: Callable[..., dict[str, Any]]) -> None:
     figures = run_bench("-m", "bench.bench_auth", "--smoke")
@@ -34,13 +36,20 @@ def test_bench_auth_smoke_measures_every_figure(run_bench: Callable[..., dict[st
         (step,) = runs[f"step {side}"]
         assert step["rounds"] >= 1
         assert step["tagged"] is (side != "open")
-        (path,) = runs[f"path {side}"]
-        assert path["round_ms"] > 0
-        assert path["rounds_timed"] >= 1
-        assert path["by_class"]["PUT"] > 0
-        assert path["by_class"]["GET"] > 0
-        assert path["tagged"] is (side != "open")
-        signed = side == "signed"
-        for run in (step, path):  # signatures are made and checked on the signed side only
-            assert (run["signs"] > 0 and run["verifies"] > 0) is signed
-            assert (run["signs"] == 0 and run["verifies"] == 0) is not signed
+        for latency in ("0ms", "2ms"):  # the smoke run's store latencies
+            (path,) = runs[f"path {latency} {side}"]
+            assert path["round_ms"] > 0
+            assert path["rounds_timed"] >= 1
+            assert path["by_class"]["PUT"] > 0
+            assert path["by_class"]["GET"] > 0
+            assert path["tagged"] is (side != "open")
+            assert path["loop_cpu_ms"] > 0
+            # the closer's loop thread opened its learners' snapshots, sealed records, a head
+            parts = path["envelope_parts_us"]
+            assert {"open snapshot", "seal round", "seal head"} <= set(parts)
+            assert all(us > 0 for us in parts.values())
+            assert path["envelope_us"] == pytest.approx(sum(parts.values()))
+            signed = side == "signed"
+            for run in (step, path):  # signatures are made and checked on the signed side only
+                assert (run["signs"] > 0 and run["verifies"] > 0) is signed
+                assert (run["signs"] == 0 and run["verifies"] == 0) is not signed
