@@ -37,7 +37,7 @@ from gm_core.store_model import ModelStore
 from gm_shell import check_cli
 
 PINNED = {
-    "one node, one fault": 10_173,
+    "one node, one fault": 10_251,
     "one node, one crash": 6_770,
     "learner and closer apart": 4_043,
     "two learners, one closes": 2_121,

@@ -20,6 +20,7 @@ from gm_core import cluster as cl
 from gm_core import keys, learner
 from gm_core.closer import Phase, Stage
 from gm_core.closer import collect as closer_collect
+from gm_core.closer.state import Listing
 from gm_core.commands import Get, List, Merge, PutOnce
 from gm_core.events import GotObject, Shared
 from gm_core.learner.state import Ask
@@ -213,3 +214,38 @@ def test_a_node_alone_waits_for_a_learner_whose_lease_appeared() -> None:
     assert not cl.check(c)
     closed = [(r.round, [p.learner for p in r.participants]) for r in cl.records(c)[before:]]
     assert len(closed) <= 1, closed
+
+
+def test_a_failed_lease_listing_is_retried_with_the_next_poll() -> None:
+    """The round a node alone closes on its learner's snapshot waits for a lease listing
+    (``discovery``); when that listing fails, it is issued again with the closer's next
+    poll, not a lease timeout later (here 600 s: the round would sit that long)."""
+    config = AlgorithmConfig(
+        sync_every=8, fragments=2, quorum=1, in_flight=1, lease_timeout_s=600.0
+    )
+    c = cl.create(config, SOLO, learner_options=FAST_L, closer_options=FAST_C)
+    c = deliver_until(cl.start(c, "n0"), writes(keys.ROUNDS_PREFIX + "000000000001", C))
+    failed_at: float | None = None
+    for _ in range(400):
+        while c.inflight:
+            item = c.inflight[0]
+            lease_list = (
+                isinstance(item.command, List) and item.command.prefix == keys.LEASES_PREFIX
+            )
+            state = c.nodes["n0"].closer
+            assert state is not None
+            if failed_at is None and lease_list and state.discovery is Listing.OUT:
+                failed_at = c.now_s
+                c = cl.deliver(c, 0, cl.Fault.FAIL)
+            else:
+                c = cl.deliver(c, 0)
+        if failed_at is not None and len(cl.records(c)) > 2:
+            break
+        for name, machine in cl.due_timers(c):
+            c = cl.fire(c, name, machine)
+        c = cl.train(c, "n0", 1)
+        c = cl.tick(c, 0.05)
+    assert failed_at is not None, "no lease listing was awaited by a round"
+    assert len(cl.records(c)) > 2, "the round waited past the failed listing"
+    assert c.now_s - failed_at < 2 * FAST_C.poll_s + 1.0
+    assert not cl.check(c)

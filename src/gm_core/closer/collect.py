@@ -429,8 +429,11 @@ def _discover_outcome(
     state: CloserState, purpose: Purpose[Ask], event: Event, cmds: list[Command]
 ) -> CloserState:
     if purpose.round == state.round and state.discovery is Listing.OUT:
-        back = Listing.READING if isinstance(event, Listed) else Listing.DUE
-        state = attrs.evolve(state, discovery=back)
+        if isinstance(event, Listed):
+            state = attrs.evolve(state, discovery=Listing.READING)
+        else:  # the round waits for a listing: the next goes with the next poll
+            soon_s = min(state.discover_at_s, state.poll_at_s)
+            state = attrs.evolve(state, discovery=Listing.DUE, discover_at_s=soon_s)
     if not isinstance(event, Listed):
         return state
     for key in event.keys:
