@@ -19,16 +19,31 @@ buffer freed, so later fragments come from the heap and stay resident, fragmente
 and ``fixed`` (:func:`gm_shell.allocator.fix_mmap_threshold` at 1 MiB, as a ``Session``
 with ``mmap_threshold=1 << 20`` does: every fragment-sized buffer is its own mapping, gone
 when freed).
+
+``--live``: where a live node's memory goes. Two nodes in processes of their own, as
+``tests/runtime/test_hostile_bucket.py`` runs them (a closer-learner ``n0`` and a learner
+``n1``, quorum 2, two fragments, 16 steps per cycle, ``file://``), train a model of
+``--mib`` MiB (one square layer of that size between two small ones: a fragment is the
+whole model) for ``--rounds`` commits. Each node samples its resident memory every few
+milliseconds from its session's start; at each new high it notes what is live then: the
+C allocator's bytes in use (``mallinfo2``: heap and mapped) against its free heap, what
+tracemalloc sees (Python objects and numpy's buffers; ``--trace`` only, it slows the node)
+grouped by the gm function that allocated each buffer of 1 MiB or more, and torch's
+parameters and gradients (which tracemalloc does not see). It prints each node's growth
+to the peak (VmHWM) and that table at the highest sample.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +51,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 MiB = 1 << 20
 SETTINGS = ("glibc", "trim", "fixed")
+BIG = 1 << 20
+"""Live buffers of this size or more are attributed one by one (``--live --trace``)."""
 
 
 def _status_kib(field: str) -> int:
@@ -104,13 +121,209 @@ def one_run(setting: str, mib: int, rounds: int) -> dict[str, Any]:
     }
 
 
+class Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33+)."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def malloc_figures() -> dict[str, int]:
+    """Bytes the C allocator holds: in use on its heaps, in its own mappings, free on its
+    heaps (resident or not); empty where the C library is not glibc 2.33+."""
+    from gm_shell.allocator import _glibc
+
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return {}
+    libc.mallinfo2.restype = Mallinfo2
+    info = libc.mallinfo2()
+    return {"heap_used": info.uordblks, "mapped": info.hblkhd, "heap_free": info.fordblks}
+
+
+def owner(trace: Any) -> str:
+    """The innermost gm function of an allocation's traceback (else its innermost frame)."""
+    frames = list(reversed(trace.traceback))  # most recent first
+    for frame in frames:
+        if "/gm_shell/" in frame.filename or "/gm_core/" in frame.filename:
+            path = frame.filename.split("/src/")[-1]
+            return f"{path}:{frame.lineno}"
+    return f"{frames[0].filename.split('/')[-1]}:{frames[0].lineno}" if frames else "?"
+
+
+class Sampler:
+    """Resident memory every ``every_s`` on a thread; what is live at each new high."""
+
+    def __init__(self, model: Any, trace: bool, every_s: float = 0.005) -> None:
+        self.model = model
+        self.trace = trace
+        self.every_s = every_s
+        self.start = _status_kib("VmRSS") * 1024
+        self.at_start = self.note(self.start)
+        self.best: dict[str, Any] = {"rss": self.start}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            rss = _status_kib("VmRSS") * 1024
+            if rss > self.best["rss"] + 2 * MiB:
+                self.best = self.note(rss)
+
+    def note(self, rss: int) -> dict[str, Any]:
+        import tracemalloc
+
+        torch_bytes = {"torch params": 0, "torch grads": 0}
+        for p in self.model.parameters():
+            torch_bytes["torch params"] += p.numel() * p.element_size()
+            if p.grad is not None:
+                torch_bytes["torch grads"] += p.grad.numel() * p.grad.element_size()
+        noted: dict[str, Any] = {"rss": rss, **malloc_figures(), **torch_bytes}
+        if self.trace and tracemalloc.is_tracing():
+            noted["traced"] = tracemalloc.get_traced_memory()[0]
+            owners: dict[str, int] = {}
+            for t in tracemalloc.take_snapshot().traces:
+                if t.size >= BIG:
+                    owners[owner(t)] = owners.get(owner(t), 0) + t.size
+            noted["owners"] = owners
+        return noted
+
+
+def live_node(spec: dict[str, Any]) -> None:
+    """One node of ``--live``: train until the stop file appears; write its figures."""
+    import numpy as np
+    import torch
+
+    from gm_shell import DiLoCo, Session, SessionOptions
+    from gm_shell.stores import MailboxOptions
+
+    if spec["trace"]:
+        import tracemalloc
+
+        tracemalloc.start(16)
+    torch.set_num_threads(1)
+    torch.manual_seed(spec["seed"])
+    width = int((spec["mib"] * MiB / 4) ** 0.5)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, width), torch.nn.Tanh(), torch.nn.Linear(width, width),
+        torch.nn.Tanh(), torch.nn.Linear(width, 1),
+    )  # fmt: skip
+    lr = 0.05 * 16 / width
+    options = SessionOptions(poll_s=0.05, renew_s=0.5, **spec["options"])
+    mailbox = MailboxOptions(backoff_base_s=0.02, backoff_cap_s=0.5, seed=0)
+    rng = np.random.default_rng(spec["seed"])
+    teacher = np.random.default_rng(1234).normal(size=(8, 1)).astype(np.float32)
+    stop = Path(spec["stop"])
+    session = Session(
+        model, algorithm=DiLoCo(**spec["algorithm"]), mailbox=spec["url"], node=spec["node"],
+        role=spec["role"], options=options, mailbox_options=mailbox,
+    )  # fmt: skip
+    with session:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        sampler = Sampler(model, spec["trace"])
+        sampler.thread.start()
+        while not stop.exists():
+            x = torch.from_numpy(rng.normal(size=(32, 8)).astype(np.float32))
+            loss = ((model(x) - x @ torch.from_numpy(teacher)) ** 2).mean()
+            model.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= lr * p.grad
+            session.step(samples=32)
+            time.sleep(0.02)
+    sampler.stop.set()
+    sampler.thread.join()
+    result = {
+        "node": spec["node"],
+        "start": sampler.start,
+        "peak": _status_kib("VmHWM") * 1024,
+        "end": _status_kib("VmRSS") * 1024,
+        "at_start": sampler.at_start,
+        "at_high": sampler.best,
+    }
+    Path(spec["out"]).write_text(json.dumps(result))
+
+
+def live(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``--live``: two nodes in their own processes for ``--rounds`` commits; their figures."""
+    options: dict[str, Any] = {}
+    if args.threshold:
+        options["mmap_threshold"] = MiB
+    algorithm = {
+        "sync_every": 16, "fragments": 2, "quorum": 2, "in_flight": 2,
+        "lease_timeout_s": 2.0, "takeover_floor_s": 3.0,
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        procs = {}
+        for node, role, seed in (("n0", "both", 0), ("n1", "learner", 1)):
+            spec = {
+                "node": node, "role": role, "seed": seed, "mib": args.mib, "trace": args.trace,
+                "url": f"file://{work / 'bucket'}", "algorithm": algorithm, "options": options,
+                "stop": str(work / "stop"), "out": str(work / f"{node}.json"),
+            }  # fmt: skip
+            cmd = [sys.executable, "-m", "bench.bench_memory", "--node", json.dumps(spec)]
+            procs[node] = subprocess.Popen(cmd, cwd=HERE.parent)
+            time.sleep(3.0 if node == "n0" else 0.0)  # n0 creates the run
+        records = work / "bucket" / "rounds"
+        deadline = time.monotonic() + 60 + 10 * args.rounds
+        while time.monotonic() < deadline and _commits(records) < args.rounds:
+            time.sleep(0.2)
+        (work / "stop").write_text("stop")
+        for proc in procs.values():
+            proc.wait(120)
+        print(f"{_commits(records)} commits")
+        return [json.loads((work / f"{n}.json").read_text()) for n in procs]
+
+
+def _commits(records: Path) -> int:
+    return len(list(records.iterdir())) if records.exists() else 0
+
+
+def print_live(results: list[dict[str, Any]], mib: int) -> None:
+    for r in results:
+        high, low = r["at_high"], r["at_start"]
+        growth = (r["peak"] - r["start"]) / MiB
+        print(
+            f"{r['node']}: start {r['start'] / MiB:.0f} MiB, growth to the peak {growth:.0f} MiB"
+            f" ({growth / mib:.1f} x model), at the end {(r['end'] - r['start']) / MiB:.0f} MiB"
+        )
+        print(f"  MiB at the start and at the highest sample (RSS {high['rss'] / MiB:.0f}):")
+        for name in ("heap_used", "mapped", "heap_free", "traced", "torch params", "torch grads"):
+            if name in high:
+                print(f"    {name:<14} {low[name] / MiB:8.1f} {high[name] / MiB:8.1f}")
+        owners = high.get("owners", {})
+        for where in sorted(owners, key=lambda w: -owners[w]):
+            was = low.get("owners", {}).get(where, 0)
+            print(f"    {where:<36} {was / MiB:8.1f} {owners[where] / MiB:8.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=16, help="the fragment's size")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each setting, alternately")
     parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)
+    parser.add_argument("--live", action="store_true", help="two nodes of a live run")
+    parser.add_argument("--trace", action="store_true", help="--live: tracemalloc in the nodes")
+    parser.add_argument("--threshold", action="store_true", help="--live: mmap_threshold 1 MiB")
+    parser.add_argument("--node", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.node:
+        live_node(json.loads(args.node))
+        return
+    if args.live:
+        print(f"load {os.getloadavg()[0]:.2f}; model {args.mib} MiB, {args.rounds} rounds")
+        print_live(live(args), args.mib)
+        print(f"load {os.getloadavg()[0]:.2f}")
+        return
     if args.one:
         print(json.dumps(one_run(args.one, args.mib, args.rounds)))
         return

@@ -41,12 +41,20 @@ B = TypeVar("B", bound=Buffer)
 class FragmentCache(Generic[B]):
     """Decoded fragments by payload key, bounded by their bytes (wherever they live: a
     closer's deltas and momentum may be on its compute device, see
-    :attr:`gm_shell.fragments.FragmentCodec.device`)."""
+    :attr:`gm_shell.fragments.FragmentCodec.device`).
 
-    def __init__(self, max_bytes: int) -> None:
+    With ``newest`` (a count), a value put with its fragment and round is kept only while it
+    is among the ``newest`` latest rounds of its fragment put so far: with 1, the cache holds
+    each fragment's newest commit (or momentum), at most the model's bytes, whatever the
+    fragments' sizes, and an older value read again is handed out but not kept."""
+
+    def __init__(self, max_bytes: int, newest: int | None = None) -> None:
         self.max_bytes = max_bytes
+        self.newest = newest
         self._items: OrderedDict[str, B] = OrderedDict()
         self._bytes = 0
+        self._rounds: dict[int, list[tuple[int, str]]] = {}
+        """Per fragment, the (round, key) of the values put with one (``newest`` only)."""
 
     def get(self, key: str) -> B | None:
         value = self._items.get(key)
@@ -54,21 +62,35 @@ class FragmentCache(Generic[B]):
             self._items.move_to_end(key)
         return value
 
-    def put(self, key: str, value: B) -> None:
-        old = self._items.pop(key, None)
-        if old is not None:
-            self._bytes -= old.nbytes
+    def put(self, key: str, value: B, at: tuple[int, int] | None = None) -> None:
+        """Keep ``value`` under ``key``; ``at``: its fragment and round (see ``newest``)."""
+        self.discard(key)
+        if self.newest is not None and at is not None:
+            fragment, round_ = at
+            kept = self._rounds.setdefault(fragment, [])
+            kept.append((round_, key))
+            kept.sort(reverse=True)
+            for _, older in kept[self.newest :]:
+                self.discard(older)
+            if (round_, key) not in kept[: self.newest]:
+                return  # older than those kept: handed out, not kept
         self._items[key] = value
         self._bytes += value.nbytes
         while self._bytes > self.max_bytes and len(self._items) > 1:
-            _, evicted = self._items.popitem(last=False)
+            evicted_key, evicted = self._items.popitem(last=False)
             self._bytes -= evicted.nbytes
+            self._unlist(evicted_key)
 
     def discard(self, key: str) -> None:
         """Forget ``key``'s value, if held (its memory is freed with the last reference)."""
         old = self._items.pop(key, None)
         if old is not None:
             self._bytes -= old.nbytes
+        self._unlist(key)
+
+    def _unlist(self, key: str) -> None:
+        for kept in self._rounds.values():
+            kept[:] = [item for item in kept if item[1] != key]
 
     def __len__(self) -> int:
         return len(self._items)

@@ -40,10 +40,10 @@ import blake3
 import numpy as np
 import zstandard
 
-from gm_core.numerics.arrays import U8
+from gm_core.numerics.arrays import U8, check_flat
 from gm_core.numerics.quant import SCALE_DTYPE, SCALE_SUFFIX, WireLayout
 from gm_core.numerics.shuffle import shuffle, unshuffle
-from gm_core.records import Compression
+from gm_core.records import Compression, WireFormat
 from gm_shell.backends.protocol import Backend
 
 BytesLike = bytes | bytearray | memoryview | U8
@@ -396,12 +396,55 @@ def seal(file: U8, compression: Compression, level: int = 3) -> BytesLike:
     return zstandard.ZstdCompressor(level=level).compress(transform(file, forward=True).data)
 
 
+def seal_f32(x: Any, wire: WireLayout, compression: Compression, level: int = 3) -> bytes:
+    """``seal(write_fragment(writer, numpy, x, wire), compression)``, byte for byte, for an
+    F32 ``wire``, without the file: the bytes of ``x`` are the codes, so they go straight
+    into the one buffer the result needs (a bare file: the bytes returned; zstd: the
+    shuffled file it compresses), and no writer's buffer of a fragment's size is kept."""
+    assert wire.format is WireFormat.F32, wire.format
+    check_flat(x, wire.layout.total, "x")
+    header = header_bytes(fragment_entries(wire), {})
+    body = np.ascontiguousarray(x).view(np.uint8)
+    if compression is Compression.NONE:
+        return b"".join([header, body.data])
+    off_event_loop("payload compression")
+    shuffled = np.empty(len(header) + wire.code_bytes, dtype=np.uint8)
+    shuffled[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+    data = shuffled[len(header) :]
+    for tensor in wire.tensors:
+        lo, hi = tensor.codes
+        shuffle(body[lo:hi], 4, data[lo:hi])
+    return zstandard.ZstdCompressor(level=level).compress(shuffled.data)
+
+
+def unseal_f32(payload: Payload, wire: WireLayout, out: Any) -> None:
+    """Decode ``payload`` (parsed from :func:`inflate`'s file: tensors still shuffled) of an
+    F32 ``wire`` into ``out``, as reading the unsealed file would, without the unshuffled
+    copy: each tensor is unshuffled straight into its place in ``out``."""
+    assert wire.format is WireFormat.F32, wire.format
+    check_flat(out, wire.layout.total, "out")
+    codes, _ = read_fragment(payload, wire)
+    target = out.view(np.uint8)
+    for tensor in wire.tensors:
+        lo, hi = tensor.codes
+        unshuffle(codes[lo:hi], 4, target[lo:hi])
+
+
 def unseal(
     data: BytesLike, compression: Compression, max_size: int, header_limit: int = HEADER_LIMIT
 ) -> U8:
     """Inverse of :func:`seal`, producing at most ``max_size`` bytes (the largest file the
     reader expects); a frame that declares or produces more, or does not decompress, is a
     PayloadError. Nothing larger than ``max_size`` is ever allocated for the output."""
+    file = inflate(data, compression, max_size)
+    if compression is Compression.NONE:
+        return file
+    return transform(file, False, header_limit)
+
+
+def inflate(data: BytesLike, compression: Compression, max_size: int) -> U8:
+    """:func:`unseal` but for the unshuffling: the file as sealed, its tensors still
+    shuffled (the caller unshuffles them where they are to go)."""
     if compression is Compression.NONE:
         file = np.frombuffer(data, dtype=np.uint8)
         if file.shape[0] > max_size:
@@ -425,7 +468,7 @@ def unseal(
         raise PayloadError(
             f"zstd frame does not decode within {max_size} bytes: {error}"
         ) from error
-    return transform(np.frombuffer(raw, dtype=np.uint8), False, header_limit)
+    return np.frombuffer(raw, dtype=np.uint8)
 
 
 def content_hash(data: BytesLike, key: bytes | None = None) -> str:

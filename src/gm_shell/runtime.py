@@ -66,7 +66,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from gm_core import batch, closer, learner, plan, schedule
+from gm_core import batch, closer, keys, learner, plan, schedule
 from gm_core import members as core_members
 from gm_core.auth import RunAuth, Signing
 from gm_core.commands import (
@@ -256,15 +256,17 @@ class Runtime:
         )
         # A closer's deltas and momentum stay where it merges them (codec.device: torch's
         # accelerator, else the host); commits are host arrays, which a learner aligns from.
-        # By default commits and momenta hold twice the model's bytes (fp32): the newest and
-        # the one before of every fragment, so that a commit never pushes out another
-        # fragment's base (issue 12: memory proportional to the model). Deltas are dropped
-        # once merged (:meth:`_merge`): they hold the rounds not merged yet, capped.
+        # By default commits and momenta hold the newest of every fragment (the model's bytes
+        # each, issue 12: memory proportional to the model): the base of the fragment's next
+        # merge and the commit a learner aligns with next; an older one read again (a merge
+        # redone, a learner behind) is downloaded again. Deltas are dropped once merged
+        # (:meth:`_merge`): they hold the rounds not merged yet, capped.
         model = 4 * sum(codec.size(f) for f in range(len(codec.layouts)))
-        kept = 2 * model if cache_bytes is None else cache_bytes
+        newest = 1 if cache_bytes is None else None
+        kept = model if cache_bytes is None else cache_bytes
         self._deltas: FragmentCache[Any] = FragmentCache(cache_bytes or DELTA_CACHE_BYTES)
-        self._commits: FragmentCache[F32] = FragmentCache(kept)
-        self._momenta: FragmentCache[Any] = FragmentCache(kept)
+        self._commits: FragmentCache[F32] = FragmentCache(kept, newest)
+        self._momenta: FragmentCache[Any] = FragmentCache(kept, newest)
 
     # -- lifecycle (called from other threads) --------------------------------------------------
 
@@ -850,7 +852,7 @@ class Runtime:
         if cached is not None:
             return cached
         value = await self._reads.payload(fragment, role, ref, backend)
-        cache.put(ref.key, value)
+        cache.put(ref.key, value, _at(fragment, ref))
         return value
 
     async def commit(self, fragment: int, ref: PayloadRef) -> F32:
@@ -951,7 +953,10 @@ class Runtime:
         )
         caches = (self._commits, self._momenta)[: len(payloads)]
         refs = await asyncio.gather(
-            *(self._upload(c, *payload) for c, payload in zip(caches, payloads, strict=True))
+            *(
+                self._upload(c, fragment, *payload)
+                for c, payload in zip(caches, payloads, strict=True)
+            )
         )
         for c in cmd.contributions:  # merged: read again only if this merge is redone
             self._deltas.discard(c.payload.key)
@@ -1012,9 +1017,19 @@ class Runtime:
         return data, ref, back(fragment, role, x, data, device)
 
     async def _upload(
-        self, cache: FragmentCache[Any], data: bytes, ref: PayloadRef, decoded: Any
+        self, cache: FragmentCache[Any], fragment: int, data: bytes, ref: PayloadRef, decoded: Any
     ) -> PayloadRef:
         """Upload a payload create-once; then cache what a reader of it decodes."""
         await self._mailbox.put_once(ref.key, data)
-        cache.put(ref.key, decoded)
+        cache.put(ref.key, decoded, _at(fragment, ref))
         return ref
+
+
+def _at(fragment: int, ref: PayloadRef) -> tuple[int, int] | None:
+    """A payload's fragment and the round it was written for (its key names it), for the
+    caches that keep each fragment's newest."""
+    try:
+        parsed = keys.parse(ref.key)
+    except (keys.BadKey, TypeError):
+        return None
+    return (fragment, parsed.round) if isinstance(parsed, keys.PayloadKey) else None

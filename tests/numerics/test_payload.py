@@ -25,11 +25,14 @@ from gm_shell.payload import (
     TensorEntry,
     content_hash,
     decode_fragment,
+    inflate,
     read_fragment,
     read_payload,
     seal,
+    seal_f32,
     sealed_limit,
     unseal,
+    unseal_f32,
     write_fragment,
 )
 
@@ -63,6 +66,26 @@ def test_fragment_round_trip_through_sealed_bytes(
     NUMPY.decode(codes, scales, wire, direct)
     decode_fragment(received, wire, NUMPY, through)
     np.testing.assert_array_equal(through, direct)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), seeds(), st.sampled_from(list(Compression)))
+def test_f32_payloads_sealed_and_read_without_the_file_are_the_same_bytes(
+    layout: Layout, seed: int, compression: Compression
+) -> None:
+    """seal_f32 writes byte for byte what the writer's file sealed is (so digests and keys
+    do not change), and unseal_f32 decodes a zstd frame's shuffled file to ``x``."""
+    x = fragment(np.random.default_rng(seed), layout.total)
+    wire = wire_layout(layout, WireFormat.F32)
+    file = write_fragment(PayloadWriter(), NUMPY, x, wire)
+    sent = seal_f32(x, wire, compression)
+    assert isinstance(sent, bytes)
+    assert sent == bytes(seal(file, compression))
+    if compression is Compression.NONE:
+        return  # nothing shuffled: read as before (decode_fragment)
+    out = np.full_like(x, np.nan)
+    unseal_f32(read_payload(inflate(sent, compression, file.shape[0])), wire, out)
+    np.testing.assert_array_equal(out.view(np.uint32), x.view(np.uint32))
 
 
 def test_the_safetensors_library_reads_our_files() -> None:
