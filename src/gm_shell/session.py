@@ -303,10 +303,10 @@ class SessionOptions:
             there (on CPU it decodes and encodes with numpy, torch merging the host arrays).
         cache_bytes: memory for payloads this node keeps to avoid downloading them again,
             for each of its three caches (commits, deltas, momentum; with torch on an
-            accelerator, a closer's deltas and momentum are kept there); None: twice the
-            model's bytes (fp32) for commits and momenta (the newest two of every
-            fragment), 1 GiB for the deltas of rounds not merged yet (a merge drops its
-            own).
+            accelerator, a closer's deltas and momentum are kept there); None: the newest
+            commit and momentum of every fragment (the model's bytes, fp32, each: an
+            older one read again is downloaded again), 1 GiB for the deltas of rounds not
+            merged yet (a merge drops its own).
         mmap_threshold: with glibc, the size from which every buffer gets its own mapping,
             returned to the system when freed (:mod:`gm_shell.allocator`; set for the whole
             process when the session starts); None (the default): the C allocator is left
