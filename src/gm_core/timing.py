@@ -209,6 +209,20 @@ def ahead_steps(config: AlgorithmConfig, gap_steps: int) -> int:
     return min(config.overlap_steps, by_rounds)
 
 
+def takeover_after_s(timing: Timing, config: AlgorithmConfig, gap_steps: int) -> float:
+    """The takeover timeout of a round of ``gap_steps`` under ``config``: :func:`takeover_timeout_s`
+    with the run's floor, plus the run's fixed ``grace_seconds`` when it has one.
+
+    A leader that holds a round open for the fixed window after quorum is doing what the run
+    asks, not stuck: the window is waited once on top of what a round takes. (The adaptive
+    window is at most ``gap·ξ_step``, already within the factor.) Before (2026-12), a
+    follower bid after the floor alone and took over each round a live leader held for its
+    window, and then waited a window of its own.
+    """
+    base_s = takeover_timeout_s(timing, gap_steps=gap_steps, floor_s=config.takeover_floor_s)
+    return base_s + (config.grace_seconds or 0.0)
+
+
 def takeover_timeout_s(
     timing: Timing, *, gap_steps: int, floor_s: float, factor: float = 3.0
 ) -> float:

@@ -492,9 +492,7 @@ def _estimates(config: AlgorithmConfig, record: RoundRecord) -> Estimates:
         gap_steps=gap,
         round_s=None if step_s is None else gap * step_s,
         grace_s=timing.window_s(t, config, gap),
-        takeover_timeout_s=timing.takeover_timeout_s(
-            t, gap_steps=gap, floor_s=config.takeover_floor_s
-        ),
+        takeover_timeout_s=timing.takeover_after_s(t, config, gap),
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 from fast_cluster import FAST_C, FAST_L, C, L, paced
 
 from gm_core import cluster as cl
-from gm_core.records import AlgorithmConfig
+from gm_core.records import AlgorithmConfig, Alignment
 
 ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L}), "n2": frozenset({L})}
 CONFIG = AlgorithmConfig(sync_every=4, fragments=2, quorum=1)
@@ -48,3 +48,25 @@ def test_the_adaptive_window_is_zero_until_measured() -> None:
     records = cl.records(run(CONFIG))
     assert records[0].grace_s == 0.0
     assert len({r.grace_s for r in records}) > 1  # then measured, and it follows the run
+
+
+def test_a_follower_does_not_take_over_a_live_leader_in_its_fixed_window() -> None:
+    """n1 closes too and follows n0. A round held open for its fixed window is a leader
+    doing what the run asks, not a stuck one: the takeover timeout counts the window. Before
+    (2026-12), a follower bid after ``max(floor, 3·(gap·ξ_step + ξ_quorum + ξ_sync))``
+    without a record (4 s here, the floor) and took such rounds over; the new leader then
+    waited a window of its own (the runtime's ``test_follow_session``: a round held 64 s)."""
+    roles = {**ROLES, "n1": frozenset({L, C})}
+    config = attrs.evolve(
+        CONFIG, grace_seconds=20.0, takeover_floor_s=4.0, alignment=Alignment.CARRY
+    )
+    rng = random.Random(2)
+    c = cl.create(config, roles, learner_options=FAST_L, closer_options=FAST_C)
+    for name in sorted(roles):
+        c = cl.start(c, name)
+    c = paced(c, 400, rng, ("n0", "n1"), "n2", every=16)
+    records = cl.records(c)
+    # Each round waits for n2 (a step every 4 s) in its window, longer than the floor.
+    assert len([r for r in records if r.grace_s > config.takeover_floor_s]) >= 5
+    assert not [(n, x.round) for n, x in c.notes if x.kind == "took_over"]
+    assert cl.check(c) == []

@@ -297,6 +297,20 @@ def test_takeover_timeout_grows_with_gap(timing: Timing, g1: int, g2: int, floor
     )
 
 
+@given(TIMINGS, STEPS, FLOOR, st.none() | st.floats(0.0, 86_400.0))
+def test_the_takeover_timeout_counts_a_fixed_grace_window(
+    t: Timing, gap: int, floor: float, fixed: float | None
+) -> None:
+    """A leader holding a round open for the run's fixed window is not judged stuck for it:
+    the run's timeout is the estimated one plus that window (none when adaptive)."""
+    config = AlgorithmConfig(
+        sync_every=100, fragments=4, takeover_floor_s=floor, grace_seconds=fixed
+    )
+    got = timing.takeover_after_s(t, config, gap)
+    assert got == takeover_timeout_s(t, gap_steps=gap, floor_s=floor) + (fixed or 0.0)
+    assert got >= timing.window_s(t, config, gap) if fixed is not None else got >= floor
+
+
 def test_takeover_timeout_default_factor() -> None:
     timing = Timing(step_s=1.0, quorum_s=3.0, sync_s=1.0)
     assert takeover_timeout_s(timing, gap_steps=5, floor_s=10.0) == 27.0

@@ -436,10 +436,10 @@ def _takeover_deadlines(state: CloserState) -> tuple[float, float]:
 
 def _takeover_timeout_s(state: CloserState) -> float:
     """How long a follower waits for a record before judging the closer stuck."""
-    return timing.takeover_timeout_s(
+    return timing.takeover_after_s(
         state.last.timing if state.last is not None else _NO_TIMING,
-        gap_steps=_gap(state),
-        floor_s=state.manifest.config.takeover_floor_s,
+        state.manifest.config,
+        _gap(state),
     )
 
 
