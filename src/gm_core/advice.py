@@ -26,6 +26,17 @@ The rule, and where its mechanism is stated:
   with ``carry``. ``overlap_steps`` avoids it too but is not advised: with
   ``overlap_steps`` below the gap the learners wait for every commit (3.5%
   goodput in the same simulation).
+
+And one that concerns a node's own options (:func:`advise_node`, logged by every node
+as it starts):
+
+* **A fixed grace window that outlasts the stall timeout** (spec/protocol.md §7.5,
+  §10.1). A live learner that stops stepping with its session open (waiting at a
+  barrier, evaluating) still counts as awaited: a round it has not published stays
+  open for the whole ``grace_seconds`` once quorum is reached, so with
+  ``grace_seconds >= stall_timeout_s`` its peers' ``step()`` may raise
+  ``StalledError`` first (tests/runtime/test_follow_session.py hit it in 1 of ~20
+  runs). Close the session before waiting, or keep the window below the timeout.
 """
 
 from __future__ import annotations
@@ -76,3 +87,22 @@ def advise(config: AlgorithmConfig) -> tuple[Advice, ...]:
             )
         )
     return tuple(found)
+
+
+def advise_node(config: AlgorithmConfig, stall_timeout_s: float) -> tuple[Advice, ...]:
+    """Advice on ``config`` together with this node's ``stall_timeout_s`` (empty: none)."""
+    grace_s = config.grace_seconds
+    if grace_s is None or grace_s < stall_timeout_s:
+        return ()
+    return (
+        Advice(
+            code="grace_outlasts_stall",
+            settings=f"grace_seconds={grace_s:g} stall_timeout_s={stall_timeout_s:g}",
+            waste=(
+                "a learner that stops stepping with its session open holds each round it"
+                " has not published open for the whole grace window, and this node's"
+                " step() raises StalledError before that window ends"
+            ),
+            fix=f"close() a session before waiting, or set grace_seconds below {stall_timeout_s:g}",
+        ),
+    )

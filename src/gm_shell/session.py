@@ -66,7 +66,7 @@ from gm_core import closer as core_closer
 from gm_core import finish, keys, liveness, tip
 from gm_core import learner as core_learner
 from gm_core import resume as core_resume
-from gm_core.advice import advise
+from gm_core.advice import advise, advise_node
 from gm_core.auth import RunAuth, of_run
 from gm_core.completion import DoneMarker, Plain, Queued, Ranked, Shape, encode_done
 from gm_core.events import Started
@@ -606,6 +606,9 @@ class Session:
             self._refuse_if_finished(self.manifest, self._loop.result(finished))
             self._counts_tokens = self.manifest.config.unit is Unit.TOKENS
             self._warn_if_wire_is_wide(adapter, self.manifest)
+            if self.role is not Role.CLOSER:  # a learner's step() is what would stall
+                for advice in advise_node(self.manifest.config, self.options.stall_timeout_s):
+                    events.LOG.warning("%s: %s", self.node, advice)
             if adapter is not None and self.role is not Role.CLOSER:
                 self._replica = Replica(adapter, self.manifest.plan)
             self._runtime = self._make_runtime(self.manifest)

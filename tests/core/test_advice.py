@@ -6,7 +6,7 @@ import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gm_core.advice import advise
+from gm_core.advice import advise, advise_node
 from gm_core.records import AlgorithmConfig, Alignment
 
 configs = st.builds(
@@ -55,3 +55,20 @@ def test_the_default_session_config_is_not_wasteful() -> None:
         " is rejected (zero_steps), and the steps it trained since its previous snapshot are"
         " lost; set alignment='carry'"
     )
+
+
+@given(
+    configs,
+    st.none() | st.floats(0.0, 1e4, allow_nan=False),
+    st.floats(0.001, 1e4, allow_nan=False),
+)
+def test_grace_advice_is_given_exactly_when_the_window_outlasts_the_stall_timeout(
+    c: AlgorithmConfig, grace_s: float | None, stall_s: float
+) -> None:
+    c = attrs.evolve(c, grace_seconds=grace_s)
+    outlasts = grace_s is not None and grace_s >= stall_s
+    found = advise_node(c, stall_s)
+    assert [a.code for a in found] == (["grace_outlasts_stall"] if outlasts else [])
+    for advice in found:
+        assert advise_node(c, stall_s) == found
+        assert "StalledError" in str(advice)

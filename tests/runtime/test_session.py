@@ -9,6 +9,7 @@ differs is refused by name, and a run that cannot progress raises a clear
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from typing import Any
@@ -159,6 +160,25 @@ def test_a_node_with_another_config_or_model_is_refused_by_name() -> None:
             Session(other, algorithm=algorithm(quorum=1), mailbox=url).start()
         with pytest.raises(RunMismatchError, match="the model differs"):
             align(other, mailbox=url)
+
+
+def test_a_grace_window_that_outlasts_the_stall_timeout_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A fixed window at or above ``stall_timeout_s`` (30 s here): each learner is told at
+    start, by name, what it risks (``gm_core.advice.advise_node``); below it, nothing."""
+    model, _ = torch_model(0)
+    for grace_s, warned in ((30.0, True), (29.0, False)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="gm"):
+            algo = algorithm(quorum=1, grace_seconds=grace_s)
+            with Session(model, algorithm=algo, mailbox=fresh_url(), node="n0", options=FAST):
+                pass
+        said = [r.getMessage() for r in caplog.records if "grace_seconds" in r.getMessage()]
+        assert bool(said) is warned, said
+        if warned:
+            assert said[0].startswith("n0: grace_seconds=30 stall_timeout_s=30:")
+            assert "StalledError" in said[0]
 
 
 def test_a_run_counts_samples_or_tokens_and_step_names_the_one_it_needs() -> None:
