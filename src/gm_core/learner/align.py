@@ -13,7 +13,7 @@ import attrs
 from gm_core import adaptive, retention, tip
 from gm_core.commands import Align, Command, Notify
 from gm_core.events import Aligned, Event, Unusable
-from gm_core.learner import boot
+from gm_core.learner import boot, publish
 from gm_core.learner.state import Anchor, Ask, LearnerState, Phase
 from gm_core.records import Alignment, Reason, RoundRecord
 from gm_core.requests import Purpose, failure, issue
@@ -176,7 +176,7 @@ def _aligned_through(
     out = state.outgoing.get(round_)
     if behind and out is not None and out.published:
         state = attrs.evolve(state, requests_lost=state.requests_lost + out.requests)
-    return attrs.evolve(
+    state = attrs.evolve(
         state,
         fetched=fetched,
         outgoing=outgoing,
@@ -184,6 +184,9 @@ def _aligned_through(
         aligning=None,
         behind=behind,
     )
+    if state.phase is Phase.CLOSING:
+        state = publish._reflush(state, record)
+    return state
 
 
 def _behind(state: LearnerState, record: RoundRecord) -> bool:

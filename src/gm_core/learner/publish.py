@@ -24,7 +24,7 @@ from gm_core.learner.state import (
     Retry,
     schedule_step,
 )
-from gm_core.records import Requests, Snapshot
+from gm_core.records import Reason, Requests, RoundRecord, Snapshot
 from gm_core.requests import Purpose, failure, issue
 
 
@@ -42,9 +42,66 @@ def _flush_due(state: LearnerState, cmds: list[Command]) -> LearnerState:
     fragments = state.manifest.config.fragments
     for round_ in sorted(state.flushes):
         if round_ - fragments <= state.aligned_round:
-            state = attrs.evolve(state, flushes=state.flushes - {round_})
-            state = _publish(state, round_, final=True, cmds=cmds)
+            empty = round_ in state.empty_finals
+            state = attrs.evolve(
+                state, flushes=state.flushes - {round_}, empty_finals=state.empty_finals - {round_}
+            )
+            state = _publish(state, round_, final=True, cmds=cmds, empty=empty)
     return state
+
+
+REFLUSHED = frozenset({None, Reason.STALE, Reason.MISSING})
+"""How a commit may have left out a closing learner's final snapshot and have it flushed
+again: not named (it landed after the round closed), or rejected for a base that a commit
+since moved (``stale``) or a payload not found (``missing``). Any other rejection would
+recur."""
+
+
+def _reflush(state: LearnerState, record: RoundRecord) -> LearnerState:
+    """A closing learner has aligned ``record``: flush its fragment again if steps trained
+    are still in no commit and nothing of the fragment is out.
+
+    The final snapshot of the fragment's flush round landed after the round closed (a
+    short fixed grace window, every learner of a queue closing at once), was rejected
+    ``stale``, or its round was committed before it could be published: under ``carry``
+    the anchor kept the steps, and a running learner would report them in its next
+    snapshot of the fragment; a closing one has none, so they were lost to the run's
+    final model. It flushes them again at the fragment's next round after those seen, and
+    publishes the rounds between too, empty ones included (the closer rejects those
+    ``zero_steps``): when every learner is closing, a round this live learner does not
+    report would stay open until its lease lapsed. Bounded by the close deadline, as the
+    first flush is. Under ``overwrite``/``blend`` the commit replaced the local steps
+    (the anchor restarted), so there is nothing to flush.
+    """
+    cfg = state.manifest.config
+    fragment = record.fragment
+    if state.step - state.anchors[fragment].step <= 0:
+        return state
+    mine = [x.reason for x in record.rejections if x.learner == state.node]
+    if (mine[0] if mine else None) not in REFLUSHED:
+        return state
+    out = [*state.flushes, *(r for r in state.outgoing if r > state.aligned_round)]
+    if any(schedule.fragment_of(r, cfg.fragments) == fragment for r in out):
+        return state
+    start = max(state.next_round, state.seen_round + 1)
+    again = next(
+        r
+        for r in range(start, start + cfg.fragments)
+        if schedule.fragment_of(r, cfg.fragments) == fragment
+    )
+    # The rounds up to it that this learner does not report otherwise: its flush rounds it
+    # skipped as empty, and those it never reached.
+    rounds = frozenset(
+        r
+        for r in range(state.seen_round + 1, again + 1)
+        if r not in state.outgoing and r not in state.flushes
+    )
+    return attrs.evolve(
+        state,
+        flushes=state.flushes | rounds,
+        empty_finals=state.empty_finals | rounds - {again},
+        next_round=again + 1,
+    )
 
 
 def _publish(
@@ -54,19 +111,21 @@ def _publish(
     final: bool,
     cmds: list[Command],
     since_s: float | None = None,
+    empty: bool = False,
 ) -> LearnerState:
     """Capture the delta of round ``round_``'s fragment.
 
     A due round is published even when its fragment saw no steps since its anchor
     (the closer rejects it as ``zero_steps``): a learner that stayed silent would
     leave the closer waiting for it until its lease expired. Only a final flush
-    skips empty fragments, and nobody publishes a round already committed.
+    skips empty fragments (not one flushed again: ``empty``), and nobody publishes a
+    round already committed.
     """
     cfg = state.manifest.config
     fragment = schedule.fragment_of(round_, cfg.fragments)
     anchor = state.anchors[fragment]
     steps = state.step - anchor.step
-    if (final and steps <= 0) or round_ <= state.seen_round:
+    if (final and steps <= 0 and not empty) or round_ <= state.seen_round:
         return state
     state, req = issue(state, Purpose(kind=Ask.CAPTURE, round=round_))
     cmds.append(Capture(req=req, round=round_, fragment=fragment))

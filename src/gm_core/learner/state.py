@@ -148,6 +148,10 @@ class LearnerState:
     retries: Mapping[int, Retry] = attrs.field(factory=dict)
     flushes: frozenset[int] = frozenset()
     """Final rounds of a flush waiting for their fragment's previous round (:func:`_close`)."""
+    empty_finals: frozenset[int] = frozenset()
+    """Rounds of ``flushes`` published even when their fragment has no steps: those a closing
+    learner flushing again must report so that a closer awaiting it closes them
+    (:func:`gm_core.learner.publish._reflush`)."""
     divergences: int = 0
     """Commits in a row that rejected this learner's delta as non-finite (:func:`_diverged`)."""
     reloaded_from: int = 0
