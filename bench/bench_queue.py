@@ -95,6 +95,8 @@ def worker(spec: dict[str, Any]) -> None:
         lease_timeout_s=4.0,
         grace_seconds=spec["grace_seconds"],
         follow=spec["follow"],
+        outer_lr=spec["outer_lr"],
+        outer_momentum=spec["outer_momentum"],
     )
     options = SessionOptions(poll_s=0.05, close_timeout_s=60.0, join_timeout_s=120.0)
     times: list[float] = []
@@ -173,13 +175,117 @@ def worker(spec: dict[str, Any]) -> None:
         else:
             mine = [u for i, u in enumerate(units) if i % NODES == session.rank]
             session.run(step, (x for u in mine for x in batches(u)))
-    x = torch.from_numpy(np.random.default_rng(99).normal(size=(256, IN)).astype(np.float32))
-    with torch.no_grad():
-        loss = float(torch.nn.functional.mse_loss(model(x), x @ teacher))
+    loss = _eval_loss(model)
     got = {"first": times[0], "last": times[-1], "loss": loss, "steps": len(steps)}
+    got |= {"round": -1 if session.checkpoint is None else session.checkpoint.round}
+    got |= {"finished": session.finished}
     spent["between"] -= spent["session_step"] - last_call[0]  # the last call ends no gap
     spent["between"] -= spent["want"]
     print(json.dumps({**got, "spent": spent, "waits": waits}))
+
+
+def _eval_loss(model: Any) -> float:
+    import torch
+
+    x = torch.from_numpy(np.random.default_rng(99).normal(size=(256, IN)).astype(np.float32))
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(x), x @ torch.from_numpy(_teacher())))
+
+
+def final_model(url: str) -> dict[str, Any]:
+    """The run's final committed model, read from the bucket once every process exited (the
+    same for both modes), and what its tape holds: per fragment, the tokens of the snapshots
+    merged into a commit (each step's tokens enter each fragment's deltas once) and their
+    steps; the rounds committed, the last round that merged a final (flush) snapshot, and
+    the final snapshots merged."""
+    import asyncio
+
+    import torch
+
+    from gm_core import auth
+    from gm_core.records import RoundRecord
+    from gm_shell import align
+    from gm_shell.mailbox import Mailbox
+    from gm_shell.run import read_manifest
+    from gm_shell.tapereads import read_record
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(IN, OUT)
+    checkpoint = align(model, mailbox=url, run_key=None)
+
+    async def tape() -> list[RoundRecord]:
+        box = Mailbox.open(url)
+        try:
+            manifest = await read_manifest(box, None)
+            assert manifest is not None
+            envelope = auth.of_run(manifest, None)
+            records: list[RoundRecord] = []
+            while True:
+                got = (await read_record(box, envelope, manifest.config, len(records))).record
+                if not isinstance(got, RoundRecord):
+                    return records
+                records.append(got)
+        finally:
+            box.close()
+
+    records = asyncio.run(tape())
+    tokens: dict[int, int] = {}
+    steps: dict[int, int] = {}
+    finals = [(r.round, p.learner) for r in records for p in r.participants if p.final]
+    for r in records:
+        tokens[r.fragment] = tokens.get(r.fragment, 0) + sum(p.tokens for p in r.participants)
+        steps[r.fragment] = steps.get(r.fragment, 0) + sum(p.steps for p in r.participants)
+    return {
+        "final_loss": round(_eval_loss(model), 5),
+        "final_round": checkpoint.round,
+        "tape": {
+            "rounds": len(records),
+            "tokens_per_fragment": [tokens[f] for f in sorted(tokens)],
+            "steps_per_fragment": [steps[f] for f in sorted(steps)],
+            "final_snapshots": len(finals),
+            "last_final_round": max((r for r, _ in finals), default=None),
+            "last_rounds": [
+                [r.round, r.fragment, r.version]
+                + [
+                    f"{p.learner}:{p.steps}{'F' if p.final else ''}@{p.base_version}"
+                    for p in r.participants
+                ]
+                + [f"{x.learner}:{x.reason}" for x in r.rejections]
+                for r in records[-8:]
+            ],
+        },
+    }
+
+
+class _Watch:
+    """``--trajectory``: the committed model's loss as the run goes, read with ``align``
+    every 0.2 s by a thread of the bench process (rounds and losses, each round once)."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        self.url, self.seen = url, dict[int, float]()
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self) -> None:
+        import torch
+
+        from gm_shell import align
+
+        model = torch.nn.Linear(IN, OUT)
+        while not self.halt.wait(0.2):
+            try:
+                got = align(model, mailbox=self.url, run_key=None)
+            except Exception:  # no run yet, or a payload swept under the read
+                continue
+            self.seen.setdefault(got.round, round(_eval_loss(model), 4))
+
+    def stop(self) -> list[tuple[int, float]]:
+        self.halt.set()
+        self.thread.join()
+        return sorted(self.seen.items())
 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -192,6 +298,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             spec = {"url": url, "node": f"n{n}", "mode": mode, "step_s": step_s}
             spec |= {"units": args.units, "batches": args.batches, "in_flight": args.in_flight}
             spec |= {"grace_seconds": args.grace_seconds, "follow": args.follow}
+            spec |= {"outer_lr": args.outer_lr, "outer_momentum": args.outer_momentum}
             procs.append(
                 subprocess.Popen(
                     [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
@@ -201,12 +308,15 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                     env={**os.environ},
                 )
             )
+        watch = _Watch(url) if args.trajectory else None
         outs = []
         for proc in procs:
             out, _ = proc.communicate(timeout=1800)
             if proc.returncode != 0:
                 raise SystemExit(f"{mode}: a node exited {proc.returncode}")
             outs.append(json.loads(out.splitlines()[-1]))
+        trajectory = watch.stop() if watch is not None else None
+        final = final_model(url)
     steps = args.units * args.batches
     rate = sum(1 / (args.step_s * (2 if n % 2 else 1)) for n in range(NODES))
     ideal_s = steps / rate
@@ -234,8 +344,12 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "over_ideal": round(took_s / ideal_s, 3),
         "over_paced_ideal": round(took_s / paced_s, 3),
         "loss": [round(v, 5) for v in losses],
+        **final,
+        "rounds_at_close": [o["round"] for o in outs],
+        "finished": [o["finished"] for o in outs],
         "steps_fast_slow": [outs[n]["steps"] for n in range(NODES)],
         "spent_s": spent,
+        **({"trajectory": trajectory} if trajectory is not None else {}),
     }
 
 
@@ -313,6 +427,10 @@ def main() -> None:
         "--grace-seconds", type=float, help="a fixed grace window (default: the adaptive one)"
     )
     parser.add_argument("--follow", type=int, default=0, help="DiLoCo(follow=N)")
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo(outer_lr=...)")
+    parser.add_argument(
+        "--outer-momentum", type=float, default=0.9, help="DiLoCo(outer_momentum=...)"
+    )
     parser.add_argument("--sim", action="store_true", help="the simulator side instead")
     parser.add_argument(
         "--sim-latency-s", type=float, default=0.005, help="with --sim: every request's median"
@@ -321,6 +439,9 @@ def main() -> None:
         "--blocking",
         action="store_true",
         help="with --sim: the queue's requests between units, on the training thread",
+    )
+    parser.add_argument(
+        "--trajectory", action="store_true", help="also poll the committed model's loss"
     )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--log", type=Path, help="append the nodes' logs here")
