@@ -36,7 +36,6 @@ to the peak (VmHWM) and that table at the highest sample.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
@@ -63,7 +62,7 @@ def _status_kib(field: str) -> int:
     raise AssertionError(field)
 
 
-def one_run(setting: str, mib: int, rounds: int) -> dict[str, Any]:
+def one_run(setting: str, mib: float, rounds: int) -> dict[str, Any]:
     """A closer's payload work in this process; its figures."""
     import numpy as np
 
@@ -75,7 +74,7 @@ def one_run(setting: str, mib: int, rounds: int) -> dict[str, Any]:
 
     if setting == "fixed":
         assert fix_mmap_threshold(MiB)
-    n = mib * MiB // 4
+    n = int(mib * MiB) // 4
     schema = (TensorSpec(name="w", shape=(n,), dtype="F32"),)
     cfg = AlgorithmConfig(sync_every=8, fragments=1, compression=Compression.ZSTD)
     manifest = Manifest(
@@ -121,31 +120,6 @@ def one_run(setting: str, mib: int, rounds: int) -> dict[str, Any]:
     }
 
 
-class Mallinfo2(ctypes.Structure):
-    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33+)."""
-
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-            "uordblks", "fordblks", "keepcost",
-        )
-    ]  # fmt: skip
-
-
-def malloc_figures() -> dict[str, int]:
-    """Bytes the C allocator holds: in use on its heaps, in its own mappings, free on its
-    heaps (resident or not); empty where the C library is not glibc 2.33+."""
-    from gm_shell.allocator import _glibc
-
-    libc = _glibc()
-    if libc is None or not hasattr(libc, "mallinfo2"):
-        return {}
-    libc.mallinfo2.restype = Mallinfo2
-    info = libc.mallinfo2()
-    return {"heap_used": info.uordblks, "mapped": info.hblkhd, "heap_free": info.fordblks}
-
-
 def owner(trace: Any) -> str:
     """The innermost gm function of an allocation's traceback (else its innermost frame)."""
     frames = list(reversed(trace.traceback))  # most recent first
@@ -163,6 +137,8 @@ class Sampler:
         self.model = model
         self.trace = trace
         self.every_s = every_s
+        self.stepped = False
+        """Whether the trainer has made a step (its gradients exist), set by the trainer."""
         self.start = _status_kib("VmRSS") * 1024
         self.at_start = self.note(self.start)
         self.best: dict[str, Any] = {"rss": self.start}
@@ -178,11 +154,13 @@ class Sampler:
     def note(self, rss: int) -> dict[str, Any]:
         import tracemalloc
 
-        torch_bytes = {"torch params": 0, "torch grads": 0}
-        for p in self.model.parameters():
-            torch_bytes["torch params"] += p.numel() * p.element_size()
-            if p.grad is not None:
-                torch_bytes["torch grads"] += p.grad.numel() * p.grad.element_size()
+        # Never p.grad here: reading it while the training thread sets it (zero_grad,
+        # backward) crashed libtorch_python once. The gradients are the parameters' size,
+        # held from the first backward on.
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        torch_bytes = {"torch params": params, "torch grads": params if self.stepped else 0}
+        from gm_shell.allocator import malloc_figures
+
         noted: dict[str, Any] = {"rss": rss, **malloc_figures(), **torch_bytes}
         if self.trace and tracemalloc.is_tracing():
             noted["traced"] = tracemalloc.get_traced_memory()[0]
@@ -233,6 +211,7 @@ def live_node(spec: dict[str, Any]) -> None:
             loss = ((model(x) - x @ torch.from_numpy(teacher)) ** 2).mean()
             model.zero_grad()
             loss.backward()
+            sampler.stepped = True
             with torch.no_grad():
                 for p in model.parameters():
                     p -= lr * p.grad
@@ -275,10 +254,15 @@ def live(args: argparse.Namespace) -> list[dict[str, Any]]:
         records = work / "bucket" / "rounds"
         deadline = time.monotonic() + 60 + 10 * args.rounds
         while time.monotonic() < deadline and _commits(records) < args.rounds:
+            if any(proc.poll() is not None for proc in procs.values()):
+                break  # a node died: stop the other and say so below
             time.sleep(0.2)
         (work / "stop").write_text("stop")
         for proc in procs.values():
             proc.wait(120)
+        codes = {node: proc.returncode for node, proc in procs.items()}
+        if any(codes.values()):
+            raise SystemExit(f"a node failed: exit codes {codes}")
         print(f"{_commits(records)} commits")
         return [json.loads((work / f"{n}.json").read_text()) for n in procs]
 
@@ -287,7 +271,7 @@ def _commits(records: Path) -> int:
     return len(list(records.iterdir())) if records.exists() else 0
 
 
-def print_live(results: list[dict[str, Any]], mib: int) -> None:
+def print_live(results: list[dict[str, Any]], mib: float) -> None:
     for r in results:
         high, low = r["at_high"], r["at_start"]
         growth = (r["peak"] - r["start"]) / MiB
@@ -307,7 +291,7 @@ def print_live(results: list[dict[str, Any]], mib: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=16, help="the fragment's size")
+    parser.add_argument("--mib", type=float, default=16, help="the fragment's (model's) size")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each setting, alternately")
     parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)

@@ -18,6 +18,7 @@ import ctypes
 import ctypes.util
 import functools
 import sys
+from typing import Any
 
 M_MMAP_THRESHOLD = -3
 """mallopt's parameter number (malloc.h)."""
@@ -50,3 +51,37 @@ def fix_mmap_threshold(threshold: int) -> bool:
     if libc is None:
         return False
     return bool(libc.mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(threshold)))
+
+
+class _Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33+): sizes in bytes."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+@functools.cache
+def _mallinfo2() -> Any:
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    fn = libc.mallinfo2
+    fn.restype = _Mallinfo2
+    fn.argtypes = []
+    return fn
+
+
+def malloc_figures() -> dict[str, int]:
+    """Bytes the C allocator holds: in use on its heaps, in its own mappings, and free on
+    its heaps (resident until given back, or reused); empty where it is not glibc 2.33+."""
+    mallinfo2 = _mallinfo2()
+    if mallinfo2 is None:
+        return {}
+    info = mallinfo2()
+    return {"heap_used": info.uordblks, "mapped": info.hblkhd, "heap_free": info.fordblks}
+

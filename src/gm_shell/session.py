@@ -328,11 +328,10 @@ class SessionOptions:
     cache_bytes: int | None = None
     mmap_threshold: int | None = None
     """E.g. 1 MiB: a fragment's buffers are freed to the system, not kept in a fragmented
-    heap (with a 16 MiB model, a learner grew 272-352 MiB over a run, 154-179 with it, a
-    closer-learner 385-519 and 259-280: spec/threat-model.md §4.9). Off by default until
-    its cost is measured on a quiet machine: every buffer of a fragment is then faulted in
-    afresh (the closer's codec work on 16 MiB fragments took +21% CPU at the fastest round,
-    at load 13)."""
+    heap (with a 16 MiB model, a closer-learner grew 194-219 MiB with it against 366-430,
+    a learner 109-135 against 221-252: spec/threat-model.md §4.9). Off by default: every
+    buffer of a fragment is then faulted in afresh (the closer's codec work on a 16 MiB
+    fragment took +98% CPU a round, median, at load 6-11: bench/README.md, "Memory")."""
     max_sweep_rounds: int = 4
     max_divergences: int = 2
     """Non-finite rejections in a row (each followed by a reload) before ``step()`` raises

@@ -438,16 +438,19 @@ HUGE_S3 = 16 * MiB
 OVER_BOUND = pytest.mark.xfail(
     strict=True,
     reason="gm itself outgrows 2 x model + 64 MiB (issue 12 Show, open): with the 16 MiB model"
-    " (one tensor: a fragment is the whole model) and no attacker, RSS grows 272-352 MiB"
-    " (learner) and 385-519 MiB (closer-learner) over the test's rounds, file:// and"
-    " SeaweedFS, open and keyed (2026-12-03, commit and momentum caches of 2 x the model's"
-    " bytes, merged deltas dropped: was 384 and 755 MiB in 10 rounds with 1 GiB caches);"
-    " with SessionOptions(mmap_threshold=1 MiB), opt-in, 154-179 and 259-280 MiB; what each"
-    " node must hold, ~8 fragments each: spec/threat-model.md §4.9 'Memory, measured'",
+    " (one tensor: a fragment is the whole model) and no attacker, RSS grows 240-292 MiB"
+    " (learner) and 417-433 MiB (closer-learner) over the test's rounds, file:// and"
+    " SeaweedFS, open and keyed (2026-12-03 on f9effe5: each fragment's newest commit and"
+    " momentum cached, F32 payloads without the writer's copy); most of it is glibc's heap"
+    " holes (bench_memory --live --trace); where every buffer is its own mapping (48 MiB, or"
+    " mmap_threshold) a closer-learner still holds ~9 fragments at its peak and a learner ~5:"
+    " spec/threat-model.md §4.9 'Memory, measured'",
 )
-"""The 16 MiB variant fails its memory bound whatever the attacker does: a learner holds its
-anchor, up to ``in_flight`` captures and a capture's encoding, a closer the merge's inputs
-and outputs and their encodings, each a fragment (here the whole model). When gm's own
+"""The 16 MiB variant fails its memory bound whatever the attacker does: with one fragment
+as big as the model, a closer-learner's merge holds the trainer's gradients, the anchor, two
+decoded deltas, the old momentum, the new theta and momentum and their two encodings at
+once (~9 x model), a learner its gradients, captures, a GET body and the decoded commit
+beside its anchor (~5 x model); glibc's heap holes come on top below 32 MiB. When gm's own
 working set fits ``2 × model + RSS_SLACK`` (a streamed merge; encodings that reuse their
 buffers), this marker goes (strict: the test then fails as a reminder)."""
 
