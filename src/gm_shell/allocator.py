@@ -84,4 +84,3 @@ def malloc_figures() -> dict[str, int]:
         return {}
     info = mallinfo2()
     return {"heap_used": info.uordblks, "mapped": info.hblkhd, "heap_free": info.fordblks}
-

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from gm_shell.allocator import _glibc, fix_mmap_threshold
+from gm_shell.allocator import _glibc, fix_mmap_threshold, malloc_figures
 
 FREES = textwrap.dedent(
     """
@@ -44,3 +44,20 @@ def test_a_freed_fragment_leaves_the_process() -> None:
 def test_a_threshold_glibc_would_refuse_is_refused_by_name(threshold: int) -> None:
     with pytest.raises(ValueError, match="mmap threshold"):
         fix_mmap_threshold(threshold)
+
+
+@pytest.mark.skipif(not malloc_figures(), reason="the C allocator is not glibc 2.33+")
+def test_malloc_figures_count_a_buffer_while_it_is_held() -> None:
+    """What bench_memory reads: bytes in use (heap or mapped) grow by a buffer held, and
+    shrink back when it is freed."""
+    before = malloc_figures()
+    held = bytearray(8 << 20)
+    during = malloc_figures()
+    del held
+    after = malloc_figures()
+
+    def in_use(figures: dict[str, int]) -> int:
+        return figures["heap_used"] + figures["mapped"]
+
+    assert in_use(during) - in_use(before) >= 8 << 20
+    assert in_use(during) - in_use(after) >= 8 << 20
