@@ -158,9 +158,15 @@ class Watch:
 
 @attrs.frozen(kw_only=True)
 class GiveBack:
-    """The trainer stops: hand back every unit claimed here and not started."""
+    """The trainer stops: hand back every unit claimed here and not started.
+
+    ``leaving``: the node leaves with an error (``Session.run``'s ``step`` raised): the
+    unit being trained, cut short, goes back too. Its steps die with the node (a leaving
+    node flushes nothing), so a peer trains it again at once rather than after the
+    leaver's lease has aged out."""
 
     now_s: float
+    leaving: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -410,9 +416,14 @@ def _request(state: QueueState, event: Task) -> Transition:
     if isinstance(event, Ahead):
         return _ahead(state)
     if isinstance(event, GiveBack):
-        if state.current is not None or ended:
-            unit = state.current.unit if state.current is not None else ended[0]
-            raise ValueError(f"unit {unit!r} is not finished yet")
+        if ended:
+            raise ValueError(f"unit {ended[0]!r} is not finished yet")
+        if state.current is not None and not event.leaving:
+            raise ValueError(f"unit {state.current.unit!r} is not finished yet")
+        if state.current is not None:  # leaving: the unit cut short goes back as unstarted
+            cut = state.current.unit
+            back = tuple(attrs.evolve(h, started=False) if h.unit == cut else h for h in state.held)
+            state = attrs.evolve(state, current=None, held=back)
         # Its claims may predate this machine (a restart under the same id): list the queue
         # and give back every unit whose newest claim names this node (:func:`_give_own`).
         return _scan(state)

@@ -232,20 +232,44 @@ class Consumer:
         self._serve(core.Finish(now_s=_now(), unit=unit, steps=steps, tokens=tokens))
         return self.state.outcome is core.Outcome.DONE
 
-    def give_back(self) -> tuple[str, ...]:
+    def give_back(
+        self, timeout_s: float | None = None, *, leaving: bool = False
+    ) -> tuple[str, ...]:
         """Give back every unit claimed here and not started (this node stops training), and
         any claimed under this node's id before a restart: peers take them at once. The
         units given back (a claim a peer had already re-issued is not among them). An
-        ended unit's done marker is written first."""
-        return self._loop.run(self._give_back())
+        ended unit's done marker is written first. ``timeout_s`` bounds the wait;
+        ``leaving``: the unit being trained, cut short by an error, goes back too."""
+        return self._loop.run(self._give_back(leaving), timeout_s)
 
-    async def _give_back(self) -> tuple[str, ...]:
+    def give_back_leaving(self, timeout_s: float) -> None:
+        """This node leaves with an error: give back its units, the one cut short and those
+        not started, if the store answers within ``timeout_s`` (else they are re-issued
+        once its lease has aged out on a peer's clock, as a crashed node's are); a failure
+        is logged, not raised."""
+        if not self._loop.alive:
+            return
+        try:
+            given = self.give_back(timeout_s, leaving=True)
+        except Exception as error:
+            LOG.warning(
+                "queue %s: leaving: could not give units back: %s", self.state.spec.queue, error
+            )
+            return
+        LOG.info(
+            "queue %s: leaving: gave back %d unstarted units %s",
+            self.state.spec.queue,
+            len(given),
+            given,
+        )
+
+    async def _give_back(self, leaving: bool = False) -> tuple[str, ...]:
         self._stopping = True  # a claim ahead not begun yet would only be given back
         await self._caught_up()
         await self._flush()
         before = len(self.state.given)
         if self.state.phase is not core.Phase.STOPPED:
-            await self._drive(core.GiveBack(now_s=_now()))
+            await self._drive(core.GiveBack(now_s=_now(), leaving=leaving))
         return self.state.given[before:]
 
     def watch(self, period_s: float, on_lost: Callable[[], None]) -> None:

@@ -365,6 +365,9 @@ def default_node_id() -> str:
 
 MAX_DESCENT_ROUNDS = 4096
 """The most rounds a resumed node reads back to check its tape's descent (one GET each)."""
+LEAVING_GIVE_BACK_S = 10.0
+"""How long a node leaving :meth:`Session.run` with an error tries to give its queue's
+unstarted units back before it leaves them to be re-issued after its lease times out."""
 
 
 def _named(manifest: Manifest, mailbox: Mailbox) -> str:
@@ -1227,6 +1230,12 @@ class Session:
                 "%s: elected closer: gave back %d unstarted units %s", self.node, len(given), given
             )
             return True
+        except BaseException:
+            # Leaving with an error (from ``step``, the bucket, an interrupt): the unit cut
+            # short and those claimed ahead go back now (gm_core.queue.GiveBack.leaving),
+            # not after this node's lease has aged out on a peer's clock.
+            consumer.give_back_leaving(timeout_s=LEAVING_GIVE_BACK_S)
+            raise
         finally:
             consumer.close()
 

@@ -560,6 +560,35 @@ def test_units_given_back_are_taken_at_once_by_a_peer() -> None:
     assert by_b == {"u0", "u1", "u2", "u3"} - {first.unit}
 
 
+def test_a_node_leaving_with_an_error_gives_back_its_unit_cut_short_too() -> None:
+    """``Session.run`` whose ``step`` raises mid-unit: the unit being trained goes back
+    with those claimed ahead (``GiveBack(leaving=True)``), so a peer takes every one of
+    them at once instead of waiting out the leaver's lease; a plain ``GiveBack`` still
+    refuses while a unit is being trained."""
+    world = World(units=("u0", "u1", "u2", "u3"), envelope=KEYED, prefetch=1)
+    started(world, "a")
+    world.act("a")  # claims two units and starts one
+    world.until(world.training("a"))
+    cut = world.states["a"].current
+    assert cut is not None
+    with pytest.raises(ValueError, match="not finished yet"):
+        queue.advance(world.states["a"], GiveBack(now_s=world.now_s))
+    held = {h.unit: h.attempt for h in world.states["a"].held}
+    assert cut.unit in held
+    assert len(held) == 2
+    world.feed("a", GiveBack(now_s=world.now_s, leaving=True))
+    world.until(world.idle("a"))
+    assert world.states["a"].outcome is Outcome.GIVEN
+    assert world.states["a"].held == ()
+    assert world.states["a"].current is None
+    assert all(world.claims()[u, a + 1] == "" for u, a in held.items())
+    started(world, "b")
+    world.run_fair(resting=frozenset({"a"}))
+    assert world.now_s < TIMEOUT_S  # no lease timeout waited out
+    check_ledger(world, exactly_once=True)
+    assert {u for u, _, m, _ in world.done_writes() if m.node == "b"} == {"u0", "u1", "u2", "u3"}
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     units=units_strategy,

@@ -12,7 +12,8 @@ until the run is finished), a ``gate`` file the node waits for before it opens i
 having touched ``{gate}.ready`` (so the interpreter's start is not part of what a test
 times), and a ``hold`` file while
 which exists the node's next step does not begin (a test's schedule: the run's other
-nodes act meanwhile).
+nodes act meanwhile), and ``fail_after``: the node's step raises once it has trained that
+many batches (the node then leaves the run with the error, exit status 1).
 """
 
 from __future__ import annotations
@@ -66,7 +67,12 @@ def main(spec: dict[str, Any]) -> None:
         for b in range(spec["batches"]):
             yield unit, b
 
+    trained = [0]
+
     def step(batch: tuple[str, int]) -> int:
+        if trained[0] == spec.get("fail_after", -1):
+            raise RuntimeError(f"step fails at {batch[0]} {batch[1]}, as the test asked")
+        trained[0] += 1
         if "hold" in spec:
             wait_while(Path(spec["hold"]).exists)
         x = rng.normal(size=(4, IN)).astype(np.float32)

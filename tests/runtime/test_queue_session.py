@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -16,7 +17,8 @@ import pytest
 from procs import Deadline, result, spawn, traced
 from runtime_bucket import done_markers, read_bucket
 
-from gm_core import completion, keys
+from gm_core import auth, completion, keys, queue
+from gm_core.store_model import Stored
 from gm_shell.stores import MailboxOptions
 
 # Three interpreters importing torch and a lease timeout to wait out: about a minute alone,
@@ -27,11 +29,17 @@ UNITS, BATCHES = 6, 6
 
 
 def start(
-    run: tuple[str, MailboxOptions], node: str, trace: Path, step_s: float
+    run: tuple[str, MailboxOptions],
+    node: str,
+    trace: Path,
+    step_s: float,
+    fail_after: int | None = None,
 ) -> subprocess.Popen[str]:
     url, options = run
     spec = {"url": url, "mailbox": attrs.asdict(options), "node": node, "units": UNITS}
     spec |= {"batches": BATCHES, "step_s": step_s, "trace": str(trace)}
+    if fail_after is not None:
+        spec["fail_after"] = fail_after
     return spawn("queue_worker.py", spec)
 
 
@@ -105,3 +113,52 @@ def test_a_node_killed_mid_unit_loses_nothing_and_each_unit_is_done_once(
     assert sorted(set(trained)) == sorted(
         f"u{u:02d} {b}" for u in range(UNITS) for b in range(BATCHES)
     )
+
+
+def newest_claims(objects: Mapping[str, Stored]) -> dict[str, str | None]:
+    """Each queue unit's newest claim: the node it names ("" given back; None: refused)."""
+    envelope = auth.for_run("", None)
+    found: dict[str, tuple[int, str | None]] = {}
+    for key, stored in objects.items():
+        parsed = keys.parse(key) if key.startswith(keys.QUEUE_PREFIX) else None
+        if isinstance(parsed, keys.QueueClaimKey):
+            body = envelope.open(key, stored.data)
+            assert isinstance(body, bytes), key
+            node = queue.decode_claim(body, parsed.unit, parsed.attempt)
+            if parsed.attempt >= found.get(parsed.unit, (-1, None))[0]:
+                found[parsed.unit] = (parsed.attempt, node)
+    return {unit: node for unit, (_, node) in found.items()}
+
+
+def test_a_node_that_leaves_with_an_error_gives_its_units_back(
+    tmp_path: Path, run_url: tuple[str, MailboxOptions]
+) -> None:
+    """A step raises in the node's second unit (a third claimed ahead while it trained):
+    the node leaves the run with the error, and gives back at once both the unit cut short
+    and the one it never started (their newest claims name nobody), instead of leaving
+    them to be re-issued once its lease has aged out. A node started afterwards trains
+    every unit, each done once."""
+    url, options = run_url
+    traces = {n: tmp_path / f"{n}.trace" for n in ("n0", "n1")}
+    failing = start(run_url, "n0", traces["n0"], step_s=0.3, fail_after=BATCHES + 3)
+    failing.communicate(timeout=180)
+    assert failing.returncode == 1
+    trained = traced(traces["n0"])
+    cut_short = trained[-1].split()[0]
+    assert len(trained) == BATCHES + 3
+    claims = newest_claims(read_bucket(url, options))
+    assert claims[cut_short] == ""
+    assert "n0" not in claims.values(), claims
+    assert list(claims.values()).count("") == 2, claims  # and the unit claimed ahead
+    survivor = start(run_url, "n1", traces["n1"], step_s=0.02)
+    try:
+        result("n1", survivor, timeout_s=180)
+    finally:
+        if survivor.poll() is None:
+            survivor.kill()
+            survivor.communicate()
+    done = done_markers(read_bucket(url, options))
+    assert sorted(done) == [f"u{i:02d}" for i in range(UNITS)]
+    for unit, attempts in done.items():
+        assert len(attempts) == 1, (unit, attempts)
+    assert min(done[cut_short]) >= 2  # taken after the claim that gave it back
