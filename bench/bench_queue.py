@@ -17,9 +17,16 @@ time went (``spent_s``: its start after the first node's, in ``step``, in ``Sess
 between steps besides, in ``want`` waiting for its next unit — the queue's own work —, and
 its idle tail before the last node's last step; ``waits``: each wait for a unit over 20 ms
 and whether the claim ahead had begun), ``over_paced_ideal`` (the ideal at the pace each
-node's ``step`` really kept), and the nodes' eval
+node's ``step`` really kept), the nodes' eval
 loss at the end (a linear student of a fixed teacher, the model each node holds after
-``close()``: the newest commit when it closed).
+``close()``: the newest commit when it closed), and the run's final committed model, read
+from the bucket once every process exited (``final_loss``, the same for both modes), with
+what its tape holds (``tape``: per fragment the steps and tokens merged, against the
+dataset's; the final snapshots; the last rounds' participants ``learner:steps[F]@base``).
+``--trajectory`` also polls the committed model's loss per round while the run goes; the
+loss oscillates with the round under the default outer step (Nesterov 0.7/0.9), so the
+final loss of a split is mostly where it stopped in that oscillation (bench/README.md,
+session 15); ``--outer-lr 1 --outer-momentum 0`` removes it.
 
 ``--sim`` runs the simulator side instead (:mod:`gm_core.sim`: the real closer and learner
 machines on a virtual clock, four ``both`` nodes, the first two twice as slow, the same
