@@ -19,6 +19,8 @@ many batches (the node then leaves the run with the error, exit status 1).
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,6 +43,9 @@ def wait_while(busy: Any) -> None:
 
 
 def main(spec: dict[str, Any]) -> None:
+    if "QUEUE_WORKER_LOG" in os.environ:  # a folder: each node's log, to look into a failure
+        log = Path(os.environ["QUEUE_WORKER_LOG"]) / f"{spec['node']}.log"
+        logging.basicConfig(filename=log, level=logging.INFO, format="%(asctime)s %(message)s")
     model, train = torch_model(0)
     if "gate" in spec:
         Path(spec["gate"] + ".ready").touch()
