@@ -27,7 +27,7 @@ authenticated side back to back, alternating which goes first):
   (median interval between record writes), sequential requests on the path (waves),
   requests per round, and two figures less exposed to the other processes on the machine:
   the CPU time of the closer's event-loop thread (where the core, and so every tag and
-  verification, runs) per round, and the time spent inside ``Envelope.open`` and
+  verification, runs) per round, and the CPU time spent inside ``Envelope.open`` and
   ``Envelope.seal`` on that thread per round, by operation and object kind (the keyed
   side's extra work itself; timed by wrapping the two methods on every side alike).
 
@@ -272,9 +272,12 @@ def _kind(key: str) -> str:
 
 @contextlib.contextmanager
 def envelope_clock() -> Iterator[dict[str, float]]:
-    """Seconds spent inside ``Envelope.open`` and ``Envelope.seal`` (which ``pack`` calls)
-    on session loop threads within the block, by ``"open snapshot"``, ``"seal round"``...:
-    the two methods wrapped alike on every side (an open run's are the no-op branch)."""
+    """CPU seconds spent inside ``Envelope.open`` and ``Envelope.seal`` (which ``pack``
+    calls) on session loop threads within the block, by ``"open snapshot"``, ``"seal
+    round"``...: the two methods wrapped alike on every side (an open run's are the no-op
+    branch). CPU time (``time.thread_time``), not wall time: on a loaded machine a call's
+    wall time is mostly the time its thread waited for a core, which the whole round's
+    wall time shares alike."""
     spent: dict[str, float] = collections.defaultdict(float)
     real_open, real_seal = auth.Envelope.open, auth.Envelope.seal
 
@@ -282,11 +285,11 @@ def envelope_clock() -> Iterator[dict[str, float]]:
         def method(self: auth.Envelope, key: str, data: bytes) -> Any:
             if not _on_loop():
                 return real(self, key, data)
-            started = time.perf_counter()
+            started = time.thread_time()
             try:
                 return real(self, key, data)
             finally:
-                elapsed = time.perf_counter() - started
+                elapsed = time.thread_time() - started
                 spent[f"{op} {_kind(key)}"] += elapsed
 
         return method
@@ -430,7 +433,7 @@ def print_runs(figures: dict[str, list[dict[str, Any]]], latencies_ms: list[floa
         rows += [
             (part, "round_ms", f"closer's round at {ms:g} ms, median (ms)"),
             (part, "loop_cpu_ms", "  its loop thread's CPU / round (ms)"),
-            (part, "envelope_us", "  open+seal on that thread / round (us)"),
+            (part, "envelope_us", "  open+seal CPU on that thread / round (us)"),
             (part, "waves", "  sequential requests per round"),
             (part, "requests_per_round", "  requests per round (closer)"),
         ]
@@ -454,7 +457,7 @@ def print_runs(figures: dict[str, list[dict[str, Any]]], latencies_ms: list[floa
         signed = med["signed"] / med["keyed"] if med["keyed"] else float("nan")
         print(f"  {label:<36}{cells}{ratio:>11.3f}x{signed:>13.3f}x{paired(per_side):>22}")
     first = path_part(latencies_ms[0])
-    print(f"\n  Envelope time on the closer's loop thread at {latencies_ms[0]:g} ms, us per round")
+    print(f"\n  Envelope CPU on the closer's loop thread at {latencies_ms[0]:g} ms, us per round")
     print("  (median over repeats; every call of Envelope.open / .seal there, by object kind):")
     for side in SIDES:
         parts = collections.defaultdict(list)
