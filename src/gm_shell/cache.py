@@ -7,7 +7,12 @@ again moments later for the merge; it needs its own last commit (theta and
 momentum) as the base of the next round of the same fragment; a learner in the
 same process aligns with exactly the theta its closer just wrote. Payload keys
 name their content (the digest is in the key), so a cached value can never be
-stale: a key maps to one set of bytes forever. Entries are evicted oldest-used
+stale: a key maps to one set of bytes forever. The cache is keyed by the whole
+reference, not the key alone: a reference also declares the payload's size and
+digest, and a value read and judged under one reference says nothing of another
+that names the same key with a size or digest of its own (a forger's reference
+declaring 10 GiB at an honest payload's key is judged, and refused, as itself
+whatever was read before it). Entries are evicted oldest-used
 first once their total size passes the bound; an evicted value is fetched and
 decoded again if needed. Values are never mutated by their users.
 
@@ -38,10 +43,10 @@ class Buffer(Protocol):
 B = TypeVar("B", bound=Buffer)
 
 
-class FragmentCache(Generic[B]):
-    """Decoded fragments by payload key, bounded by their bytes (wherever they live: a
-    closer's deltas and momentum may be on its compute device, see
-    :attr:`gm_shell.fragments.FragmentCodec.device`).
+class FragmentCache(Generic[K, B]):
+    """Decoded fragments by payload reference (see the module's docstring), bounded by
+    their bytes (wherever they live: a closer's deltas and momentum may be on its compute
+    device, see :attr:`gm_shell.fragments.FragmentCodec.device`).
 
     With ``newest`` (a count), a value put with its fragment and round is kept only while it
     is among the ``newest`` latest rounds of its fragment put so far: with 1, the cache holds
@@ -51,25 +56,25 @@ class FragmentCache(Generic[B]):
     def __init__(self, max_bytes: int, newest: int | None = None) -> None:
         self.max_bytes = max_bytes
         self.newest = newest
-        self._items: OrderedDict[str, B] = OrderedDict()
+        self._items: OrderedDict[K, B] = OrderedDict()
         self._bytes = 0
-        self._rounds: dict[int, list[tuple[int, str]]] = {}
-        """Per fragment, the (round, key) of the values put with one (``newest`` only)."""
+        self._rounds: dict[int, list[tuple[int, K]]] = {}
+        """Per fragment, the (round, reference) of the values put with one (``newest`` only)."""
 
-    def get(self, key: str) -> B | None:
+    def get(self, key: K) -> B | None:
         value = self._items.get(key)
         if value is not None:
             self._items.move_to_end(key)
         return value
 
-    def put(self, key: str, value: B, at: tuple[int, int] | None = None) -> None:
+    def put(self, key: K, value: B, at: tuple[int, int] | None = None) -> None:
         """Keep ``value`` under ``key``; ``at``: its fragment and round (see ``newest``)."""
         self.discard(key)
         if self.newest is not None and at is not None:
             fragment, round_ = at
             kept = self._rounds.setdefault(fragment, [])
-            kept.append((round_, key))
-            kept.sort(reverse=True)
+            kept.insert(0, (round_, key))  # of a round put twice, the later is kept
+            kept.sort(key=lambda item: item[0], reverse=True)  # stable: references are unordered
             for _, older in kept[self.newest :]:
                 self.discard(older)
             if (round_, key) not in kept[: self.newest]:
@@ -81,14 +86,14 @@ class FragmentCache(Generic[B]):
             self._bytes -= evicted.nbytes
             self._unlist(evicted_key)
 
-    def discard(self, key: str) -> None:
+    def discard(self, key: K) -> None:
         """Forget ``key``'s value, if held (its memory is freed with the last reference)."""
         old = self._items.pop(key, None)
         if old is not None:
             self._bytes -= old.nbytes
         self._unlist(key)
 
-    def _unlist(self, key: str) -> None:
+    def _unlist(self, key: K) -> None:
         for kept in self._rounds.values():
             kept[:] = [item for item in kept if item[1] != key]
 

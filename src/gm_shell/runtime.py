@@ -264,9 +264,11 @@ class Runtime:
         model = 4 * sum(codec.size(f) for f in range(len(codec.layouts)))
         newest = 1 if cache_bytes is None else None
         kept = model if cache_bytes is None else cache_bytes
-        self._deltas: FragmentCache[Any] = FragmentCache(cache_bytes or DELTA_CACHE_BYTES)
-        self._commits: FragmentCache[F32] = FragmentCache(kept, newest)
-        self._momenta: FragmentCache[Any] = FragmentCache(kept, newest)
+        self._deltas: FragmentCache[PayloadRef, Any] = FragmentCache(
+            cache_bytes or DELTA_CACHE_BYTES
+        )
+        self._commits: FragmentCache[PayloadRef, F32] = FragmentCache(kept, newest)
+        self._momenta: FragmentCache[PayloadRef, Any] = FragmentCache(kept, newest)
 
     # -- lifecycle (called from other threads) --------------------------------------------------
 
@@ -840,19 +842,19 @@ class Runtime:
 
     async def _payload(
         self,
-        cache: FragmentCache[Any],
+        cache: FragmentCache[PayloadRef, Any],
         fragment: int,
         role: Role,
         ref: PayloadRef,
         backend: Backend[Any] | None = None,
     ) -> Any:
-        """A payload's fragment, decoded and judged (cached by key: keys name their content);
-        a host array, or with ``backend`` one of its buffers."""
-        cached = cache.get(ref.key)
+        """A payload's fragment, decoded and judged, cached by its whole reference (see
+        :mod:`gm_shell.cache`): a host array, or with ``backend`` one of its buffers."""
+        cached = cache.get(ref)
         if cached is not None:
             return cached
         value = await self._reads.payload(fragment, role, ref, backend)
-        cache.put(ref.key, value, _at(fragment, ref))
+        cache.put(ref, value, _at(fragment, ref))
         return value
 
     async def commit(self, fragment: int, ref: PayloadRef) -> F32:
@@ -875,7 +877,7 @@ class Runtime:
                 self.pacer.publish([ForgetWork(round=taken.round)], None)
             raise
         if judged is not None:
-            self._deltas.put(ref.key, judged)
+            self._deltas.put(ref, judged)
         return Captured(now_s=now(), req=req, payload=ref, requests=self._requests())
 
     def _encode_delta(self, taken: Taken) -> tuple[bytes, PayloadRef, Any]:
@@ -959,7 +961,7 @@ class Runtime:
             )
         )
         for c in cmd.contributions:  # merged: read again only if this merge is redone
-            self._deltas.discard(c.payload.key)
+            self._deltas.discard(c.payload)
         outer = refs[1] if len(refs) > 1 else None
         return Merged(
             now_s=now(),
@@ -1017,11 +1019,16 @@ class Runtime:
         return data, ref, back(fragment, role, x, data, device)
 
     async def _upload(
-        self, cache: FragmentCache[Any], fragment: int, data: bytes, ref: PayloadRef, decoded: Any
+        self,
+        cache: FragmentCache[PayloadRef, Any],
+        fragment: int,
+        data: bytes,
+        ref: PayloadRef,
+        decoded: Any,
     ) -> PayloadRef:
         """Upload a payload create-once; then cache what a reader of it decodes."""
         await self._mailbox.put_once(ref.key, data)
-        cache.put(ref.key, decoded, _at(fragment, ref))
+        cache.put(ref, decoded, _at(fragment, ref))
         return ref
 
 

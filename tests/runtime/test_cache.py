@@ -18,7 +18,7 @@ OPS = st.lists(
 def test_the_bytes_held_are_counted_and_bounded(ops: list[tuple[str, int, int]], cap: int) -> None:
     """Whatever is put, read and discarded, the cache counts exactly the bytes it holds, and
     holds more than its bound only as a single item (the newest, however big)."""
-    cache: FragmentCache[np.ndarray] = FragmentCache(cap)
+    cache: FragmentCache[str, np.ndarray] = FragmentCache(cap)
     for op, key, size in ops:
         if op == "put":
             cache.put(str(key), np.zeros(size, dtype=np.uint8))
@@ -45,7 +45,7 @@ def test_newest_keeps_the_latest_rounds_of_each_fragment(
     """With ``newest``, the cache holds exactly the ``newest`` latest rounds put of each
     fragment (an older one put late is not kept), whatever the order and the sizes, and
     counts their bytes; a discard (a merged delta) forgets its key."""
-    cache: FragmentCache[np.ndarray] = FragmentCache(1 << 30, newest)
+    cache: FragmentCache[str, np.ndarray] = FragmentCache(1 << 30, newest)
     held: dict[int, set[int]] = {f: set() for f in range(3)}  # the rule, stated directly
     for fragment, round_, size, discard in puts:
         key = f"{fragment}/{round_}"
