@@ -8,6 +8,14 @@ match: a change that speeds the checker up may not change what it explores.
 
     git worktree add --detach /tmp/gm-before <commit>
     .venv/bin/python bench/bench_check.py /tmp/gm-before/src src [set names...]
+    .venv/bin/python bench/bench_check.py --suite /tmp/gm-before/src src [set names...]
+
+``--suite`` measures the checker as ``gm check`` runs it, on the machine's cores: the
+sets as one suite, a fresh process per set, ``--jobs`` of them at a time (``gm check``'s
+``--jobs``, default 2), and the figure is the suite's states per wall-clock second. The
+earlier checkout is timed twice: one set at a time (what a ``gm check`` without
+``--jobs`` did) and ``--jobs`` at a time (the same driver as today's: the engines alone
+compared), alternating with today's ``--repeat`` times.
 
 The bound sets are those both checkouts can express: the six original CI sets, two
 larger ones, and (for checkouts from 3be8caf on, which have crash sets and the
@@ -20,6 +28,8 @@ import argparse
 import json
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SETS: dict[str, dict[str, object]] = {
@@ -110,6 +120,33 @@ def measure(src: Path, bounds: dict[str, object]) -> tuple[str, int, float, floa
     return str(verdict), int(states), float(cpu_s), float(wall_s)
 
 
+def suite(src: Path, sets: list[dict[str, object]], jobs: int) -> tuple[int, float]:
+    """The sets' states and the wall seconds to explore them all, ``jobs`` sets at a time
+    (each in a process of its own, as ``gm check --jobs`` runs them)."""
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        outcomes = list(pool.map(lambda bounds: measure(src, bounds), sets))
+    return sum(o[1] for o in outcomes), time.perf_counter() - started
+
+
+def compare_suites(before: Path, after: Path, sets: list[dict[str, object]], jobs: int) -> None:
+    runs = [("before, one set at a time", before, 1), (f"before, {jobs} at a time", before, jobs)]
+    runs.append((f"after, {jobs} at a time", after, jobs))
+    rates = {}
+    for label, src, n in runs:
+        states, wall_s = suite(src, sets, n)
+        rates[label] = states / wall_s
+        print(
+            f"  {label:28s} {states:>9,} states {wall_s:7.1f} s  {rates[label]:7,.0f}/s", flush=True
+        )
+    now = rates[runs[2][0]]
+    print(
+        f"  x{now / rates[runs[0][0]]:.1f} against one set at a time,"
+        f" x{now / rates[runs[1][0]]:.1f} against the same driver",
+        flush=True,
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("before", type=Path, help="the src folder of the checkout to compare against")
@@ -119,10 +156,18 @@ def main() -> None:
         nargs="*",
         help=f"bound sets (default: all but the long ones): {', '.join({**SETS, **LONG_SETS})}",
     )
+    p.add_argument("--suite", action="store_true", help="the sets as one suite, wall time")
+    p.add_argument("--jobs", type=int, default=2, help="sets at a time with --suite")
+    p.add_argument("--repeat", type=int, default=1, help="suite comparisons, alternating")
     args = p.parse_args()
     known = {**SETS, **LONG_SETS}
     if unknown := [n for n in args.sets if n not in known]:
         p.error(f"unknown bound sets: {unknown}")
+    if args.suite:
+        chosen = [known[name] for name in args.sets or SETS]
+        for _ in range(args.repeat):
+            compare_suites(args.before, args.after, chosen, args.jobs)
+        return
     for name in args.sets or SETS:
         before = measure(args.before, known[name])
         after = measure(args.after, known[name])
