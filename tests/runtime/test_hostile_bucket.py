@@ -41,7 +41,7 @@ import attrs
 import numpy as np
 import pytest
 from hostile_objects import declared_tensor, declaring_frame, nested_header, sealed, zeros_frame
-from runtime_bucket import Witness, committing, judge
+from runtime_bucket import Judgement, Witness, committing, judge
 from runtime_harness import Harness, file_run, make_harness, wait_until
 from runtime_worker import HIDDEN, IN
 from test_chaos import started
@@ -309,6 +309,15 @@ def unwitnessed(violation: str, witness: Witness) -> bool:
     )
 
 
+def assert_no_violations(judgement: Judgement, witness: Witness) -> None:
+    """No invariant broken but for snapshots the witness never saw (:func:`unwitnessed`:
+    on a loaded machine a sweep can beat its looks), and how many of those were excused."""
+    gaps = [v for v in judgement.violations if unwitnessed(v.message, witness)]
+    print(f"snapshots swept before the witness saw them: {len(gaps)}")
+    violations = [v for v in judgement.violations if v not in gaps]
+    assert not violations, violations
+
+
 def verdicts(witness: Witness) -> set[tuple[str, Reason]]:
     return {(x.learner, x.reason) for r in tape(witness) for x in r.rejections}
 
@@ -358,10 +367,7 @@ def test_a_hostile_bucket_gets_named_verdicts_and_the_run_keeps_committing(
         witness.stop()
     assert all(code == 0 for code in codes.values()), codes
     judgement = judge(url, options, witness, foreign=[ahead])
-    gaps = [v for v in judgement.violations if unwitnessed(v.message, witness)]
-    print(f"snapshots swept before the witness saw them: {len(gaps)}")
-    violations = [v for v in judgement.violations if v not in gaps]
-    assert not violations, violations
+    assert_no_violations(judgement, witness)
     honest = set(nodes)
     merged = {p.learner for r in judgement.records for p in r.participants}
     assert merged <= honest | (set() if keyed else set(ACCEPTED_WHEN_OPEN)), merged
@@ -506,7 +512,7 @@ def test_objects_at_the_next_round_keys_are_named_skipped_and_never_adopted(
     # The forger's objects are no node's writes: the invariants judge the slots above them.
     squats = [keys.round_record(r) for r in squatted.values()]
     judgement = judge(url, options, witness, foreign=squats)
-    assert not judgement.violations, judgement.violations
+    assert_no_violations(judgement, witness)
     rounds = [r.round for r in judgement.records]
     assert rounds == list(range(len(rounds))), rounds  # every squatted round has its record
     assert rounds[-1] > last, rounds
@@ -726,9 +732,14 @@ def test_a_late_joiner_ignores_a_far_ahead_record_and_a_head_naming_it(
         witness.start()
         wait_until("a few commits", lambda: len(tape(witness)) >= 3, 60)
         ahead = asyncio.run(forge_far_ahead(url, options, tape(witness)[-1], far))
-        h.spawn("n1", **key_spec)
-        # n0 rewrites the head at each commit: name the stray again until n1 has joined.
-        asyncio.run(hint_at(url, options, ahead_round(ahead), until=lambda: started(h, "n1")))
+        # n0 rewrites the head at each commit: held still, it cannot hide the hint from n1's
+        # boot (a rewrite between two of the hint's writes did, at CI's load).
+        h.signal("n0", signal.SIGSTOP)
+        try:
+            h.spawn("n1", **key_spec)
+            asyncio.run(hint_at(url, options, ahead_round(ahead), until=lambda: started(h, "n1")))
+        finally:
+            h.signal("n0", signal.SIGCONT)
         joined = len(tape(witness))
         wait_until(
             "the late joiner to be merged",
@@ -745,7 +756,7 @@ def test_a_late_joiner_ignores_a_far_ahead_record_and_a_head_naming_it(
         witness.stop()
     assert codes == {"n1": 0, "n0": 0}
     judgement = judge(url, options, witness, foreign=[ahead])
-    assert not judgement.violations, judgement.violations
+    assert_no_violations(judgement, witness)
     assert all(r.round < ahead_round(ahead) for r in judgement.records)
     assert all(result["round"] < ahead_round(ahead) for result in results.values())
     assert_honest_and_small(results)
