@@ -6,27 +6,27 @@ Run: ``.venv/bin/python bench/bench_queue.py [--units 96] [--batches 4] [--step-
 
 Four learner processes (``both`` nodes, ``Session.run``) consume one dataset of ``--units``
 units of ``--batches`` batches through a ``file://`` bucket; two take ``--step-s`` per step,
-two twice that. Each mode, in turn in one run: ``queue`` (one ``SharedQueue``, prefetch 1:
-faster nodes take more units) and ``ranks`` (``Session(ranks=4)``: each rank trains the
-units ``i`` with ``i mod 4 == rank``). Every node waits at a ``Barrier`` before its first
-step, so their starts line up. Printed per mode: the time from the first step to the last
-step of any node (every process is on this machine: one monotonic clock), the ideal
-speed-weighted time (the dataset's steps over the four nodes' summed step rates, no sync
-cost), their ratio, the steps each node trained (fast, slow, fast, slow), where each node's
-time went (``spent_s``: its start after the first node's, in ``step``, in ``Session.step``,
-between steps besides, in ``want`` waiting for its next unit — the queue's own work —, and
-its idle tail before the last node's last step; ``waits``: each wait for a unit over 20 ms
-and whether the claim ahead had begun), ``over_paced_ideal`` (the ideal at the pace each
-node's ``step`` really kept), the nodes' eval
-loss at the end (a linear student of a fixed teacher, the model each node holds after
-``close()``: the newest commit when it closed), and the run's final committed model, read
-from the bucket once every process exited (``final_loss``, the same for both modes), with
-what its tape holds (``tape``: per fragment the steps and tokens merged, against the
-dataset's; the final snapshots; the last rounds' participants ``learner:steps[F]@base``).
-``--trajectory`` also polls the committed model's loss per round while the run goes; the
-loss oscillates with the round under the default outer step (Nesterov 0.7/0.9), so the
-final loss of a split is mostly where it stopped in that oscillation (bench/README.md,
-session 15); ``--outer-lr 1 --outer-momentum 0`` removes it.
+two twice that (each step paced to its deadline, as a device-bound step is). Each mode, in
+turn in one run: ``queue`` (one ``SharedQueue``, prefetch 1: faster nodes take more units) and
+``ranks`` (``Session(ranks=4)``: each rank trains the units ``i`` with ``i mod 4 == rank``).
+Every node waits at a ``Barrier`` before its first step, so their starts line up. Printed per
+mode: the time from the first step to the last step of any node (every process is on this
+machine: one monotonic clock), the ideal speed-weighted time (the dataset's steps over the
+four nodes' summed step rates, no sync cost), their ratio, the steps each node trained (fast,
+slow, fast, slow), where each node's time went (``spent_s``: its start after the first node's,
+in ``step``, in ``Session.step``, between steps besides, in ``want`` waiting for its next unit
+— the queue's own work —, and its idle tail before the last node's last step; ``waits``: each
+wait for a unit over 20 ms and whether the claim ahead had begun), ``over_paced_ideal`` (the
+ideal at the pace each node's ``step`` really kept), the nodes' eval loss at the end (a linear
+student of a fixed teacher, the model each node holds after ``close()``: the newest commit
+when it closed), and the run's final committed model, read from the bucket once every process
+exited (``final_loss``, the same for both modes), with what its tape holds (``tape``: per
+fragment the steps and tokens merged, against the dataset's; the final snapshots; the last
+rounds' participants ``learner:steps[F]@base``). ``--trajectory`` also polls the committed
+model's loss per round while the run goes; the loss oscillates with the round under the
+default outer step (Nesterov 0.7/0.9), so the final loss of a split is mostly where it stopped
+in that oscillation (bench/README.md, session 15); ``--outer-lr 1 --outer-momentum 0`` removes
+it.
 
 ``--sim`` runs the simulator side instead (:mod:`gm_core.sim`: the real closer and learner
 machines on a virtual clock, four ``both`` nodes, the first two twice as slow, the same
@@ -131,7 +131,9 @@ def worker(spec: dict[str, Any]) -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        time.sleep(spec["step_s"])
+        # Paced to a deadline, as a device-bound step is: the host's share of the step
+        # (torch here, gm's background thread) hides under the wait while it fits.
+        time.sleep(max(0.0, entered + spec["step_s"] - time.monotonic()))
         times[1:] = [time.monotonic()]
         spent["work"] += times[-1] - entered
         steps.append(None)
