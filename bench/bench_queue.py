@@ -185,7 +185,9 @@ def worker(spec: dict[str, Any]) -> None:
             mine = [u for i, u in enumerate(units) if i % NODES == session.rank]
             session.run(step, (x for u in mine for x in batches(u)))
     loss = _eval_loss(model)
-    got = {"first": times[0], "last": times[-1], "loss": loss, "steps": len(steps)}
+    # A node may train nothing (a tiny dataset taken by faster peers before its first step).
+    first, last = (times[0], times[-1]) if times else (None, None)
+    got = {"first": first, "last": last, "loss": loss, "steps": len(steps)}
     got |= {"round": -1 if session.checkpoint is None else session.checkpoint.round}
     got |= {"finished": session.finished}
     spent["between"] -= spent["session_step"] - last_call[0]  # the last call ends no gap
@@ -327,25 +329,28 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         trajectory = watch.stop() if watch is not None else None
         final = final_model(url)
     steps = args.units * args.batches
-    rate = sum(1 / (args.step_s * (2 if n % 2 else 1)) for n in range(NODES))
-    ideal_s = steps / rate
-    took_s = max(o["last"] for o in outs) - min(o["first"] for o in outs)
+    nominal = [1 / (args.step_s * (2 if n % 2 else 1)) for n in range(NODES)]
+    ideal_s = steps / sum(nominal)
+    trained = [o for o in outs if o["steps"]]
+    first, last = min(o["first"] for o in trained), max(o["last"] for o in trained)
+    took_s = last - first
     losses = sorted(o["loss"] for o in outs)
-    first, last = min(o["first"] for o in outs), max(o["last"] for o in outs)
     # Per node: when it started after the first node, its time in steps, between steps and
     # between units, and how long before the end it had nothing left (the tail).
     spent = [
         {
-            "start": round(o["first"] - first, 2),
+            "start": round(o["first"] - first, 2) if o["steps"] else None,
             **{k: round(v, 2) for k, v in o["spent"].items()},
-            "tail": round(last - o["last"], 2),
+            "tail": round(last - o["last"], 2) if o["steps"] else None,
             "waits": o["waits"],
         }
         for o in outs
     ]
     # The same ideal at the pace each node's ``step`` really kept (under load a step takes
-    # longer than its sleep: no split of the data can win that back).
-    paced_s = steps / sum(o["steps"] / o["spent"]["work"] for o in outs)
+    # longer than its sleep: no split of the data can win that back); a node that trained
+    # nothing at its nominal pace.
+    paced = [o["steps"] / o["spent"]["work"] if o["steps"] else 0.0 for o in outs]
+    paced_s = steps / sum(p or r for p, r in zip(paced, nominal, strict=True))
     return {
         "mode": mode,
         "took_s": round(took_s, 2),
