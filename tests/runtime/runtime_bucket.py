@@ -188,13 +188,19 @@ def open_tape(objects: Mapping[str, Stored]) -> list[RoundRecord]:
 
 
 def judge(
-    url: str, options: MailboxOptions, witness: Witness, foreign: Collection[str] = ()
+    url: str,
+    options: MailboxOptions,
+    witness: Witness,
+    foreign: Collection[str] = (),
+    written: Mapping[str, bytes] | None = None,
 ) -> Judgement:
     """Every named invariant over the bucket's contents and the witnessed create-once writes.
 
     ``foreign`` keys (a hostile writer's records that no node adopted, such as one far
     ahead of the tape) and the witness's foreign prefixes are left out: the invariants
-    judge what the nodes wrote and adopted.
+    judge what the nodes wrote and adopted. ``written``: create-once writes the nodes
+    report themselves (``Harness.written``), which the witness may have missed where a
+    sweep beat its looks.
     """
     foreign = (*foreign, *witness.foreign)
     objects = read_bucket(url, options)
@@ -210,6 +216,7 @@ def judge(
         for key, (data, _) in witness.seen.items()
         if not key.startswith(foreign)
     }
+    created |= {key: body(key, data) for key, data in (written or {}).items()}
     for key, stored in objects.items():
         if key.startswith(WATCHED):
             created.setdefault(key, stored.data)

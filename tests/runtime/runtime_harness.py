@@ -13,6 +13,7 @@ and the events they logged. Judging the run happens from the bucket (see
 
 from __future__ import annotations
 
+import base64
 import json
 import multiprocessing
 import os
@@ -161,6 +162,18 @@ class Harness:
         for path in sorted(self.workdir.glob("*/events.jsonl")):
             lines = path.read_text().splitlines()
             found.extend(json.loads(line) for line in lines if line.endswith("}"))
+        return found
+
+    def written(self) -> dict[str, bytes]:
+        """Every snapshot the nodes created, by key (``written.jsonl``, :mod:`runtime_worker`):
+        what each node wrote, even where the run swept it before anyone looked."""
+        found = {}
+        for path in sorted(self.workdir.glob("*/written.jsonl")):
+            lines = path.read_text().splitlines()
+            for line in lines:
+                if line.endswith("}"):  # a node killed mid-line leaves a stub
+                    doc = json.loads(line)
+                    found[doc["key"]] = base64.b64decode(doc["data"])
         return found
 
     def result(self, name: str) -> dict[str, Any]:

@@ -4,7 +4,9 @@ The node trains a small regression model (torch or MLX, same parameter names
 and shapes) with a ``Session`` until a stop file appears or it has made its
 steps, then closes and writes what the test needs to judge it: its final
 parameters, fragment by fragment, and the commit its session left them at.
-Every event goes to ``events.jsonl`` as it happens, so a test can wait for one.
+Every event goes to ``events.jsonl`` as it happens, so a test can wait for one, and
+every snapshot the node creates goes to ``written.jsonl`` (key and bytes) as it lands, so
+a judgement sees each one even where a sweep removed it before any look at the bucket.
 
 Faults the test can ask for: ``nan_at_step`` turns a parameter into NaN once
 (the delta of that fragment is then rejected as nonfinite, and the next commit
@@ -15,6 +17,7 @@ overwrites it); ``delta_scale`` multiplies every delta the node publishes
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -27,8 +30,10 @@ import attrs
 import numpy as np
 from bench.poison import scale_published_deltas
 
+from gm_core import keys
 from gm_shell import DiLoCo, Session, SessionOptions
 from gm_shell.events import Event
+from gm_shell.mailbox import Mailbox, PutOutcome
 from gm_shell.replica import Replica
 from gm_shell.stores import MailboxOptions
 
@@ -168,6 +173,28 @@ def poison(model: Any, framework: str) -> None:
         model.fc2.bias = mx.full(model.fc2.bias.shape, float("nan"))
 
 
+class RecordingMailbox(Mailbox):
+    """The node's real mailbox, which also notes each snapshot it creates (``written.jsonl``:
+    what the node wrote, whatever the bucket keeps; ``Harness.written``)."""
+
+    record_to: Path
+
+    async def put_once(self, key: str, data: bytes) -> PutOutcome:
+        outcome = await super().put_once(key, data)
+        if outcome is PutOutcome.CREATED and _is_snapshot(key):
+            line = json.dumps({"key": key, "data": base64.b64encode(data).decode()})
+            with self.record_to.open("a") as file:
+                file.write(line + "\n")
+        return outcome
+
+
+def _is_snapshot(key: str) -> bool:
+    try:
+        return isinstance(keys.parse(key), keys.SnapshotKey)
+    except keys.BadKey:
+        return False
+
+
 def main(spec: dict[str, Any]) -> int:
     # Here, not at the top: scripts that import this module for its model lack tests/mailbox.
     from peak_memory import reset_peak, rss_bytes
@@ -187,14 +214,16 @@ def main(spec: dict[str, Any]) -> int:
         fields = {k: str(v) for k, v in attrs.asdict(event).items()}
         log.write(json.dumps({"event": event.kind, "wall": time.time(), **fields}) + "\n")
 
+    mailbox = RecordingMailbox.open(spec["url"], options=MailboxOptions(**spec.get("mailbox", {})))
+    assert isinstance(mailbox, RecordingMailbox)
+    mailbox.record_to = out / "written.jsonl"
     session = Session(
         model,
         algorithm=DiLoCo(**spec["algorithm"]),
-        mailbox=spec["url"],
+        mailbox=mailbox,
         node=spec["node"],
         role=spec.get("role", "both"),
         options=SessionOptions(**spec.get("options", {})),
-        mailbox_options=MailboxOptions(**spec.get("mailbox", {})),
         callbacks=[record],
         # Open on every store unless the test gives the run a key (hex).
         run_key=bytes.fromhex(spec["run_key"]) if spec.get("run_key") else None,
@@ -217,6 +246,7 @@ def main(spec: dict[str, Any]) -> int:
             session.step(samples=32)
             time.sleep(float(spec.get("step_sleep_s", 0.0)))
     write_result(out, session, model, losses, rss_start)
+    mailbox.close()  # a session leaves a mailbox it was given open
     return 0
 
 

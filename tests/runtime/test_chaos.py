@@ -152,7 +152,7 @@ def test_kill9_closer_and_learners_then_judge_the_bucket(
         witness.stop()
     context = f"seed={seed} events={events}"
     assert all(code == 0 for code in codes.values()), (codes, context)
-    judgement = judge(url, options, witness)
+    judgement = judge(url, options, witness, written=h.written())
     assert not judgement.violations, (judgement.violations, context)
     assert len(judgement.records) >= 20, context
     closers = {r.closer for r in judgement.records}

@@ -89,5 +89,5 @@ def test_a_follower_takes_a_round_over_past_a_claim_flood_in_an_open_run(tmp_pat
     claim = int(took[-1]["detail"].removeprefix("claim="))
     print(f"{written} flooded claims; taken over {took_s:.1f} s after SIGSTOP at claim {claim}")
     assert claim > election.JUMP_AFTER  # it met the flood and jumped past it
-    judgement = judge(url, options, witness)
+    judgement = judge(url, options, witness, written=h.written())
     assert not judgement.violations, judgement.violations

@@ -88,7 +88,7 @@ def test_hung_learner_is_waited_for_at_most_the_lease_timeout_and_hung_closer_is
     print(f"hung learner: commit gaps {[round(g, 2) for g in gaps]} s")
     print(f"hung closer: taken over {took_s:.2f} s after SIGSTOP")
     assert took_s <= LEASE_TIMEOUT_S + 2 * SLACK_S, took_s
-    judgement = judge(url, options, witness)
+    judgement = judge(url, options, witness, written=h.written())
     assert not judgement.violations, judgement.violations
     later = [r for r in judgement.records if r.round < before_stop][-3:]
     assert all(len(r.participants) >= 2 for r in later), later

@@ -69,7 +69,7 @@ def test_a_scaled_up_learner_is_rejected_as_outlier_and_the_run_goes_on(tmp_path
         h.close()
         witness.stop()
     assert all(code == 0 for code in codes.values()), codes
-    judgement = judge(url, options, witness)
+    judgement = judge(url, options, witness, written=h.written())
     assert not judgement.violations, judgement.violations
     four = offered_all(judgement.records)
     assert len(four) >= 5, [(r.round, r.participants, r.rejections) for r in judgement.records]
