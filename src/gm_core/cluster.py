@@ -30,6 +30,7 @@ state does not already hold (the model checker's state counts stay put).
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
@@ -87,7 +88,7 @@ from gm_core.records import (
     Snapshot,
     TensorSpec,
 )
-from gm_core.store_model import ModelStore
+from gm_core.store_model import ModelStore, Stored
 
 POISON = b"|nan"
 """Marks an abstract payload whose tensor holds a NaN."""
@@ -281,7 +282,13 @@ def _body(c: Cluster, key: str, data: bytes) -> bytes | None:
     """The body of an object the run's nodes wrote (payloads are bare), None for any other."""
     if c.run_auth is None or key.startswith(keys.PAYLOADS_PREFIX):
         return data
-    body = _envelope(c).open(key, data)
+    return _opened_body(_envelope(c), key, data)
+
+
+@functools.lru_cache(maxsize=65536)
+def _opened_body(envelope: auth.Envelope, key: str, data: bytes) -> bytes | None:
+    """Objects are immutable bytes, judged after every step: each is opened once."""
+    body = envelope.open(key, data)
     return body if isinstance(body, bytes) else None
 
 
@@ -293,7 +300,7 @@ def _opened(c: Cluster, store: ModelStore) -> ModelStore:
     for key, stored in store.objects.items():
         body = _body(c, key, stored.data)
         if body is not None:
-            objects[key] = attrs.evolve(stored, data=body)
+            objects[key] = Stored(data=body, etag=stored.etag)
     created = []
     for key, data in store.created:
         body = _body(c, key, data)

@@ -322,10 +322,24 @@ def _snapshot_of(
     return next((x for x in found if x.payload == payload), found[0] if found else None)
 
 
+_Items = list[tuple[str, bytes]]
+
+
+def _by_writer(items: Iterable[tuple[str, bytes]]) -> dict[tuple[int, str], _Items]:
+    """Snapshot keys and bodies by the (round, learner) their key names, in order: what
+    :func:`_snapshot_of` looks through for one of them, found once for many."""
+    out: dict[tuple[int, str], _Items] = {}
+    for key, data in items:
+        parsed = _parse_or_none(key)
+        if isinstance(parsed, keys.SnapshotKey):
+            out.setdefault((parsed.round, parsed.learner), []).append((key, data))
+    return out
+
+
 def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
     """Every participant wrote a snapshot in that round's folder that a closer may accept."""
     cfg = view.manifest.config
-    snapshots = _created(view, keys.SnapshotKey)
+    snapshots = _by_writer(_created(view, keys.SnapshotKey).items())
     tape = read_tape(view)
     out = []
     for r, rec in tape.items():
@@ -336,7 +350,7 @@ def acceptance_soundness(view: ClusterView) -> tuple[str, ...]:
         if set(names) & {x.learner for x in rec.rejections}:
             out.append(f"round {r}: a learner both accepted and rejected")
         for p in rec.participants:
-            snap = _snapshot_of(snapshots.items(), r, p.learner)
+            snap = _snapshot_of(snapshots.get((r, p.learner), ()), r, p.learner)
             if snap is None:
                 out.append(f"round {r}: {p.learner} never wrote a valid snapshot")
                 continue
@@ -471,6 +485,13 @@ def forgeries_ignored(view: ClusterView) -> tuple[str, ...]:
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=65536)
+def _chain_digest(value: Manifest | RoundRecord) -> str:
+    """The SHA-256 of ``value``'s canonical encoding. Records are checked after every step
+    and each is decoded once (:func:`_decoded`): its digest is computed once too."""
+    return hashlib.sha256(codec.encode(value)).hexdigest()
+
+
 def chained_tape(view: ClusterView) -> tuple[str, ...]:
     """In a chained run, every record names the SHA-256 of its predecessor's canonical
     encoding (the manifest's, for round 0): restated here, not computed by the tape's code."""
@@ -482,7 +503,7 @@ def chained_tape(view: ClusterView) -> tuple[str, ...]:
         before = view.manifest if r == 0 else tape.get(r - 1)
         if before is None:
             continue
-        digest = hashlib.sha256(codec.encode(before)).hexdigest()
+        digest = _chain_digest(before)
         if rec.prev != digest:
             out.append(f"round {r}: prev {rec.prev}, its predecessor's digest is {digest}")
     return tuple(out)

@@ -127,7 +127,8 @@ def forged_participants(c: cl.Cluster) -> set[str]:
     return {p.learner for r in cl.records(c) for p in r.participants} & {"evil", "evil2"}
 
 
-@settings(max_examples=25, deadline=None)
+# 12 examples in the default (ci) profile, 100 under GM_HYPOTHESIS_PROFILE=long.
+@settings(max_examples=max(12, settings.default.max_examples // 20), deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), before=st.integers(50, 300), data=st.data())
 def test_a_forger_without_the_key_changes_nothing(
     seed: int, before: int, data: st.DataObject

@@ -149,8 +149,8 @@ class ClusterMachine(RuleBasedStateMachine):
 
 
 ClusterMachine.TestCase.settings = settings(
-    # 50 examples in the default (ci) profile, 500 under GM_HYPOTHESIS_PROFILE=long.
-    max_examples=max(50, settings.default.max_examples // 4),
+    # 30 examples in the default (ci) profile, 500 under GM_HYPOTHESIS_PROFILE=long.
+    max_examples=max(30, settings.default.max_examples // 4),
     stateful_step_count=50,
     deadline=None,
 )
