@@ -133,6 +133,7 @@ def _enter(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState
         close_at_s=NEVER,
         grace_s=0.0,
         draft=None,
+        sealed=None,
         fallback=None,
         prior=None,
         poll_at_s=now_s,

@@ -313,8 +313,9 @@ def _write(state: CloserState, record: RoundRecord, cmds: list[Command]) -> Clos
     slot = slot_of(state.record_slots, state.round)
     state, req = issue(state, Purpose(kind=Ask.COMMIT, round=state.round, name=str(slot)))
     key = record_key(state.envelope, state.round, slot)
-    cmds.append(PutOnce(req=req, key=key, data=state.envelope.pack(key, record)))
-    return state
+    data = state.envelope.pack(key, record)
+    cmds.append(PutOnce(req=req, key=key, data=data))
+    return attrs.evolve(state, sealed=(slot, data))
 
 
 def _draft(state: CloserState, now_s: float, merged: Merged | None) -> RoundRecord:
@@ -438,7 +439,9 @@ def _commit_outcome(
     if purpose.round != state.round or state.phase is not Phase.COMMITTING:
         return state
     if isinstance(event, PutDone) and event.created and state.draft is not None:
-        return _committed(state, state.draft, int(purpose.name), event.now_s, cmds)
+        slot = int(purpose.name)
+        data = state.sealed[1] if state.sealed and state.sealed[0] == slot else None
+        return _committed(state, state.draft, slot, data, event.now_s, cmds)
     # Taken, or unknown after a lost response: read the record to learn which.
     return _check(state, purpose, cmds)
 
@@ -466,21 +469,26 @@ def _check_outcome(
         state = boot._skip(state, parsed, event.now_s, cmds)
         return state if state.phase is Phase.BLOCKED else _write(state, draft, cmds)
     if parsed == draft:
-        return _committed(state, parsed, int(purpose.name), event.now_s, cmds)
+        return _committed(state, parsed, int(purpose.name), event.data, event.now_s, cmds)
     return boot._adopt(state, parsed, event.now_s, cmds)
 
 
 def _committed(
-    state: CloserState, record: RoundRecord, slot: int, now_s: float, cmds: list[Command]
+    state: CloserState,
+    record: RoundRecord,
+    slot: int,
+    data: bytes | None,
+    now_s: float,
+    cmds: list[Command],
 ) -> CloserState:
-    """The record is in the bucket at ``slot``: tell this node's learner (if any, and the
-    only one live: :func:`collect.alone`) at once, publish the hint, sweep old rounds, open
-    the next round."""
+    """The record is in the bucket at ``slot`` (``data``: its bytes there, where known): tell
+    this node's learner (if any, and the only one live: :func:`collect.alone`) at once,
+    publish the hint, sweep old rounds, open the next round."""
     detail = f"version={record.version} participants={len(record.participants)}"
     cmds.append(Notify(kind="committed", round=record.round, detail=detail))
     if collect.alone(state, now_s):
         key = record_key(state.envelope, record.round, slot)
-        cmds.append(Share(key=key, data=state.envelope.pack(key, record)))
+        cmds.append(Share(key=key, data=data or state.envelope.pack(key, record)))
     for rejection in record.rejections:
         entry = state.entries.get(rejection.learner)
         if entry is not None and entry.invalid:  # the object at its slot was no snapshot of it,

@@ -180,6 +180,9 @@ class CloserState:
     the fresh-clone CI of 19e1ffd: the newcomer never took part; spec/protocol.md §6.4)."""
     bad_keys: frozenset[str] = frozenset()
     draft: RoundRecord | None = None
+    sealed: tuple[int, bytes] | None = None
+    """The slot the draft was last written to and the bytes written there: what this node's
+    learner is told once the write lands (``Share``), so the record is not packed twice."""
     fallback: FragmentState | None = None
     """The commit to merge this round into instead of the frontier's unusable one (§16.10)."""
     prior: Prior | None = None
