@@ -133,6 +133,24 @@ def test_the_closer_tells_its_learner_the_record_bytes_it_wrote_not_a_second_pac
     assert share.data is write.data
 
 
+def test_the_learner_tells_its_closer_the_snapshot_bytes_it_wrote_not_a_second_packing() -> None:
+    c = solo(1)
+    for _ in range(2000):
+        writing = [i for i, f in enumerate(c.inflight) if writes(keys.SNAPSHOTS_PREFIX, L)(f)]
+        if writing:
+            break
+        c = cl.deliver(c, 0) if c.inflight else cl.tick(cl.train(c, "n0", 1), 0.05)
+    write = c.inflight[writing[0]].command
+    assert isinstance(write, PutOnce)
+    state = c.nodes["n0"].learner
+    assert state is not None
+    after, cmds = learner.advance(state, PutDone(now_s=c.now_s, req=write.req, created=True))
+    (share,) = [x for x in cmds if isinstance(x, Share)]
+    assert share.key == write.key
+    assert share.data is write.data
+    assert all(out.sealed is None for out in after.outgoing.values() if out.published)
+
+
 def test_a_snapshot_of_a_round_not_open_yet_is_judged_when_it_opens() -> None:
     """With ``in_flight`` 2 a learner publishes round r + 1 while r is being merged: its
     closer keeps the snapshot and judges it on opening r + 1, before any listing."""

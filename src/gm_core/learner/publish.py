@@ -173,11 +173,14 @@ def _captured(state: LearnerState, round_: int, event: Event, cmds: list[Command
 
 
 def _write_snapshot(state: LearnerState, out: Outgoing, cmds: list[Command]) -> LearnerState:
+    assert out.snapshot is not None
+    key = _snapshot_key(state, out)
+    data = state.envelope.pack(key, out.snapshot)  # sealed for the key: they differ per slot
     outgoing = dict(state.outgoing)
-    outgoing[out.round] = out
+    outgoing[out.round] = attrs.evolve(out, sealed=data)
     state = attrs.evolve(state, outgoing=outgoing)
     state, req = issue(state, Purpose(kind=Ask.SNAPSHOT, round=out.round))
-    cmds.append(PutOnce(req=req, key=_snapshot_key(state, out), data=_packed(state, out)))
+    cmds.append(PutOnce(req=req, key=key, data=data))
     return state
 
 
@@ -186,7 +189,10 @@ def _snapshot_key(state: LearnerState, out: Outgoing) -> str:
 
 
 def _packed(state: LearnerState, out: Outgoing) -> bytes:
-    """The bytes of ``out``'s snapshot at its slot (sealed for that key: they differ per slot)."""
+    """The bytes of ``out``'s snapshot at its slot: those of its last write there
+    (:func:`_write_snapshot`), packed once."""
+    if out.sealed is not None:
+        return out.sealed
     assert out.snapshot is not None
     return state.envelope.pack(_snapshot_key(state, out), out.snapshot)
 
@@ -212,7 +218,7 @@ def _published(state: LearnerState, out: Outgoing, cmds: list[Command]) -> Learn
     cmds.append(Notify(kind="published", round=out.round, detail=f"steps={out.steps}"))
     cmds.append(Share(key=_snapshot_key(state, out), data=_packed(state, out)))
     outgoing = dict(state.outgoing)
-    outgoing[out.round] = attrs.evolve(out, published=True)
+    outgoing[out.round] = attrs.evolve(out, published=True, sealed=None)
     return attrs.evolve(state, outgoing=outgoing)
 
 

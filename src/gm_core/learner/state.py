@@ -97,6 +97,9 @@ class Outgoing:
     snapshot: Snapshot | None = None
     slot: int = 0
     """The slot of the snapshot key being written (spec/protocol.md §16.4)."""
+    sealed: bytes | None = None
+    """The bytes last written at ``slot`` (until published): told to this node's closer and
+    compared with what the slot holds, not packed again."""
     attempts: int = 1
     requests: Requests = attrs.field(factory=Requests)
     """The node's requests this snapshot reports (see :func:`_captured`)."""
