@@ -113,17 +113,23 @@ def test_the_learner_adopts_its_own_closers_record_as_it_lands() -> None:
     assert [r.round for r in cl.records(c)] == [0, 1, 2, 3]
 
 
+def first_write(prefix: str, machine: cl.Machine) -> tuple[cl.Cluster, PutOnce]:
+    """A node alone, run in order until ``machine``'s first write under ``prefix`` is in flight
+    (not yet delivered), and that write."""
+    c = solo(1)
+    for _ in range(2000):
+        writing = [f.command for f in c.inflight if writes(prefix, machine)(f)]
+        if writing:
+            assert isinstance(writing[0], PutOnce)
+            return c, writing[0]
+        c = cl.deliver(c, 0) if c.inflight else cl.tick(cl.train(c, "n0", 1), 0.05)
+    raise AssertionError("never written")
+
+
 def test_the_closer_tells_its_learner_the_record_bytes_it_wrote_not_a_second_packing() -> None:
     """The ``Share`` of a landed record carries the very bytes of its write (a keyed run's
     seal is an HMAC over the canonical encoding: packing it again cost ~30 µs a round)."""
-    c = solo(1)
-    for _ in range(2000):
-        writing = [i for i, f in enumerate(c.inflight) if writes(keys.ROUNDS_PREFIX, C)(f)]
-        if writing:
-            break
-        c = cl.deliver(c, 0) if c.inflight else cl.tick(cl.train(c, "n0", 1), 0.05)
-    write = c.inflight[writing[0]].command
-    assert isinstance(write, PutOnce)
+    c, write = first_write(keys.ROUNDS_PREFIX, C)
     state = c.nodes["n0"].closer
     assert state is not None
     assert state.sealed is not None
@@ -134,14 +140,7 @@ def test_the_closer_tells_its_learner_the_record_bytes_it_wrote_not_a_second_pac
 
 
 def test_the_learner_tells_its_closer_the_snapshot_bytes_it_wrote_not_a_second_packing() -> None:
-    c = solo(1)
-    for _ in range(2000):
-        writing = [i for i, f in enumerate(c.inflight) if writes(keys.SNAPSHOTS_PREFIX, L)(f)]
-        if writing:
-            break
-        c = cl.deliver(c, 0) if c.inflight else cl.tick(cl.train(c, "n0", 1), 0.05)
-    write = c.inflight[writing[0]].command
-    assert isinstance(write, PutOnce)
+    c, write = first_write(keys.SNAPSHOTS_PREFIX, L)
     state = c.nodes["n0"].learner
     assert state is not None
     after, cmds = learner.advance(state, PutDone(now_s=c.now_s, req=write.req, created=True))
