@@ -22,9 +22,10 @@ when freed).
 
 ``--live``: where a live node's memory goes. Two nodes in processes of their own, as
 ``tests/runtime/test_hostile_bucket.py`` runs them (a closer-learner ``n0`` and a learner
-``n1``, quorum 2, two fragments, 16 steps per cycle, ``file://``), train a model of
-``--mib`` MiB (one square layer of that size between two small ones: a fragment is the
-whole model) for ``--rounds`` commits. Each node samples its resident memory every few
+``n1``, quorum 2, 16 steps per cycle, ``file://``), train a model of ``--mib`` MiB for
+``--rounds`` commits: ``--layers`` square layers of equal size between two small ones, in
+as many fragments (at least two; with one layer, the default, a fragment is the whole
+model). Each node samples its resident memory every few
 milliseconds from its session's start; at each new high it notes what is live then: the
 C allocator's bytes in use (``mallinfo2``: heap and mapped) against its free heap, what
 tracemalloc sees (Python objects and numpy's buffers; ``--trace`` only, it slows the node)
@@ -186,11 +187,12 @@ def live_node(spec: dict[str, Any]) -> None:
         tracemalloc.start(16)
     torch.set_num_threads(1)
     torch.manual_seed(spec["seed"])
-    width = int((spec["mib"] * MiB / 4) ** 0.5)
+    layers = int(spec["layers"])
+    width = int((spec["mib"] * MiB / 4 / layers) ** 0.5)
+    middle = [m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.Tanh())]
     model = torch.nn.Sequential(
-        torch.nn.Linear(8, width), torch.nn.Tanh(), torch.nn.Linear(width, width),
-        torch.nn.Tanh(), torch.nn.Linear(width, 1),
-    )  # fmt: skip
+        torch.nn.Linear(8, width), torch.nn.Tanh(), *middle, torch.nn.Linear(width, 1)
+    )
     lr = 0.05 * 16 / width
     options = SessionOptions(poll_s=0.05, renew_s=0.5, **spec["options"])
     mailbox = MailboxOptions(backoff_base_s=0.02, backoff_cap_s=0.5, seed=0)
@@ -236,7 +238,7 @@ def live(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.threshold:
         options["mmap_threshold"] = MiB
     algorithm = {
-        "sync_every": 16, "fragments": 2, "quorum": 2, "in_flight": 2,
+        "sync_every": 16, "fragments": max(2, args.layers), "quorum": 2, "in_flight": 2,
         "lease_timeout_s": 2.0, "takeover_floor_s": 3.0,
     }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
@@ -244,7 +246,8 @@ def live(args: argparse.Namespace) -> list[dict[str, Any]]:
         procs = {}
         for node, role, seed in (("n0", "both", 0), ("n1", "learner", 1)):
             spec = {
-                "node": node, "role": role, "seed": seed, "mib": args.mib, "trace": args.trace,
+                "node": node, "role": role, "seed": seed, "mib": args.mib, "layers": args.layers,
+                "trace": args.trace,
                 "url": f"file://{work / 'bucket'}", "algorithm": algorithm, "options": options,
                 "stop": str(work / "stop"), "out": str(work / f"{node}.json"),
             }  # fmt: skip
@@ -296,6 +299,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each setting, alternately")
     parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)
     parser.add_argument("--live", action="store_true", help="two nodes of a live run")
+    parser.add_argument(
+        "--layers", type=int, default=1, help="--live: square layers (and fragments) in --mib"
+    )
     parser.add_argument("--trace", action="store_true", help="--live: tracemalloc in the nodes")
     parser.add_argument("--threshold", action="store_true", help="--live: mmap_threshold 1 MiB")
     parser.add_argument("--node", help=argparse.SUPPRESS)

@@ -24,7 +24,11 @@ Buffers. A copy is made into a buffer kept from an earlier capture, which the
 loop takes from the pool before a planned due step (:meth:`Replica.prepare`,
 with the byte views the copy writes), so a due step only copies (no allocation
 or page faults after the first cycles: on a due step that follows a pause, a
-fresh ``numpy.empty`` alone costs tens of microseconds of cold code). Ownership
+fresh ``numpy.empty`` alone costs tens of microseconds of cold code). The pool
+is the replica's, not a fragment's: every buffer holds the largest fragment and
+lends its head to whichever fragment needs one, so what it keeps free is
+:data:`POOLED` buffers of one fragment whatever the fragment count (a pool per
+fragment kept ``POOLED`` free buffers of each: twice the model, idle). Ownership
 passes with the :class:`Taken`: the worker that encodes the delta gives the
 buffer back (:meth:`Taken.delta` then :meth:`Replica.recycle`), except a
 ``carry`` copy, which the replica keeps until the round's commit is applied;
@@ -56,9 +60,9 @@ from gm_core.records import Alignment, FragmentPlan
 from gm_shell.models import DirectCopy, FragmentAccess, ModelAdapter
 
 POOLED = 2
-"""Free buffers kept per fragment. A ``carry`` copy comes back only when its round's
-commit is folded in, which can be after the fragment's next capture (``in_flight`` ≥ P):
-two cover that lag; more would only hold memory."""
+"""Free buffers the pool keeps. A ``carry`` copy comes back only when its round's commit
+is folded in, which can be after the next capture (``in_flight`` ≥ P): two cover that lag;
+more would only hold memory."""
 
 
 class Taken(NamedTuple):
@@ -111,7 +115,8 @@ class Replica:
         self.fragments: Sequence[FragmentAccess] = [model.fragment(n) for n in plan.fragments]
         self._anchors: list[F32 | None] = [None] * len(self.fragments)
         self._taken: dict[int, F32] = {}
-        self._free: list[deque[F32]] = [deque() for _ in self.fragments]
+        self._largest = max((access.layout.total for access in self.fragments), default=0)
+        self._free: deque[F32] = deque()
 
     def read(self, fragment: int) -> F32:
         """A fresh host copy of the fragment as the model holds it."""
@@ -124,7 +129,7 @@ class Replica:
         """θ of ``fragment`` now, copied into a pooled buffer; kept for carry if asked."""
         anchor = self._anchors[fragment]
         assert anchor is not None, "a fragment is captured only after the join loaded it"
-        theta = self._buffer(fragment, anchor.shape[0])
+        theta = self._buffer(anchor.shape[0])
         self.fragments[fragment].gather(theta)
         if keep_copy:
             self._taken[round_] = theta
@@ -136,7 +141,7 @@ class Replica:
         prepared = []
         for round_, fragment in captures:
             access = self.fragments[fragment]
-            theta = self._buffer(fragment, access.layout.total)
+            theta = self._buffer(access.layout.total)
             copy = None
             if isinstance(access, DirectCopy) and (slots := access.slots(theta)) is not None:
                 copy = functools.partial(access.copy_bound, slots)
@@ -146,7 +151,7 @@ class Replica:
     def unprepare(self, prepared: Sequence[Prepared]) -> None:
         """The buffers of a plan that was not carried out are free again (any thread)."""
         for item in prepared:
-            self._give_back(item.fragment, item.theta)
+            self._give_back(item.theta)
 
     def take_planned(self, prepared: Sequence[Prepared], keep_copy: bool) -> tuple[Taken, ...]:
         """θ of each prepared capture now, into its buffer: through the views the fragment
@@ -171,23 +176,28 @@ class Replica:
             return True
         return cast(DirectCopy, self.fragments[taken.fragment]).bound_to(taken.bound)
 
-    def _buffer(self, fragment: int, size: int) -> F32:
-        """A free buffer of the fragment, or a new one (any thread: the loop prepares plans
-        while the training thread folds commits in, so the pop itself is the test)."""
+    def _buffer(self, size: int) -> F32:
+        """The first ``size`` elements of a free buffer, or of a new one (any thread: the
+        loop prepares plans while the training thread folds commits in, so the pop itself
+        is the test)."""
         try:
-            return self._free[fragment].pop()
+            pooled = self._free.pop()
         except IndexError:
-            return np.empty(size, dtype=np.float32)
+            pooled = np.empty(self._largest, dtype=np.float32)
+        return pooled[:size]
 
-    def _give_back(self, fragment: int, buffer: F32) -> None:
-        free = self._free[fragment]
-        if len(free) < POOLED:
-            free.append(buffer)  # deque appends and pops are atomic
+    def _give_back(self, buffer: F32) -> None:
+        """The pooled buffer whose head ``buffer`` is, is free again (any thread)."""
+        pooled = buffer.base
+        assert isinstance(pooled, np.ndarray), "a buffer the pool did not lend"
+        assert pooled.shape == (self._largest,), "a buffer the pool did not lend"
+        if len(self._free) < POOLED:
+            self._free.append(pooled)  # deque appends and pops are atomic
 
     def recycle(self, taken: Taken) -> None:
         """``taken``'s buffer is free again (its delta was encoded); any thread may call."""
         if not taken.kept:
-            self._give_back(taken.fragment, taken.theta)
+            self._give_back(taken.theta)
 
     def forget(self, round_: int) -> None:
         """The snapshot of ``round_`` was never published: carry must not use its copy."""
@@ -203,15 +213,15 @@ class Replica:
         if mode is Alignment.OVERWRITE or anchor is None:
             access.scatter(committed)
         else:
-            theta = self._buffer(fragment, access.layout.total)
+            theta = self._buffer(access.layout.total)
             access.gather(theta)
             snapshot = (anchor if kept is None else kept) if mode is Alignment.CARRY else None
             align(theta, committed, mode, mixing, snapshot)
             access.scatter(theta)
-            self._give_back(fragment, theta)
+            self._give_back(theta)
         self._anchors[fragment] = access.held(committed)
         if kept is not None:  # the commit took our delta: the worker is done with this copy
-            self._give_back(fragment, kept)
+            self._give_back(kept)
         for old in [r for r in self._taken if r <= round_]:
             del self._taken[old]
 

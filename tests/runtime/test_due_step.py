@@ -30,7 +30,7 @@ from gm_shell.fragments import FragmentCodec, Role
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import adapt
-from gm_shell.replica import Replica
+from gm_shell.replica import POOLED, Replica, Taken
 
 OPTIONS = SessionOptions(
     poll_s=0.02, renew_s=0.3, close_timeout_s=0.2, stall_timeout_s=30.0, join_timeout_s=30.0
@@ -326,7 +326,7 @@ def test_posts_reach_the_loop_in_order_and_stop_ends_the_forwarder() -> None:
 
 
 def test_a_carry_copy_is_reused_after_its_commit_took_it_never_while_a_worker_may_read() -> None:
-    """A ``carry`` copy comes back to the fragment's free buffers when the commit that
+    """A ``carry`` copy comes back to the replica's free buffers when the commit that
     used it as the snapshot is folded in (the worker had encoded it before the upload the
     commit names), so the fragment's next capture copies into it; a copy forgotten because
     the commit left the snapshot out (its worker may still be encoding it) never does."""
@@ -350,9 +350,36 @@ def test_a_carry_copy_is_reused_after_its_commit_took_it_never_while_a_worker_ma
     np.testing.assert_allclose(replica.read(0), after - theta + committed, rtol=1e-6)
     theta = train()
     second = replica.take(2, 0, keep_copy=True)
-    assert second.theta is first.theta  # the commit took round 0's copy: reused
+    assert np.shares_memory(second.theta, first.theta)  # the commit took round 0's copy
     np.testing.assert_array_equal(second.theta, theta)
     replica.forget(2)  # round 2's commit left our snapshot out: a worker may still read it
     replica.apply(2, 0, committed, Alignment.CARRY, 1.0)
     for round_ in (4, 6, 8):
-        assert replica.take(round_, 0, keep_copy=True).theta is not second.theta
+        assert not np.shares_memory(replica.take(round_, 0, keep_copy=True).theta, second.theta)
+
+
+def test_the_pool_lends_one_fragments_buffer_to_another_and_keeps_few_free() -> None:
+    """The replica's free buffers are shared by its fragments (each holds the largest one):
+    a capture of one fragment, once its delta was encoded, is the next capture of another
+    of another size; however many fragments, at most ``POOLED`` buffers stay free."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 2 + i) for i in range(6)])
+    names = [name for name, _ in model.named_parameters()]
+    plan = FragmentPlan(fragments=tuple((names[2 * i], names[2 * i + 1]) for i in range(6)))
+    replica = Replica(adapt(model), plan)
+    replica.overwrite_all([replica.read(f) for f in range(6)])
+
+    def pooled(taken: Taken) -> int:
+        assert taken.theta.base is not None
+        return int(taken.theta.base.ctypes.data)
+
+    first = replica.take(0, 5, keep_copy=False)
+    replica.recycle(first)
+    second = replica.take(1, 0, keep_copy=False)
+    assert pooled(second) == pooled(first)
+    np.testing.assert_array_equal(second.theta, replica.read(0))
+    taken = [replica.take(r, r % 6, keep_copy=False) for r in range(12)]
+    assert len({pooled(t) for t in taken}) == 12
+    for t in taken:
+        replica.recycle(t)
+    kept = {pooled(replica.take(r, 0, keep_copy=True)) for r in range(4)}
+    assert len(kept & {pooled(t) for t in taken}) == POOLED
