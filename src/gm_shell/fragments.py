@@ -73,6 +73,7 @@ from gm_core.robust import MergePlan
 from gm_core.verdicts import normalized_weights
 from gm_shell.backends import Backend, NumpyBackend
 from gm_shell.payload import (
+    BytesLike,
     PayloadError,
     PayloadWriter,
     byte_view,
@@ -248,7 +249,7 @@ class FragmentCodec:
 
     # -- reading --------------------------------------------------------------------------
 
-    def check(self, ref: PayloadRef, data: bytes | None) -> None:
+    def check(self, ref: PayloadRef, data: BytesLike | None) -> None:
         """Raise UnusablePayloadError unless ``data`` is exactly the bytes ``ref`` names."""
         if data is None:
             raise UnusablePayloadError(Reason.MISSING, f"{ref.key} is absent")
@@ -260,12 +261,12 @@ class FragmentCodec:
         if digest != ref.digest:
             raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: content hash {digest[:12]}…")
 
-    def decode(self, fragment: int, role: Role, data: bytes) -> F32:
+    def decode(self, fragment: int, role: Role, data: BytesLike) -> F32:
         """A fresh flat fp32 host buffer holding the payload's fragment."""
         decoded: F32 = self._decode(self._numpy, fragment, role, data)
         return decoded
 
-    def _decode(self, backend: Backend[A], fragment: int, role: Role, data: bytes) -> A:
+    def _decode(self, backend: Backend[A], fragment: int, role: Role, data: BytesLike) -> A:
         """A fresh flat fp32 buffer of ``backend`` holding the payload's fragment: the
         bytes are unsealed and parsed on the host, the codes decoded by ``backend``."""
         wire = self.wire(fragment, role)
@@ -290,7 +291,7 @@ class FragmentCodec:
         backend.decode(codes, scales, wire, out)
         return out
 
-    def _unshuffled(self, wire: WireLayout, bounds: Bounds, data: bytes) -> F32:
+    def _unshuffled(self, wire: WireLayout, bounds: Bounds, data: BytesLike) -> F32:
         """:meth:`_decode` of a zstd F32 payload on the host, each tensor unshuffled straight
         into the result (no unshuffled copy of the file); the same verdicts, in order."""
         try:
@@ -306,17 +307,22 @@ class FragmentCodec:
         return out
 
     @overload
-    def load(self, fragment: int, role: Role, ref: PayloadRef, data: bytes | None) -> F32: ...
+    def load(self, fragment: int, role: Role, ref: PayloadRef, data: BytesLike | None) -> F32: ...
     @overload
     def load(
-        self, fragment: int, role: Role, ref: PayloadRef, data: bytes | None, backend: Backend[A]
+        self,
+        fragment: int,
+        role: Role,
+        ref: PayloadRef,
+        data: BytesLike | None,
+        backend: Backend[A],
     ) -> A: ...
     def load(
         self,
         fragment: int,
         role: Role,
         ref: PayloadRef,
-        data: bytes | None,
+        data: BytesLike | None,
         backend: Backend[Any] | None = None,
     ) -> Any:
         """Check, decode and (for deltas) require finite values; raises UnusablePayloadError.

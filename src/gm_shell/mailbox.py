@@ -157,6 +157,14 @@ class Got:
 
 
 @attrs.frozen(kw_only=True)
+class Viewed:
+    """:class:`Got` without the copy: a read-only view of the body as it was received."""
+
+    data: memoryview
+    etag: str
+
+
+@attrs.frozen(kw_only=True)
 class Listed:
     key: str
     size: int
@@ -415,16 +423,32 @@ class Mailbox:
         still has that ETag is answered :class:`UnchangedError`, without its body
         (a conditional GET: every backend here answers 304).
         """
+        got = await self._get(key, max_bytes, if_none_match, view=False)
+        return None if got is None else Got(data=got[0], etag=got[1])
+
+    async def view(
+        self, key: str, *, max_bytes: int | None = None, if_none_match: str | None = None
+    ) -> Viewed | None:
+        """:meth:`get`, the body as a read-only view of the bytes received, not a copy of
+        them (a payload's megabytes: the copy would double what a read holds)."""
+        got = await self._get(key, max_bytes, if_none_match, view=True)
+        return None if got is None else Viewed(data=got[0], etag=got[1])
+
+    async def _get(
+        self, key: str, max_bytes: int | None, if_none_match: str | None, *, view: bool
+    ) -> tuple[Any, str] | None:
+        """:meth:`get`'s request: the body (bytes, or with ``view`` a memoryview) and ETag."""
         check_key(key, "get")
         options: GetOptions = {}
         if if_none_match:
             options["if_none_match"] = f'"{if_none_match}"'  # quoted, as HTTP spells them
 
-        def fetch() -> tuple[bytes | None, Any]:
+        def fetch() -> tuple[bytes | memoryview | None, Any]:
             result = self._store.get(key, options=options)
             if max_bytes is not None and result.meta["size"] > max_bytes:
                 return None, result.meta  # the body is never read
-            return result.bytes().to_bytes(), result.meta
+            body = result.bytes()
+            return (memoryview(body) if view else body.to_bytes()), result.meta
 
         try:
             data, meta = await self._run("get", key, RequestClass.GET, fetch)
@@ -439,7 +463,7 @@ class Mailbox:
         if data is None:
             raise TooLargeError(key, meta["size"], max_bytes or 0, etag)
         self._meter.received(len(data))
-        return Got(data=data, etag=etag)
+        return data, etag
 
     async def probe(self, key: str) -> str | None:
         """The object's ETag (a HEAD request), or None when it does not exist."""

@@ -200,7 +200,7 @@ class Reader:
             )
         seen = self._verdicts.get(at)
         try:
-            got = await self._mailbox.get(
+            got = await self._mailbox.view(
                 ref.key, max_bytes=ref.size, if_none_match=seen.etag if seen else None
             )
         except UnchangedError:

@@ -58,31 +58,37 @@ SCHEMA = (
 )
 
 
+@pytest.mark.parametrize("view", [False, True], ids=["get", "view"])
 def test_a_capped_get_is_refused_from_the_headers_and_a_known_etag_costs_no_body(
-    target: Target,
+    target: Target, view: bool
 ) -> None:
+    """The same for :meth:`Mailbox.get` and :meth:`Mailbox.view` (a payload's read: the
+    body as received, a read-only view, not a copy)."""
     box = target.open()
+    read = box.view if view else box.get
+    content = np.random.default_rng(0).integers(0, 256, MiB, dtype=np.uint8).tobytes()
 
     async def body() -> None:
-        await box.put("x/big.json", bytes(MiB))
+        await box.put("x/big.json", content)
         with pytest.raises(TooLargeError) as refused:
-            await box.get("x/big.json", max_bytes=MiB - 1)
+            await read("x/big.json", max_bytes=MiB - 1)
         assert (refused.value.size, refused.value.limit) == (MiB, MiB - 1)
         assert box.stats.bytes_in == 0
-        got = await box.get("x/big.json", max_bytes=MiB)
+        got = await read("x/big.json", max_bytes=MiB)
         assert got is not None
-        assert len(got.data) == MiB
+        assert got.data == content
+        assert isinstance(got.data, memoryview if view else bytes)
         assert refused.value.etag == got.etag
         with pytest.raises(UnchangedError):
-            await box.get("x/big.json", if_none_match=got.etag)
+            await read("x/big.json", if_none_match=got.etag)
         with pytest.raises(UnchangedError):  # a known refusal is not even looked at again
-            await box.get("x/big.json", max_bytes=1, if_none_match=refused.value.etag)
+            await read("x/big.json", max_bytes=1, if_none_match=refused.value.etag)
         assert box.stats.bytes_in == MiB
         await box.put("x/big.json", b"{}")
-        again = await box.get("x/big.json", max_bytes=1 << 10, if_none_match=got.etag)
+        again = await read("x/big.json", max_bytes=1 << 10, if_none_match=got.etag)
         assert again is not None
         assert again.data == b"{}"
-        assert await box.get("x/absent.json", if_none_match=got.etag) is None
+        assert await read("x/absent.json", if_none_match=got.etag) is None
 
     asyncio.run(body())
 
