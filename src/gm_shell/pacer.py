@@ -94,6 +94,11 @@ from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment
 from gm_shell.replica import Prepared, Replica, Taken, new_tuple
 
+CAPTURE_WAIT_S = 2.0
+"""How long :meth:`Pacer.serve` waits for an encoded capture's buffer before it allocates
+another (:meth:`gm_shell.replica.Replica.wait_for_free`): an encode of a fragment takes far
+less; a buffer that never comes back costs this once per capture, then memory."""
+
 
 class StalledError(RuntimeError):
     """Training waited longer than allowed for the run (a join, a commit, a close)."""
@@ -450,27 +455,48 @@ class Pacer:
                     self._sleeps += 1
                     self._cond.wait(min(remaining, 1.0))
                     continue
-            self._perform(work)
+            self._perform(work, streamed=True)
             if resumed:
                 return
+
+    def closing(self) -> None:
+        """Captures from here on are not kept for ``carry`` (training thread, before the
+        learner is asked to close): closing leaves the model at the newest commit
+        (:meth:`gm_shell.session.Session.close`), so a commit folded in meanwhile has no
+        progress of its own to carry over, and a copy per final delta (one per fragment:
+        the whole model at once) would only hold memory."""
+        self._keep_copies = False
 
     def running(self) -> bool:
         """End condition of a step: the core lets training go on (call under the lock)."""
         return not self._stalled
 
-    def _perform(self, work: list[Work]) -> None:
+    def _perform(self, work: list[Work], *, streamed: bool = False) -> None:
         """Forget, capture, then apply (see the module doc); signal the loop once if notes
-        wait (a step's note included)."""
+        wait (a step's note included).
+
+        ``streamed`` (the training thread waits anyway: :meth:`serve`): a capture that
+        would need a new buffer first hands the captures before it to the loop and waits
+        (bounded) for one of their buffers to come back encoded (``carry`` copies are
+        kept until their commits: not waited for)."""
         notes: list[Note] = []
         for item in work:
             if isinstance(item, ForgetWork):
                 self._replica.forget(item.round)
         for item in work:
             if isinstance(item, CaptureWork):
+                if streamed and not self._keep_copies and not self._replica.has_free():
+                    self._hand_over(notes)
+                    notes = []
+                    self._replica.wait_for_free(CAPTURE_WAIT_S)
                 taken = self._replica.take(item.round, item.fragment, self._keep_copies)
                 notes.append(CaptureNote(req=item.req, taken=taken))
         for item in self._fold_in(work):
             notes.append(AppliedNote(req=item.req, step=self.step, tokens=self.tokens))
+        self._hand_over(notes)
+
+    def _hand_over(self, notes: list[Note]) -> None:
+        """Leave ``notes`` for the loop; signal it once if notes wait (a step's included)."""
         self._acquire()
         try:
             if notes:

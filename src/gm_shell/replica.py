@@ -34,7 +34,11 @@ buffer back (:meth:`Taken.delta` then :meth:`Replica.recycle`), except a
 ``carry`` copy, which the replica keeps until the round's commit is applied;
 it is free again when that commit used it as the snapshot, since the commit's
 record names the delta, which the worker had finished encoding before it was
-uploaded. Folding a commit in uses a free buffer as its scratch too.
+uploaded. Folding a commit in uses a free buffer as its scratch too. Closing
+captures every fragment's final delta at once: those copies are not kept
+(closing leaves the newest commit: :meth:`gm_shell.pacer.Pacer.closing`), and
+each capture waits for an earlier one's buffer to come back encoded
+(:meth:`Replica.wait_for_free`), so closing holds two buffers, not the model.
 
 Anchors are fp32, and they are the commit *as the model holds it*: a bf16 model
 holds a committed fp32 value rounded to bf16, and anchoring at the unrounded
@@ -48,6 +52,7 @@ The replica never decides anything; it only does what a command asked.
 from __future__ import annotations
 
 import functools
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, cast
@@ -117,6 +122,12 @@ class Replica:
         self._taken: dict[int, F32] = {}
         self._largest = max((access.layout.total for access in self.fragments), default=0)
         self._free: deque[F32] = deque()
+        self._returned = threading.Condition()
+        """Notified when a buffer comes back (:meth:`wait_for_free`)."""
+        self._encoding = 0
+        """Buffers of captures handed over and not yet given back (see :meth:`recycle`)."""
+        self.buffers = 0
+        """How many buffers the pool has made (what it costs: tests, bench_memory)."""
 
     def read(self, fragment: int) -> F32:
         """A fresh host copy of the fragment as the model holds it."""
@@ -133,6 +144,8 @@ class Replica:
         self.fragments[fragment].gather(theta)
         if keep_copy:
             self._taken[round_] = theta
+        else:
+            self._lend(1)
         return Taken(round_, fragment, anchor, theta, keep_copy)
 
     def prepare(self, captures: Sequence[tuple[int, int]]) -> tuple[Prepared, ...]:
@@ -167,6 +180,8 @@ class Replica:
             anchor = self._anchors[fragment]
             assert anchor is not None, "a fragment is captured only after the join loaded it"
             taken.append(new_tuple(Taken, (round_, fragment, anchor, theta, keep_copy, bound)))
+        if not keep_copy:
+            self._lend(len(taken))
         return tuple(taken)
 
     def verify(self, taken: Taken) -> bool:
@@ -184,6 +199,8 @@ class Replica:
             pooled = self._free.pop()
         except IndexError:
             pooled = np.empty(self._largest, dtype=np.float32)
+            with self._returned:
+                self.buffers += 1
         return pooled[:size]
 
     def _give_back(self, buffer: F32) -> None:
@@ -191,13 +208,39 @@ class Replica:
         pooled = buffer.base
         assert isinstance(pooled, np.ndarray), "a buffer the pool did not lend"
         assert pooled.shape == (self._largest,), "a buffer the pool did not lend"
-        if len(self._free) < POOLED:
-            self._free.append(pooled)  # deque appends and pops are atomic
+        with self._returned:
+            if len(self._free) < POOLED:
+                self._free.append(pooled)  # popped without the lock: deque pops are atomic
+            self._returned.notify_all()
+
+    def has_free(self) -> bool:
+        """Whether a capture now would reuse a buffer (a hint: another thread may take it)."""
+        return bool(self._free)
+
+    def wait_for_free(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` for a capture's buffer to come back encoded, if one is
+        to come; whether a buffer is free.
+
+        A capture made when none is free allocates one more; where the training thread has
+        nothing else to do (:meth:`gm_shell.pacer.Pacer.serve`) it waits instead, so that
+        a burst of captures (every fragment's final delta at close) goes through the
+        buffers of two, not one each (a copy of the whole model). Bounded: a capture
+        dropped without being given back (a restart) never brings its buffer back."""
+        with self._returned:
+            self._returned.wait_for(lambda: bool(self._free) or not self._encoding, timeout_s)
+            return bool(self._free)
 
     def recycle(self, taken: Taken) -> None:
         """``taken``'s buffer is free again (its delta was encoded); any thread may call."""
         if not taken.kept:
+            with self._returned:
+                self._encoding -= 1
             self._give_back(taken.theta)
+
+    def _lend(self, count: int) -> None:
+        """``count`` captures' buffers go to the loop, to come back encoded (:meth:`recycle`)."""
+        with self._returned:
+            self._encoding += count
 
     def forget(self, round_: int) -> None:
         """The snapshot of ``round_`` was never published: carry must not use its copy."""

@@ -1056,6 +1056,7 @@ class Session:
             if runtime is not None and runtime.failure is None:
                 if pacer is not None:
                     pacer.serve(lambda: True, self.options.stall_timeout_s, self._why, report=True)
+                    pacer.closing()
                     runtime.request_close(Machine.LEARNER)
                     timeout_s = self.options.close_timeout_s + 30.0
                     pacer.serve(runtime.learner_closed.is_set, timeout_s, self._why)

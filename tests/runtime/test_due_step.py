@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -383,3 +384,45 @@ def test_the_pool_lends_one_fragments_buffer_to_another_and_keeps_few_free() -> 
         replica.recycle(t)
     kept = {pooled(replica.take(r, 0, keep_copy=True)) for r in range(4)}
     assert len(kept & {pooled(t) for t in taken}) == POOLED
+
+
+@pytest.mark.parametrize("alignment", ["carry", "overwrite"])
+def test_closing_publishes_every_fragments_final_delta_through_two_buffers(alignment: str) -> None:
+    """Closing captures every fragment's final delta at once. The training thread, which
+    has nothing else to do then, hands each capture over and waits for an earlier one's
+    buffer to come back encoded before it copies the next, and keeps no ``carry`` copy
+    (closing leaves the newest commit): the replica's pool makes at most ``POOLED`` more
+    buffers at close, not one per fragment (the whole model again). Every final delta
+    still commits, and the model is left at the newest commit."""
+    mailbox = Mailbox.open(f"memory://due-{uuid.uuid4().hex[:10]}/run")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+    algorithm = DiLoCo(sync_every=64, fragments=8, in_flight=2, alignment=alignment)
+    options = attrs.evolve(OPTIONS, close_timeout_s=60.0)
+    with Session(model, algorithm=algorithm, mailbox=mailbox, node="solo", options=options) as s:
+        for _ in range(5):  # fewer steps than any fragment's first capture (8)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01)
+            s.step(samples=1)
+        replica = s._replica
+        assert replica is not None
+        made = replica.buffers
+    assert replica.buffers - made <= POOLED, (made, replica.buffers)
+    assert s.checkpoint is not None
+    assert s.checkpoint.versions == (1,) * 8, s.checkpoint
+    assert s.manifest is not None
+    fragments = FragmentCodec(s.manifest)
+    loop = LoopThread("check")
+    try:
+        for round_ in range(8):  # one round per fragment, each its final delta's
+            got = loop.run(mailbox.get(keys.round_record(round_)))
+            assert got is not None, round_
+            record = codec.decode(RoundRecord, got.data)
+            data = loop.run(mailbox.get(record.theta.key))
+            assert data is not None
+            committed = fragments.load(record.fragment, Role.THETA, record.theta, data.data)
+            np.testing.assert_array_equal(replica.read(record.fragment), committed)
+    finally:
+        loop.stop()
+        mailbox.close()
