@@ -53,6 +53,7 @@ purpose is never valid for another.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 from collections.abc import Callable, Mapping
@@ -487,9 +488,19 @@ def frames(parts: tuple[bytes, ...]) -> bytes:
 
 
 def _tag(run_auth: RunAuth, run_id: str, key: str, body: bytes) -> bytes:
-    mac = _framed(run_auth.tag_key, (_DOMAIN, run_id.encode(), key.encode()))
+    mac = _run_mac(run_auth.tag_key, run_id).copy()
+    named = key.encode()
+    mac.update(len(named).to_bytes(8, "big") + named)
     mac.update(body)
     return mac.hexdigest().encode()
+
+
+@functools.lru_cache(maxsize=16)
+def _run_mac(tag_key: bytes, run_id: str) -> hmac.HMAC:
+    """The HMAC of a run's tags over their first two framed parts (domain, run id), which
+    every tag copies: the key schedule and the digest's lookup once per run, not once per
+    object (a third of a record-sized tag's cost). Never updated itself: copies are."""
+    return _framed(tag_key, (_DOMAIN, run_id.encode()))
 
 
 def _framed(mac_key: bytes, parts: tuple[bytes, ...]) -> hmac.HMAC:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -31,6 +34,24 @@ def test_a_sealed_object_opens_to_its_body(
     assert sealed.startswith(auth.MARKER)
     assert envelope.open(key, sealed) == body
     assert auth.header_key_id(sealed) == auth.derive(run_key).key_id
+
+
+@given(run_key=run_keys, run_id=run_ids, key=object_keys, body=bodies)
+def test_the_tag_is_the_hmac_of_the_framed_domain_run_key_and_body(
+    run_key: bytes, run_id: str, key: str, body: bytes
+) -> None:
+    """The tag the header carries is protocol.md §16.2's, written out here from its
+    definition: HMAC-SHA256 under the run's tag key over the domain, run id and object key,
+    each after its length (8 bytes, big-endian), then the body — whatever the envelope
+    caches between tags (a tape sealed by earlier code must still open)."""
+    run_auth = auth.derive(run_key)
+    parts = (auth._DOMAIN, run_id.encode(), key.encode())
+    message = b"".join(len(p).to_bytes(8, "big") + p for p in parts) + body
+    expected = hmac.new(run_auth.tag_key, message, hashlib.sha256).hexdigest()
+    for _ in range(2):  # the second seal copies the run's cached MAC again
+        sealed = auth.for_run(run_id, run_auth).seal(key, body)
+        header = sealed.split(b"\n", 1)[0].decode()
+        assert header.split(" ")[3] == expected
 
 
 @given(run_key=run_keys, key=object_keys, body=bodies, data=st.data())
