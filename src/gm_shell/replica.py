@@ -217,9 +217,9 @@ class Replica:
         """Whether a capture now would reuse a buffer (a hint: another thread may take it)."""
         return bool(self._free)
 
-    def wait_for_free(self, timeout_s: float) -> bool:
+    def wait_for_free(self, timeout_s: float) -> None:
         """Wait at most ``timeout_s`` for a capture's buffer to come back encoded, if one is
-        to come; whether a buffer is free.
+        to come.
 
         A capture made when none is free allocates one more; where the training thread has
         nothing else to do (:meth:`gm_shell.pacer.Pacer.serve`) it waits instead, so that
@@ -228,7 +228,6 @@ class Replica:
         dropped without being given back (a restart) never brings its buffer back."""
         with self._returned:
             self._returned.wait_for(lambda: bool(self._free) or not self._encoding, timeout_s)
-            return bool(self._free)
 
     def recycle(self, taken: Taken) -> None:
         """``taken``'s buffer is free again (its delta was encoded); any thread may call."""
