@@ -426,3 +426,25 @@ def test_closing_publishes_every_fragments_final_delta_through_two_buffers(align
     finally:
         loop.stop()
         mailbox.close()
+
+
+@pytest.mark.timeout(60)  # a wait that misses its wake-up fails here, not in an hour
+def test_a_wait_for_a_buffer_ends_when_one_comes_back_or_none_is_to_come() -> None:
+    """:meth:`Replica.wait_for_free` returns once a capture's buffer comes back encoded (from
+    another thread), at once when no capture is out (nothing to wait for), and after its
+    bound when a capture was dropped without being given back (a restart): never forever."""
+    model = torch.nn.Linear(4, 3)
+    replica = Replica(adapt(model), FragmentPlan(fragments=(("weight", "bias"),)))
+    replica.overwrite_all([replica.read(0)])
+    replica.wait_for_free(3600.0)  # nothing out: returns at once
+    taken = [replica.take(r, 0, keep_copy=False) for r in range(3)]  # the pool is dry
+    assert not replica.has_free()
+    worker = threading.Timer(0.05, replica.recycle, args=(taken[0],))
+    worker.start()
+    replica.wait_for_free(3600.0)
+    worker.join()
+    assert replica.has_free()
+    replica.take(3, 0, keep_copy=False)  # the one given back; two others never come back
+    assert not replica.has_free()
+    replica.wait_for_free(0.05)  # bounded
+    assert not replica.has_free()
