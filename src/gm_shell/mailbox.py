@@ -424,7 +424,11 @@ class Mailbox:
         (a conditional GET: every backend here answers 304).
         """
         got = await self._get(key, max_bytes, if_none_match, view=False)
-        return None if got is None else Got(data=got[0], etag=got[1])
+        if got is None:
+            return None
+        data, etag = got
+        assert isinstance(data, bytes)
+        return Got(data=data, etag=etag)
 
     async def view(
         self, key: str, *, max_bytes: int | None = None, if_none_match: str | None = None
@@ -432,11 +436,15 @@ class Mailbox:
         """:meth:`get`, the body as a read-only view of the bytes received, not a copy of
         them (a payload's megabytes: the copy would double what a read holds)."""
         got = await self._get(key, max_bytes, if_none_match, view=True)
-        return None if got is None else Viewed(data=got[0], etag=got[1])
+        if got is None:
+            return None
+        data, etag = got
+        assert isinstance(data, memoryview)
+        return Viewed(data=data, etag=etag)
 
     async def _get(
         self, key: str, max_bytes: int | None, if_none_match: str | None, *, view: bool
-    ) -> tuple[Any, str] | None:
+    ) -> tuple[bytes | memoryview, str] | None:
         """:meth:`get`'s request: the body (bytes, or with ``view`` a memoryview) and ETag."""
         check_key(key, "get")
         options: GetOptions = {}
