@@ -85,6 +85,8 @@ if TYPE_CHECKING:
     from obstore import GetOptions
 
 T = TypeVar("T")
+Body = TypeVar("Body", bytes, memoryview)
+"""What a GET gives its caller: the bytes copied (:meth:`Mailbox.get`) or a view (``view``)."""
 
 
 class MailboxError(Exception):
@@ -162,6 +164,17 @@ class Viewed:
 
     data: memoryview
     etag: str
+
+
+def _copied(received: Any) -> bytes:
+    """The bytes of obstore's buffer, copied into a ``bytes`` (what :meth:`Mailbox.get` gives)."""
+    copied: bytes = received.to_bytes()
+    return copied
+
+
+def _viewed(received: Any) -> memoryview:
+    """A read-only view of obstore's buffer, no copy (what :meth:`Mailbox.view` gives)."""
+    return memoryview(received)
 
 
 @attrs.frozen(kw_only=True)
@@ -423,40 +436,36 @@ class Mailbox:
         still has that ETag is answered :class:`UnchangedError`, without its body
         (a conditional GET: every backend here answers 304).
         """
-        got = await self._get(key, max_bytes, if_none_match, view=False)
-        if got is None:
-            return None
-        data, etag = got
-        assert isinstance(data, bytes)
-        return Got(data=data, etag=etag)
+        got = await self._get(key, max_bytes, if_none_match, _copied)
+        return None if got is None else Got(data=got[0], etag=got[1])
 
     async def view(
         self, key: str, *, max_bytes: int | None = None, if_none_match: str | None = None
     ) -> Viewed | None:
         """:meth:`get`, the body as a read-only view of the bytes received, not a copy of
         them (a payload's megabytes: the copy would double what a read holds)."""
-        got = await self._get(key, max_bytes, if_none_match, view=True)
-        if got is None:
-            return None
-        data, etag = got
-        assert isinstance(data, memoryview)
-        return Viewed(data=data, etag=etag)
+        got = await self._get(key, max_bytes, if_none_match, _viewed)
+        return None if got is None else Viewed(data=got[0], etag=got[1])
 
     async def _get(
-        self, key: str, max_bytes: int | None, if_none_match: str | None, *, view: bool
-    ) -> tuple[bytes | memoryview, str] | None:
-        """:meth:`get`'s request: the body (bytes, or with ``view`` a memoryview) and ETag."""
+        self,
+        key: str,
+        max_bytes: int | None,
+        if_none_match: str | None,
+        body: Callable[[Any], Body],
+    ) -> tuple[Body, str] | None:
+        """:meth:`get`'s request: ``body`` of the bytes received (obstore's buffer) and the
+        ETag, on the request's thread."""
         check_key(key, "get")
         options: GetOptions = {}
         if if_none_match:
             options["if_none_match"] = f'"{if_none_match}"'  # quoted, as HTTP spells them
 
-        def fetch() -> tuple[bytes | memoryview | None, Any]:
+        def fetch() -> tuple[Body | None, Any]:
             result = self._store.get(key, options=options)
             if max_bytes is not None and result.meta["size"] > max_bytes:
                 return None, result.meta  # the body is never read
-            body = result.bytes()
-            return (memoryview(body) if view else body.to_bytes()), result.meta
+            return body(result.bytes()), result.meta
 
         try:
             data, meta = await self._run("get", key, RequestClass.GET, fetch)
