@@ -76,12 +76,12 @@ from gm_shell.payload import (
     BytesLike,
     PayloadError,
     PayloadWriter,
-    byte_view,
+    SchemaMismatchError,
+    Sealed,
     content_hash,
     file_limit,
     fragment_entries,
     header_limit,
-    inflate,
     read_fragment,
     read_payload,
     seal,
@@ -206,7 +206,7 @@ class FragmentCodec:
         round_: int,
         x: Any,
         backend: Backend[Any] | None = None,
-    ) -> tuple[bytes, PayloadRef]:
+    ) -> tuple[Sealed, PayloadRef]:
         """The bytes to upload for ``x`` and the reference a record will carry; ``x`` is a
         host array, or one of ``backend``'s (its codes are then made on its device)."""
         wire = self.wire(fragment, role)
@@ -220,17 +220,19 @@ class FragmentCodec:
                 writer = self._local.writer = PayloadWriter()
             sealed = seal(write_fragment(writer, on, x, wire), self.config.compression)
             # A zstd frame is new bytes already; the bare file is the writer's reused buffer.
-            data = sealed if isinstance(sealed, bytes) else bytes(byte_view(sealed))
+            data = bytes(sealed) if self.config.compression is Compression.NONE else sealed
         digest = content_hash(data, self._payload_key)
         ref = PayloadRef(key=keys.payload(round_, digest), size=len(data), digest=digest)
         return data, ref
 
     @overload
-    def roundtrip(self, fragment: int, role: Role, x: F32, data: bytes) -> F32: ...
+    def roundtrip(self, fragment: int, role: Role, x: F32, data: Sealed) -> F32: ...
     @overload
-    def roundtrip(self, fragment: int, role: Role, x: A, data: bytes, backend: Backend[A]) -> A: ...
     def roundtrip(
-        self, fragment: int, role: Role, x: Any, data: bytes, backend: Backend[Any] | None = None
+        self, fragment: int, role: Role, x: A, data: Sealed, backend: Backend[A]
+    ) -> A: ...
+    def roundtrip(
+        self, fragment: int, role: Role, x: Any, data: Sealed, backend: Backend[Any] | None = None
     ) -> Any:
         """What every reader of ``data`` will get: ``x`` itself when the format is exact;
         decoded by ``backend`` (default: numpy, on the host) when it is not."""
@@ -239,7 +241,7 @@ class FragmentCodec:
         return self._decode(backend or self._numpy, fragment, role, data)
 
     def brought_home(
-        self, fragment: int, role: Role, x: A, data: bytes, backend: Backend[A]
+        self, fragment: int, role: Role, x: A, data: Sealed, backend: Backend[A]
     ) -> F32:
         """What a host reader of ``data`` gets, for ``x`` on ``backend``'s device: ``x``
         copied back when the format is exact, else ``data`` decoded on the host."""
@@ -293,17 +295,14 @@ class FragmentCodec:
 
     def _unshuffled(self, wire: WireLayout, bounds: Bounds, data: BytesLike) -> F32:
         """:meth:`_decode` of a zstd F32 payload on the host, each tensor unshuffled straight
-        into the result (no unshuffled copy of the file); the same verdicts, in order."""
-        try:
-            file = inflate(data, self.config.compression, bounds.file)
-            payload = read_payload(file, bounds.header)
-        except PayloadError as error:
-            raise UnusablePayloadError(Reason.CORRUPT, str(error)) from error
+        into the result as it streams out of the frame (no file); the same verdicts."""
         out = self._numpy.empty(wire.layout.total)
         try:
-            unseal_f32(payload, wire, out)
-        except PayloadError as error:
+            unseal_f32(data, wire, bounds.file, bounds.header, out)
+        except SchemaMismatchError as error:
             raise UnusablePayloadError(Reason.SCHEMA, str(error)) from error
+        except PayloadError as error:
+            raise UnusablePayloadError(Reason.CORRUPT, str(error)) from error
         return out
 
     @overload
@@ -347,13 +346,17 @@ class FragmentCodec:
         momentum: F32 | None,
         deltas: Sequence[F32],
         contributions: Contributions,
+        *,
+        handed_over: bool = False,
     ) -> Merged[F32]:
-        """New theta and momentum (fresh host buffers) from the deltas the run's merge keeps,
-        merged on the compute backend."""
+        """New theta and momentum (host buffers) from the deltas the run's merge keeps,
+        merged on the compute backend (``handed_over``: see :meth:`merge_on`)."""
         compute = self._compute
         arrays = [compute.asarray(d) for d in deltas]
         base = None if momentum is None else compute.asarray(momentum)
-        merged = self.merge_on(compute, fragment, theta, base, arrays, contributions)
+        merged = self.merge_on(
+            compute, fragment, theta, base, arrays, contributions, handed_over=handed_over
+        )
         return attrs.evolve(
             merged, theta=compute.to_numpy(merged.theta), momentum=compute.to_numpy(merged.momentum)
         )
@@ -365,13 +368,18 @@ class FragmentCodec:
         momentum: Any | None,
         deltas: Sequence[Any],
         contributions: Contributions,
+        *,
+        handed_over: bool = False,
     ) -> Merged[Any]:
         """The closer's merge of deltas and momentum as :meth:`load` with :attr:`device`
         gave them: on the accelerator (:meth:`merge_on`, buffers there), else host arrays
-        merged by the compute backend (:meth:`merge`, fresh host buffers)."""
+        merged by the compute backend (:meth:`merge`, host buffers)."""
         if self.device is self._compute:
-            return self.merge_on(self._compute, fragment, theta, momentum, deltas, contributions)
-        return self.merge(fragment, theta, momentum, deltas, contributions)
+            return self.merge_on(
+                self._compute, fragment, theta, momentum, deltas, contributions,
+                handed_over=handed_over,
+            )  # fmt: skip
+        return self.merge(fragment, theta, momentum, deltas, contributions, handed_over=handed_over)
 
     def merge_on(
         self,
@@ -381,10 +389,15 @@ class FragmentCodec:
         momentum: A | None,
         deltas: Sequence[A],
         contributions: Contributions,
+        *,
+        handed_over: bool = False,
     ) -> Merged[A]:
-        """New theta and momentum, fresh buffers of ``compute`` (on its device), from
+        """New theta and momentum, buffers of ``compute`` (on its device), from
         ``compute``'s deltas and momentum and the host theta: nothing is copied back.
-        ``momentum`` and ``deltas`` are read, never written (they may be cached)."""
+        ``deltas`` are read, never written (they may be cached); so is ``momentum``, unless
+        it is ``handed_over``: the caller holds no other reference to it (a closer takes it
+        out of its cache first), and the new momentum is then made in its place, not in a
+        fragment-sized copy (a round of final deltas only leaves it as it was)."""
         cfg = self.config
         layout = self.layouts[fragment]
         arrays = deltas
@@ -401,6 +414,8 @@ class FragmentCodec:
         new_theta = _copy(compute, compute.asarray(theta), layout.total)
         if momentum is None:
             new_momentum = compute.asarray(np.zeros_like(theta))
+        elif handed_over:
+            new_momentum = momentum
         else:
             new_momentum = _copy(compute, momentum, layout.total)
         compute.merge_step(

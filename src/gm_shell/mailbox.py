@@ -387,7 +387,7 @@ class Mailbox:
 
     # -- operations --------------------------------------------------------
 
-    async def put_once(self, key: str, data: bytes) -> PutOutcome:
+    async def put_once(self, key: str, data: bytes | memoryview) -> PutOutcome:
         """Create ``key`` holding ``data`` unless it exists.
 
         ``EXISTS`` after a retried attempt may mean our own earlier attempt

@@ -21,9 +21,14 @@ another writer still decodes, through one gathering copy.
 
 Compression (``zstd``) byte-shuffles each tensor by its element size (so
 exponent bytes form runs, see :mod:`gm_core.numerics.shuffle`) and compresses the
-whole file as one zstd frame. Hashing is blake3 over the exact bytes uploaded.
-Hashing and (de)compression are CPU work for a worker thread: they refuse to run
-on a thread with a running event loop.
+whole file as one zstd frame. Both ways stream: the planes go through the
+compressor a small buffer at a time, and come out of the decompressor straight into
+their places (:class:`Inflating`: the header first, judged before any data is
+decompressed, then no byte more than it declares), so neither a shuffled copy nor
+an inflated copy of a fragment is ever made (on a closer's merge of one big
+fragment, each was a fragment's size of memory more). Hashing is blake3 over the
+exact bytes uploaded. Hashing and (de)compression are CPU work for a worker thread:
+they refuse to run on a thread with a running event loop.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import asyncio
 import json
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -42,7 +47,6 @@ import zstandard
 
 from gm_core.numerics.arrays import U8, check_flat
 from gm_core.numerics.quant import SCALE_DTYPE, SCALE_SUFFIX, WireLayout
-from gm_core.numerics.shuffle import shuffle, unshuffle
 from gm_core.records import Compression, WireFormat
 from gm_shell.backends.protocol import Backend
 
@@ -77,6 +81,10 @@ pass the far smaller bound their layout implies: :func:`header_limit`)."""
 
 class PayloadError(ValueError):
     """Bytes that are not the payload they claim to be; the message names the tensor."""
+
+
+class SchemaMismatchError(PayloadError):
+    """A well-formed payload whose tensors are not the fragment's (another model or shape)."""
 
 
 @attrs.frozen
@@ -236,23 +244,41 @@ def parse_entry(name: str, fields: Any) -> tuple[TensorEntry, int, int]:
     return entry, begin, end
 
 
-def read_payload(data: BytesLike, header_limit: int = HEADER_LIMIT) -> Payload:
-    """Parse and validate a payload; tensor data are views of ``data`` (no copy)."""
-    file = np.frombuffer(data, dtype=np.uint8)
-    header, data_start = parse_header(file, header_limit)
+@attrs.frozen
+class FileLayout:
+    """A header's tensors in file order, each with its ``[begin, end)`` data offsets (checked
+    to lie back to back from the data's start), the data's size, and the metadata."""
+
+    entries: list[tuple[TensorEntry, int, int]]
+    size: int
+    metadata: dict[str, str]
+
+
+def parse_entries(header: dict[str, Any]) -> FileLayout:
+    """The :class:`FileLayout` a parsed header declares (it is consumed)."""
     metadata = header.pop("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise PayloadError("__metadata__ must map strings to strings")
     parsed = sorted(
         (parse_entry(name, fields) for name, fields in header.items()), key=lambda e: e[1]
     )
-    tensors: dict[str, TensorView] = {}
     position = 0
     for entry, begin, end in parsed:
         if begin != position:
             raise PayloadError(
                 f"tensor {entry.name!r}: data starts at {begin}, expected {position}"
             )
+        position = end
+    return FileLayout(entries=parsed, size=position, metadata=metadata)
+
+
+def read_payload(data: BytesLike, header_limit: int = HEADER_LIMIT) -> Payload:
+    """Parse and validate a payload; tensor data are views of ``data`` (no copy)."""
+    file = np.frombuffer(data, dtype=np.uint8)
+    header, data_start = parse_header(file, header_limit)
+    layout = parse_entries(header)
+    tensors: dict[str, TensorView] = {}
+    for entry, begin, end in layout.entries:
         if data_start + end > file.shape[0]:
             raise PayloadError(
                 f"tensor {entry.name!r}: declared to end at byte {data_start + end}, past the"
@@ -260,10 +286,11 @@ def read_payload(data: BytesLike, header_limit: int = HEADER_LIMIT) -> Payload:
             )
         view = file[data_start + begin : data_start + end]
         tensors[entry.name] = TensorView(entry=entry, start=begin, data=view)
-        position = end
-    if data_start + position != file.shape[0]:
-        raise PayloadError(f"{file.shape[0] - data_start - position} bytes after the last tensor")
-    return Payload(file=file, tensors=tensors, metadata=metadata, data_start=data_start)
+    if data_start + layout.size != file.shape[0]:
+        raise PayloadError(
+            f"{file.shape[0] - data_start - layout.size} bytes after the last tensor"
+        )
+    return Payload(file=file, tensors=tensors, metadata=layout.metadata, data_start=data_start)
 
 
 # -- fragments ---------------------------------------------------------------------------
@@ -307,27 +334,32 @@ def fragment_regions(file: U8, wire: WireLayout) -> tuple[U8, U8]:
     return codes, file[data_start + wire.code_bytes :]
 
 
+def check_fragment(declared: Mapping[str, TensorEntry], wire: WireLayout) -> None:
+    """Raise :class:`SchemaMismatchError` unless the tensors ``declared`` (by name) are exactly
+    the fragment's in ``wire``'s format."""
+    expected = fragment_entries(wire)
+    names = {entry.name for entry in expected}
+    for name in declared:
+        if name not in names:
+            raise SchemaMismatchError(f"tensor {name!r}: not in the fragment")
+    for entry in expected:
+        got = declared.get(entry.name)
+        if got is None:
+            raise SchemaMismatchError(f"tensor {entry.name!r}: missing from payload")
+        if got != entry:
+            raise SchemaMismatchError(
+                f"tensor {entry.name!r}: payload has {got.dtype} {list(got.shape)}, "
+                f"expected {entry.dtype} {list(entry.shape)}"
+            )
+
+
 def read_fragment(payload: Payload, wire: WireLayout) -> tuple[U8, U8]:
     """Codes and scales regions of a fragment payload, checked tensor by tensor.
 
     Zero-copy when the file stores the tensors in our order; otherwise gathered.
     """
-    expected = fragment_entries(wire)
-    names = {entry.name for entry in expected}
-    for name in payload.tensors:
-        if name not in names:
-            raise PayloadError(f"tensor {name!r}: not in the fragment")
-    views: list[TensorView] = []
-    for entry in expected:
-        view = payload.tensors.get(entry.name)
-        if view is None:
-            raise PayloadError(f"tensor {entry.name!r}: missing from payload")
-        if view.entry != entry:
-            raise PayloadError(
-                f"tensor {entry.name!r}: payload has {view.entry.dtype} {list(view.entry.shape)}, "
-                f"expected {entry.dtype} {list(entry.shape)}"
-            )
-        views.append(view)
+    check_fragment({name: view.entry for name, view in payload.tensors.items()}, wire)
+    views = [payload.tensors[entry.name] for entry in fragment_entries(wire)]
     starts = [view.start for view in views]
     if starts == sorted(starts):  # adjacent, since read_payload checked there are no gaps
         begin = payload.data_start + (starts[0] if starts else 0)
@@ -376,31 +408,63 @@ def plane_size(entry: TensorEntry) -> int:
     return max(DTYPE_BITS[entry.dtype] // 8, 1)
 
 
-def transform(file: U8, forward: bool, header_limit: int = HEADER_LIMIT) -> U8:
-    """A copy of ``file`` with every tensor shuffled (or unshuffled) by its element size."""
-    payload = read_payload(file, header_limit)
-    out = np.empty_like(file)
-    out[: payload.data_start] = file[: payload.data_start]
-    for view in payload.tensors.values():
-        at = payload.data_start + view.start
-        target = out[at : at + view.data.shape[0]]
-        (shuffle if forward else unshuffle)(view.data, plane_size(view.entry), target)
-    return out
+CHUNK = 1 << 18
+"""Bytes a stream of shuffled planes goes through at a time (:func:`seal`, :func:`unseal`):
+a buffer of this size, never a shuffled copy of the file."""
+
+Sealed = bytes | memoryview
+"""The bytes to upload: a fresh buffer, or a view of one (never of a buffer reused later)."""
 
 
-def seal(file: U8, compression: Compression, level: int = 3) -> BytesLike:
-    """The bytes to upload: the file itself, or its shuffled zstd frame."""
+def _planes(data: U8, size: int, chunk: U8) -> Iterator[memoryview]:
+    """``data``'s bytes as :func:`shuffle` lays them out (plane by plane), through ``chunk``."""
+    if size == 1:
+        for lo in range(0, data.shape[0], CHUNK):
+            yield data[lo : lo + CHUNK].data
+        return
+    elements = data.reshape(-1, size)
+    for plane in range(size):
+        for lo in range(0, elements.shape[0], CHUNK):
+            piece = elements[lo : lo + CHUNK, plane]
+            chunk[: piece.shape[0]] = piece
+            yield chunk[: piece.shape[0]].data
+
+
+def _compressed(parts: Sequence[tuple[U8, int]], level: int) -> memoryview:
+    """One zstd frame of ``parts`` (each: bytes, and the element size its planes are
+    shuffled by) laid end to end, compressed as they stream through a small buffer, into
+    one buffer of the frame's worst-case size (pages untouched by the frame stay unmapped)."""
+    total = sum(data.shape[0] for data, _ in parts)
+    out = np.empty(sealed_limit(total, Compression.ZSTD), dtype=np.uint8)
+    chunk = np.empty(CHUNK, dtype=np.uint8)
+    compressor = zstandard.ZstdCompressor(level=level).compressobj(size=total)
+    at = 0
+    for data, size in parts:
+        for piece in _planes(data, size, chunk):
+            block = compressor.compress(piece)
+            out[at : at + len(block)] = np.frombuffer(block, dtype=np.uint8)
+            at += len(block)
+    block = compressor.flush()
+    out[at : at + len(block)] = np.frombuffer(block, dtype=np.uint8)
+    return out[: at + len(block)].data
+
+
+def seal(file: U8, compression: Compression, level: int = 3) -> memoryview:
+    """The bytes to upload: the file itself (a view), or its shuffled zstd frame."""
     if compression is Compression.NONE:
-        return file
+        return file.data
     off_event_loop("payload compression")
-    return zstandard.ZstdCompressor(level=level).compress(transform(file, forward=True).data)
+    payload = read_payload(file)
+    parts = [(file[: payload.data_start], 1)]
+    parts += [(view.data, plane_size(view.entry)) for view in payload.tensors.values()]
+    return _compressed(parts, level)
 
 
-def seal_f32(x: Any, wire: WireLayout, compression: Compression, level: int = 3) -> bytes:
+def seal_f32(x: Any, wire: WireLayout, compression: Compression, level: int = 3) -> Sealed:
     """``seal(write_fragment(writer, numpy, x, wire), compression)``, byte for byte, for an
     F32 ``wire``, without the file: the bytes of ``x`` are the codes, so they go straight
-    into the one buffer the result needs (a bare file: the bytes returned; zstd: the
-    shuffled file it compresses), and no writer's buffer of a fragment's size is kept."""
+    into the result (a bare file: joined to the header; zstd: shuffled as they stream into
+    the compressor), and no buffer of a fragment's size is made but the result."""
     assert wire.format is WireFormat.F32, wire.format
     check_flat(x, wire.layout.total, "x")
     header = header_bytes(fragment_entries(wire), {})
@@ -408,26 +472,92 @@ def seal_f32(x: Any, wire: WireLayout, compression: Compression, level: int = 3)
     if compression is Compression.NONE:
         return b"".join([header, body.data])
     off_event_loop("payload compression")
-    shuffled = np.empty(len(header) + wire.code_bytes, dtype=np.uint8)
-    shuffled[: len(header)] = np.frombuffer(header, dtype=np.uint8)
-    data = shuffled[len(header) :]
-    for tensor in wire.tensors:
-        lo, hi = tensor.codes
-        shuffle(body[lo:hi], 4, data[lo:hi])
-    return zstandard.ZstdCompressor(level=level).compress(shuffled.data)
+    parts = [(np.frombuffer(header, dtype=np.uint8), 1)]
+    parts += [(body[t.codes[0] : t.codes[1]], 4) for t in wire.tensors]
+    return _compressed(parts, level)
 
 
-def unseal_f32(payload: Payload, wire: WireLayout, out: Any) -> None:
-    """Decode ``payload`` (parsed from :func:`inflate`'s file: tensors still shuffled) of an
-    F32 ``wire`` into ``out``, as reading the unsealed file would, without the unshuffled
-    copy: each tensor is unshuffled straight into its place in ``out``."""
-    assert wire.format is WireFormat.F32, wire.format
-    check_flat(out, wire.layout.total, "out")
-    codes, _ = read_fragment(payload, wire)
-    target = out.view(np.uint8)
-    for tensor in wire.tensors:
-        lo, hi = tensor.codes
-        unshuffle(codes[lo:hi], 4, target[lo:hi])
+class Inflating:
+    """A zstd frame's bytes, decompressed as they are read and never more than asked for:
+    a frame that declares or makes more than the reader allows costs it nothing."""
+
+    def __init__(self, data: BytesLike, max_size: int) -> None:
+        off_event_loop("payload decompression")
+        frame = byte_view(data)
+        try:
+            declared = zstandard.frame_content_size(frame)
+        except zstandard.ZstdError as error:
+            raise PayloadError(f"not a zstd frame: {error}") from error
+        if declared > max_size:
+            raise PayloadError(
+                f"zstd frame declares {declared} bytes, over the {max_size}-byte limit"
+            )
+        self.declared = None if declared < 0 else declared  # -1: not declared
+        self.max_size = max_size
+        self.read = 0
+        self._reader = zstandard.ZstdDecompressor().stream_reader(frame)
+        self._chunk = np.empty(CHUNK, dtype=np.uint8)
+
+    def into(self, out: U8) -> None:
+        """Fill ``out`` with the frame's next bytes (a PayloadError if it has fewer)."""
+        if self.read + out.shape[0] > self.max_size:
+            raise PayloadError(f"zstd frame does not decode within {self.max_size} bytes")
+        filled = 0
+        while filled < out.shape[0]:
+            try:
+                got = self._reader.readinto(out[filled:].data)
+            except zstandard.ZstdError as error:
+                raise PayloadError(f"zstd frame does not decode: {error}") from error
+            if not got:
+                raise PayloadError(f"zstd frame ends after {self.read + filled} bytes")
+            filled += got
+        self.read += filled
+
+    def unshuffle_into(self, out: U8, size: int) -> None:
+        """Fill ``out`` with the frame's next bytes, shuffled by ``size`` (:func:`shuffle`):
+        each plane goes to its place through a small buffer, with no copy of the whole."""
+        if size == 1:
+            self.into(out)
+            return
+        elements = out.reshape(-1, size)
+        for plane in range(size):
+            for lo in range(0, elements.shape[0], CHUNK):
+                piece = elements[lo : lo + CHUNK, plane]
+                self.into(self._chunk[: piece.shape[0]])
+                piece[...] = self._chunk[: piece.shape[0]]
+
+    def header(self, header_limit: int) -> tuple[U8, FileLayout]:
+        """The file's length prefix and header (its bytes, and what it declares), read
+        first; a file bigger than the reader allows, or than the frame says, is refused
+        before any of its data is."""
+        head = np.empty(8, dtype=np.uint8)
+        self.into(head)
+        (length,) = struct.unpack("<Q", head.tobytes())
+        if length > header_limit:
+            raise PayloadError(f"header of {length} bytes, over the {header_limit}-byte limit")
+        head = np.concatenate([head, np.empty(length, dtype=np.uint8)])
+        self.into(head[8:])
+        header, data_start = parse_header(head, header_limit)
+        layout = parse_entries(header)
+        size = data_start + layout.size
+        if size > self.max_size:
+            last = layout.entries[-1][0].name
+            raise PayloadError(
+                f"tensor {last!r}: declared to end at byte {size}, past the"
+                f" {self.max_size}-byte limit"
+            )
+        if self.declared is not None and self.declared != size:
+            raise PayloadError(f"zstd frame declares {self.declared} bytes, its header {size}")
+        return head, layout
+
+    def end(self) -> None:
+        """Raise a PayloadError unless the frame ends here (and nothing follows it)."""
+        try:
+            extra = self._reader.read(1)
+        except zstandard.ZstdError as error:
+            raise PayloadError(f"zstd frame does not decode: {error}") from error
+        if extra:
+            raise PayloadError(f"zstd frame does not decode to {self.read} bytes: more follow")
 
 
 def unseal(
@@ -435,40 +565,41 @@ def unseal(
 ) -> U8:
     """Inverse of :func:`seal`, producing at most ``max_size`` bytes (the largest file the
     reader expects); a frame that declares or produces more, or does not decompress, is a
-    PayloadError. Nothing larger than ``max_size`` is ever allocated for the output."""
-    file = inflate(data, compression, max_size)
-    if compression is Compression.NONE:
-        return file
-    return transform(file, False, header_limit)
-
-
-def inflate(data: BytesLike, compression: Compression, max_size: int) -> U8:
-    """:func:`unseal` but for the unshuffling: the file as sealed, its tensors still
-    shuffled (the caller unshuffles them where they are to go)."""
+    PayloadError. Nothing larger than the file its header declares (at most ``max_size``)
+    is ever allocated, and each tensor is unshuffled as it streams out of the frame."""
     if compression is Compression.NONE:
         file = np.frombuffer(data, dtype=np.uint8)
         if file.shape[0] > max_size:
             raise PayloadError(f"payload of {file.shape[0]} bytes, over the {max_size}-byte limit")
         return file
-    off_event_loop("payload decompression")
-    frame = byte_view(data)
-    try:
-        declared = zstandard.frame_content_size(frame)
-    except zstandard.ZstdError as error:
-        raise PayloadError(f"not a zstd frame: {error}") from error
-    if declared > max_size:
-        raise PayloadError(f"zstd frame declares {declared} bytes, over the {max_size}-byte limit")
-    try:
-        # A frame that declares its size is decoded into exactly that many bytes (libzstd
-        # refuses to write more); one that does not gets at most max_size.
-        raw = zstandard.ZstdDecompressor().decompress(
-            frame, max_output_size=max_size, allow_extra_data=False
-        )
-    except zstandard.ZstdError as error:
-        raise PayloadError(
-            f"zstd frame does not decode within {max_size} bytes: {error}"
-        ) from error
-    return np.frombuffer(raw, dtype=np.uint8)
+    frame = Inflating(data, max_size)
+    head, layout = frame.header(header_limit)
+    file = np.empty(head.shape[0] + layout.size, dtype=np.uint8)
+    file[: head.shape[0]] = head
+    for entry, begin, end in layout.entries:
+        frame.unshuffle_into(file[head.shape[0] + begin : head.shape[0] + end], plane_size(entry))
+    frame.end()
+    return file
+
+
+def unseal_f32(
+    data: BytesLike, wire: WireLayout, max_size: int, header_limit: int, out: Any
+) -> None:
+    """Decode a zstd frame of an F32 ``wire`` into ``out``, as unsealing and reading the
+    file would, with no file: each tensor streams out of the frame into its place in
+    ``out``. A frame that is not such a file is a PayloadError, a file of other tensors a
+    :class:`SchemaMismatchError` (found from its header, before any data is decompressed)."""
+    assert wire.format is WireFormat.F32, wire.format
+    check_flat(out, wire.layout.total, "out")
+    frame = Inflating(data, max_size)
+    _, layout = frame.header(header_limit)
+    check_fragment({entry.name: entry for entry, _, _ in layout.entries}, wire)
+    places = {t.span.name: t.codes for t in wire.tensors}
+    target = out.view(np.uint8)
+    for entry, _, _ in layout.entries:
+        lo, hi = places[entry.name]
+        frame.unshuffle_into(target[lo:hi], 4)
+    frame.end()
 
 
 def content_hash(data: BytesLike, key: bytes | None = None) -> str:

@@ -129,6 +129,7 @@ from gm_shell.pacer import (
     Work,
     queued_applies,
 )
+from gm_shell.payload import Sealed
 from gm_shell.reads import Reader
 from gm_shell.replica import Prepared, Replica, Taken
 
@@ -880,7 +881,7 @@ class Runtime:
             self._deltas.put(ref, judged)
         return Captured(now_s=now(), req=req, payload=ref, requests=self._requests())
 
-    def _encode_delta(self, taken: Taken) -> tuple[bytes, PayloadRef, Any]:
+    def _encode_delta(self, taken: Taken) -> tuple[Sealed, PayloadRef, Any]:
         """A worker's part of a capture: the delta, its bytes, and the buffer given back.
 
         On a node that also closes, the payload is read here as its closer's ``Verify``
@@ -938,6 +939,8 @@ class Runtime:
             momentum = await self._payload(
                 self._momenta, fragment, Role.MOMENTUM, base.momentum, device
             )
+            if not cmd.final_only:  # the new momentum is made in its place: not a value to keep
+                self._momenta.discard(base.momentum)
         deltas = await asyncio.gather(
             *(
                 self._payload(self._deltas, fragment, Role.DELTA, c.payload, device)
@@ -981,7 +984,7 @@ class Runtime:
         momentum: Any,
         deltas: list[Any],
         contributions: Contributions,
-    ) -> tuple[MergedArrays[Any], list[tuple[bytes, PayloadRef, Any]]]:
+    ) -> tuple[MergedArrays[Any], list[tuple[Sealed, PayloadRef, Any]]]:
         """A worker's part of a merge, in one trip: the merge and outer step, then the new
         theta's payload and, unless the round holds final deltas only (it keeps the
         momentum it had), the momentum's; each with what a reader of its bytes will decode
@@ -991,7 +994,9 @@ class Runtime:
         encodes, once on the two workers at once, follow each other: on a large fragment a
         merge takes one encode longer where two cores were free."""
         fragment, round_ = cmd.fragment, cmd.round
-        merged = self._codec.merge_held(fragment, theta, momentum, deltas, contributions)
+        merged = self._codec.merge_held(
+            fragment, theta, momentum, deltas, contributions, handed_over=not cmd.final_only
+        )
         payloads = [self._written(fragment, Role.THETA, round_, merged.theta, home=True)]
         if not cmd.final_only:
             payloads.append(self._written(fragment, Role.MOMENTUM, round_, merged.momentum))
@@ -1009,7 +1014,7 @@ class Runtime:
 
     def _written(
         self, fragment: int, role: Role, round_: int, x: Any, *, home: bool = False
-    ) -> tuple[bytes, PayloadRef, Any]:
+    ) -> tuple[Sealed, PayloadRef, Any]:
         """Encode ``x`` (a buffer on the codec's device) there; with it, what any reader of
         those bytes will decode: on the device, or with ``home`` on the host (decoded from
         the bytes there, or ``x`` copied back once when they are exact). A worker's part."""
@@ -1022,7 +1027,7 @@ class Runtime:
         self,
         cache: FragmentCache[PayloadRef, Any],
         fragment: int,
-        data: bytes,
+        data: Sealed,
         ref: PayloadRef,
         decoded: Any,
     ) -> PayloadRef:

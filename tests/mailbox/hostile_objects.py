@@ -13,13 +13,15 @@ import zstandard
 MiB = 1 << 20
 
 
-def zeros_frame(size: int, *, declare: bool) -> bytes:
-    """A zstd frame of ``size`` zero bytes, made in 1 MiB pieces (~32 KB per GiB)."""
+def zeros_frame(size: int, *, declare: bool, prefix: bytes = b"") -> bytes:
+    """A zstd frame of ``prefix`` then ``size`` zero bytes, the zeros made in 1 MiB pieces
+    (~32 KB per GiB)."""
     cobj = zstandard.ZstdCompressor(level=1, write_content_size=declare).compressobj(
-        size=size if declare else -1
+        size=len(prefix) + size if declare else -1
     )
     piece = bytes(MiB)
-    return b"".join([cobj.compress(piece) for _ in range(size // MiB)] + [cobj.flush()])
+    head = cobj.compress(prefix)
+    return b"".join([head] + [cobj.compress(piece) for _ in range(size // MiB)] + [cobj.flush()])
 
 
 def declaring_frame(size: int) -> bytes:

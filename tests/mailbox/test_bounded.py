@@ -23,6 +23,7 @@ import attrs
 import blake3
 import numpy as np
 import pytest
+import zstandard
 from hostile_objects import declared_tensor, nested_header, sealed, zeros_frame
 from mailbox_targets import Target, local_target, server_target, store_params
 
@@ -247,6 +248,8 @@ def hostile() -> tuple[Manifest, Bucket]:
     flipped = bytearray(good)
     flipped[-1] ^= 1
     bucket.payload("digest-mismatch", bytes(flipped), attrs.evolve(good_ref, size=len(flipped)))
+    file = zstandard.ZstdDecompressor().decompress(good)  # a right file, then 1 GiB of zeros
+    bucket.payload("file-then-1GiB", zeros_frame(GiB, declare=False, prefix=file))
     # Last, as a control of the measurement: the 64 MiB record read without a cap.
     bucket.cases.append({"name": "control", "kind": "control", "key": keys.round_record(7)})
     return manifest, bucket
@@ -257,7 +260,8 @@ EXPECTED = {
     "snapshot-1MiB": "too_large",
     "record-garbage": "read",
     "zstd-declares-1GiB": "corrupt: zstd frame declares 1073741824 bytes",
-    "zstd-inflates-to-1GiB": "corrupt: zstd frame does not decode within",
+    "zstd-inflates-to-1GiB": "corrupt: header is not JSON",
+    "file-then-1GiB": "corrupt: zstd frame does not decode to",
     "nested-header": "corrupt: header nests too deeply",
     "tensor-of-16GiB": "corrupt: tensor 'a.weight': declared to end at byte",
     "bigger-than-its-ref": "corrupt: payloads/",

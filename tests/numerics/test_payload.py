@@ -16,16 +16,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numeric_strategies import fragment, layouts, seeds
 
-from gm_core.numerics import Layout, wire_layout
+from gm_core.numerics import Layout, shuffle, wire_layout
 from gm_core.records import Compression, WireFormat
 from gm_shell.backends import NumpyBackend
 from gm_shell.payload import (
+    DTYPE_BITS,
     PayloadError,
     PayloadWriter,
+    SchemaMismatchError,
     TensorEntry,
     content_hash,
     decode_fragment,
-    inflate,
     read_fragment,
     read_payload,
     seal,
@@ -74,18 +75,52 @@ def test_f32_payloads_sealed_and_read_without_the_file_are_the_same_bytes(
     layout: Layout, seed: int, compression: Compression
 ) -> None:
     """seal_f32 writes byte for byte what the writer's file sealed is (so digests and keys
-    do not change), and unseal_f32 decodes a zstd frame's shuffled file to ``x``."""
+    do not change), and unseal_f32 decodes a zstd frame straight to ``x``."""
     x = fragment(np.random.default_rng(seed), layout.total)
     wire = wire_layout(layout, WireFormat.F32)
     file = write_fragment(PayloadWriter(), NUMPY, x, wire)
     sent = seal_f32(x, wire, compression)
-    assert isinstance(sent, bytes)
-    assert sent == bytes(seal(file, compression))
+    assert bytes(sent) == bytes(seal(file, compression))
     if compression is Compression.NONE:
         return  # nothing shuffled: read as before (decode_fragment)
     out = np.full_like(x, np.nan)
-    unseal_f32(read_payload(inflate(sent, compression, file.shape[0])), wire, out)
+    unseal_f32(sent, wire, file.shape[0], 1 << 16, out)
     np.testing.assert_array_equal(out.view(np.uint32), x.view(np.uint32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(layouts(), seeds(), st.sampled_from(list(WireFormat)))
+def test_a_zstd_payload_is_one_frame_of_the_file_with_each_tensor_shuffled(
+    layout: Layout, seed: int, fmt: WireFormat
+) -> None:
+    """What seal streams through the compressor is the file as :func:`shuffle` defines the
+    wire (each tensor's bytes in planes of its element size), whatever a plain zstd
+    decoder reads it with; and what unseal streams out is the file again."""
+    x = fragment(np.random.default_rng(seed), layout.total)
+    file = write_fragment(PayloadWriter(), NUMPY, x, wire_layout(layout, fmt))
+    sent = seal(file, Compression.ZSTD)
+    expected = file.copy()
+    payload = read_payload(file)
+    for view in payload.tensors.values():
+        at = payload.data_start + view.start
+        size = max(DTYPE_BITS[view.entry.dtype] // 8, 1)
+        shuffle(view.data, size, expected[at : at + view.data.shape[0]])
+    assert zstandard.ZstdDecompressor().decompress(sent) == expected.tobytes()
+    assert zstandard.frame_content_size(sent) == file.shape[0]
+    assert unseal(sent, Compression.ZSTD, file.shape[0]).tobytes() == file.tobytes()
+
+
+def test_an_f32_frame_of_other_tensors_is_a_schema_mismatch_read_from_its_header() -> None:
+    x = np.arange(11, dtype=np.float32)
+    mine = wire_layout(Layout.of([("a", (2, 3)), ("b", (5,))]), WireFormat.F32)
+    other = wire_layout(Layout.of([("a", (2, 3)), ("c", (5,))]), WireFormat.F32)
+    sent = seal_f32(x, other, Compression.ZSTD)
+    with pytest.raises(SchemaMismatchError, match="tensor 'c': not in the fragment"):
+        unseal_f32(sent, mine, 1 << 16, 1 << 16, np.empty(11, np.float32))
+    truncated = bytes(sent)[:-8]
+    with pytest.raises(PayloadError, match="zstd") as raised:
+        unseal_f32(truncated, mine, 1 << 16, 1 << 16, np.empty(11, np.float32))
+    assert not isinstance(raised.value, SchemaMismatchError)
 
 
 def test_the_safetensors_library_reads_our_files() -> None:
@@ -246,9 +281,17 @@ def test_reads_are_bounded_by_what_the_reader_expects(f32_file: np.ndarray) -> N
     assert unseal(frame, Compression.ZSTD, size).tobytes() == f32_file.tobytes()
     with pytest.raises(PayloadError, match=f"declares {size} bytes, over the {size - 1}-byte"):
         unseal(frame, Compression.ZSTD, size - 1)
-    undeclared = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(size))
-    with pytest.raises(PayloadError, match=f"does not decode within {size - 1} bytes"):
-        unseal(undeclared, Compression.ZSTD, size - 1)
+    undeclared = zstandard.ZstdCompressor(write_content_size=False)
+    with pytest.raises(PayloadError, match=f"past the {size - 1}-byte limit"):
+        unseal(undeclared.compress(f32_file.tobytes()), Compression.ZSTD, size - 1)
+    bomb = undeclared.compressobj()  # the file, then 64 MiB of zeros: never inflated
+    head = bomb.compress(f32_file.tobytes())
+    tail = [bomb.compress(bytes(1 << 20)) for _ in range(64)]
+    inflating = head + b"".join(tail) + bomb.flush()
+    with pytest.raises(PayloadError, match=f"does not decode to {size} bytes: more follow"):
+        unseal(inflating, Compression.ZSTD, size)
+    with pytest.raises(PayloadError, match="does not decode within 20 bytes"):
+        unseal(undeclared.compress(f32_file.tobytes()), Compression.ZSTD, 20)  # header too
     with pytest.raises(PayloadError, match="does not decode"):  # a second frame after it
         unseal(bytes(frame) + bytes(frame), Compression.ZSTD, 2 * size)
     assert len(bytes(frame)) <= sealed_limit(size, Compression.ZSTD)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
@@ -113,6 +114,30 @@ def test_merge_on_any_backend_matches_the_reference(name: str) -> None:
     assert cosine is not None
     assert -1.0 <= cosine <= 1.0
     assert not np.shares_memory(new_theta, theta)  # the cached base is never changed
+    assert not np.shares_memory(new_momentum, momentum)
+
+
+@pytest.mark.parametrize("name", ["numpy", "torch"])
+def test_a_momentum_handed_over_becomes_the_new_one_in_place(name: str) -> None:
+    """The closer's merge (its momentum taken out of its cache) makes the new momentum
+    where the old one was, with the values of a merge from a copy; a round of final deltas
+    only leaves it as it was."""
+    codec = FragmentCodec(manifest(), backend(name))
+    theta, momentum = values(codec, 0, 1), values(codec, 0, 2)
+    deltas = [values(codec, 0, s) for s in (3, 4)]
+    contributions = Contributions(learners=("a", "b"), weights=(0.5, 0.5))
+    copied = codec.merge(0, theta, momentum, deltas, contributions)
+    old = momentum.copy()
+    owned = codec.merge(0, theta, momentum, deltas, contributions, handed_over=True)
+    assert np.shares_memory(owned.momentum, momentum)
+    np.testing.assert_array_equal(owned.momentum, copied.momentum)
+    np.testing.assert_array_equal(owned.theta, copied.theta)
+    assert not np.array_equal(momentum, old)
+    final = attrs.evolve(contributions, final=(True, True))
+    kept = momentum.copy()
+    ended = codec.merge(0, theta, momentum, deltas, final, handed_over=True)
+    np.testing.assert_array_equal(ended.momentum, kept)
+    np.testing.assert_array_equal(momentum, kept)
 
 
 @pytest.mark.parametrize("name", ["numpy", "torch", "mlx"])
