@@ -412,21 +412,21 @@ HUGE_S3 = 16 * MiB
 OVER_BOUND = pytest.mark.xfail(
     strict=True,
     reason="gm itself outgrows 2 x model + 64 MiB (issue 12 Show, open) where one fragment is"
-    " the whole model: with the 16 MiB model in one tensor and no attacker, RSS grows 210-274"
-    " MiB (learner) and 305-389 MiB (closer-learner) over the test's rounds, file:// and"
-    " SeaweedFS, open and keyed (2026-12-04); most of it is glibc's heap holes"
-    " (bench_memory --live --trace); where every buffer is its own mapping (48 MiB, or"
-    " mmap_threshold) a closer-learner still holds ~9 fragments at its peak and a learner ~5;"
-    " in 8 fragments with mmap_threshold the closer-learner is near it (83-99.5 MiB of 96):"
-    " spec/threat-model.md §4.9 'Memory, measured'",
+    " the whole model: with the 16 MiB model in one tensor and no attacker, RSS grows 177-209"
+    " MiB (learner) and 273-341 MiB (closer-learner) over the test's rounds, file:// and"
+    " SeaweedFS, open and keyed (2026-12-04, streamed payloads; 210-274 and 305-389 before);"
+    " much of it is glibc's heap holes (bench_memory --live --trace); with mmap_threshold a"
+    " closer-learner still grows ~12 x model (its merge's payloads, deltas and outputs at"
+    " once) and a learner ~7 x; in 8 fragments with mmap_threshold the closer-learner is"
+    " just under it (80-94 MiB of 96): spec/threat-model.md §4.9 'Memory, measured'",
 )
 """The one-fragment 16 MiB variant fails its memory bound whatever the attacker does: with
 one fragment as big as the model, a closer-learner's merge holds the trainer's gradients,
-the anchor, two decoded deltas, the old momentum, the new theta and momentum and their two
-encodings at once (~9 x model), a learner its gradients, captures and the decoded commit
-beside its anchor (~4 x model); glibc's heap holes come on top below 32 MiB. When gm's own
-working set fits ``2 × model + RSS_SLACK`` (a streamed merge; encodings that reuse their
-buffers), this marker goes (strict: the test then fails as a reminder)."""
+its capture buffers, the decoded deltas, the momentum, the new theta and the two payloads
+it writes at once, a learner its gradients, captures and the decoded commit beside its
+anchor; glibc's heap holes come on top below 32 MiB. When gm's own working set fits
+``2 × model + RSS_SLACK`` (a streamed merge over streamed GETs), this marker goes (strict:
+the test then fails as a reminder)."""
 
 
 @pytest.mark.parametrize(
