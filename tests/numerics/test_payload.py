@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import struct
 
@@ -304,3 +305,30 @@ def test_no_zstd_frame_is_bigger_than_the_sealed_limit(size: int, seed: int) -> 
     data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
     frame = zstandard.ZstdCompressor(level=3).compress(data)
     assert len(frame) <= sealed_limit(size, Compression.ZSTD)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    layouts(),
+    seeds(),
+    st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(1, 255)), min_size=1, max_size=4),
+    st.integers(0, 64),
+)
+def test_a_damaged_frame_is_refused_as_a_payload_error_or_read_within_its_bounds(
+    layout: Layout, seed: int, flips: list[tuple[int, int]], cut: int
+) -> None:
+    """Any bytes flipped in a sealed F32 payload, or any cut off its end: the streamed
+    readers either refuse it as a :class:`PayloadError` (a schema mismatch among them) or
+    read a file of at most the size allowed — nothing else is ever raised or allocated."""
+    x = fragment(np.random.default_rng(seed), layout.total)
+    wire = wire_layout(layout, WireFormat.F32)
+    size = write_fragment(PayloadWriter(), NUMPY, x, wire).shape[0]
+    damaged = bytearray(seal_f32(x, wire, Compression.ZSTD))
+    for at, mask in flips:
+        damaged[at % len(damaged)] ^= mask
+    data = bytes(damaged[: len(damaged) - min(cut, len(damaged) - 1)])
+    with contextlib.suppress(PayloadError):
+        assert unseal(data, Compression.ZSTD, size).shape[0] <= size
+    out = np.empty_like(x)
+    with contextlib.suppress(PayloadError):
+        unseal_f32(data, wire, size, 1 << 16, out)
