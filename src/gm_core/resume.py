@@ -21,10 +21,15 @@ closes (after the final flush: no progress is left then).
 
 Local progress (:class:`Drift`). Per fragment, a save keeps the parameters minus a
 *base*, with the steps and tokens trained since that base. Under ``carry`` the base
-is the copy taken for this node's newest snapshot of the fragment not yet folded in
-(that snapshot's progress is in the bucket; a commit that merges it adds it back),
-else the fragment's anchor (the commit it last folded in): exactly what carry would
-lay over the next commit. Under ``overwrite``/``blend`` it is the anchor.
+is the copy taken for this node's newest *published* snapshot of the fragment not yet
+folded in (that snapshot's progress is in the bucket; a commit that merges it adds it
+back), else the fragment's anchor (the commit it last folded in): exactly what carry
+would lay over the next commit. A snapshot captured but not yet published is no base:
+a crash before its upload would leave its progress nowhere, and everything trained
+before its capture would be lost with it (a save just after a due step, and a kill
+just after the save, lost half a cycle that way). Measured from the anchor instead,
+the progress is all kept unless that snapshot did reach the bucket after all (then
+:func:`keep` drops it, as below). Under ``overwrite``/``blend`` it is the anchor.
 
 What a restart keeps (:func:`keep`). The restarted node holds the newest commit.
 Laying a fragment's saved progress over it must not count any training twice,
@@ -102,7 +107,11 @@ def drifts(state: LearnerState, copies: frozenset[int]) -> tuple[Drift, ...]:
         bases = [
             r
             for r, o in state.outgoing.items()
-            if carry and o.fragment == fragment and r in copies and r > state.aligned_round
+            if carry
+            and o.fragment == fragment
+            and o.published
+            and r in copies
+            and r > state.aligned_round
         ]
         base_round = max(bases, default=-1)
         since = state.outgoing[base_round] if bases else anchor
