@@ -416,37 +416,41 @@ Sealed = bytes | memoryview
 """The bytes to upload: a fresh buffer, or a view of one (never of a buffer reused later)."""
 
 
-def _planes(data: U8, size: int, chunk: U8) -> Iterator[memoryview]:
-    """``data``'s bytes as :func:`shuffle` lays them out (plane by plane), through ``chunk``."""
-    if size == 1:
-        for lo in range(0, data.shape[0], CHUNK):
-            yield data[lo : lo + CHUNK].data
-        return
-    elements = data.reshape(-1, size)
-    for plane in range(size):
-        for lo in range(0, elements.shape[0], CHUNK):
-            piece = elements[lo : lo + CHUNK, plane]
-            chunk[: piece.shape[0]] = piece
-            yield chunk[: piece.shape[0]].data
+def _pieces(parts: Sequence[tuple[U8, int]]) -> Iterator[U8]:
+    """Views of ``parts`` (each: bytes, and the element size its planes are shuffled by)
+    in the order :func:`shuffle` lays their bytes out, plane by plane, none longer than
+    :data:`CHUNK`: what a frame streams, written or read in place."""
+    for data, size in parts:
+        elements = data.reshape(-1, size)
+        for plane in range(size):
+            for lo in range(0, elements.shape[0], CHUNK):
+                yield elements[lo : lo + CHUNK, plane]
 
 
 def _compressed(parts: Sequence[tuple[U8, int]], level: int) -> memoryview:
-    """One zstd frame of ``parts`` (each: bytes, and the element size its planes are
-    shuffled by) laid end to end, compressed as they stream through a small buffer, into
-    one buffer of the frame's worst-case size (pages untouched by the frame stay unmapped)."""
+    """One zstd frame of ``parts`` laid end to end (:func:`_pieces`), gathered a buffer of
+    :data:`CHUNK` bytes at a time for the compressor, into one buffer of the frame's
+    worst-case size (pages untouched by the frame stay unmapped)."""
     total = sum(data.shape[0] for data, _ in parts)
     out = np.empty(sealed_limit(total, Compression.ZSTD), dtype=np.uint8)
-    chunk = np.empty(CHUNK, dtype=np.uint8)
+    chunk = np.empty(min(CHUNK, total), dtype=np.uint8)
     compressor = zstandard.ZstdCompressor(level=level).compressobj(size=total)
-    at = 0
-    for data, size in parts:
-        for piece in _planes(data, size, chunk):
-            block = compressor.compress(piece)
-            out[at : at + len(block)] = np.frombuffer(block, dtype=np.uint8)
-            at += len(block)
-    block = compressor.flush()
-    out[at : at + len(block)] = np.frombuffer(block, dtype=np.uint8)
-    return out[: at + len(block)].data
+    at = filled = 0
+
+    def put(block: bytes) -> None:
+        nonlocal at
+        out[at : at + len(block)] = np.frombuffer(block, dtype=np.uint8)
+        at += len(block)
+
+    for piece in _pieces(parts):
+        if filled + piece.shape[0] > chunk.shape[0]:
+            put(compressor.compress(chunk[:filled].data))
+            filled = 0
+        chunk[filled : filled + piece.shape[0]] = piece
+        filled += piece.shape[0]
+    put(compressor.compress(chunk[:filled].data))
+    put(compressor.flush())
+    return out[:at].data
 
 
 def seal(file: U8, compression: Compression, level: int = 3) -> memoryview:
@@ -496,7 +500,6 @@ class Inflating:
         self.max_size = max_size
         self.read = 0
         self._reader = zstandard.ZstdDecompressor().stream_reader(frame)
-        self._chunk = np.empty(CHUNK, dtype=np.uint8)
 
     def into(self, out: U8) -> None:
         """Fill ``out`` with the frame's next bytes (a PayloadError if it has fewer)."""
@@ -513,18 +516,23 @@ class Inflating:
             filled += got
         self.read += filled
 
-    def unshuffle_into(self, out: U8, size: int) -> None:
-        """Fill ``out`` with the frame's next bytes, shuffled by ``size`` (:func:`shuffle`):
-        each plane goes to its place through a small buffer, with no copy of the whole."""
-        if size == 1:
-            self.into(out)
-            return
-        elements = out.reshape(-1, size)
-        for plane in range(size):
-            for lo in range(0, elements.shape[0], CHUNK):
-                piece = elements[lo : lo + CHUNK, plane]
-                self.into(self._chunk[: piece.shape[0]])
-                piece[...] = self._chunk[: piece.shape[0]]
+    def scatter(self, parts: Sequence[tuple[U8, int]]) -> None:
+        """Fill ``parts`` (as :func:`_compressed` takes them) with the frame's next bytes,
+        read a buffer of :data:`CHUNK` bytes at a time and put in place plane by plane:
+        no copy of the whole is made."""
+        left = sum(data.shape[0] for data, _ in parts)
+        chunk = np.empty(min(CHUNK, left), dtype=np.uint8)
+        at = have = 0
+        for piece in _pieces(parts):
+            done = 0
+            while done < piece.shape[0]:
+                if at == have:
+                    have, at = min(chunk.shape[0], left), 0
+                    self.into(chunk[:have])
+                    left -= have
+                n = min(piece.shape[0] - done, have - at)
+                piece[done : done + n] = chunk[at : at + n]
+                done, at = done + n, at + n
 
     def header(self, header_limit: int) -> tuple[U8, FileLayout]:
         """The file's length prefix and header (its bytes, and what it declares), read
@@ -576,8 +584,10 @@ def unseal(
     head, layout = frame.header(header_limit)
     file = np.empty(head.shape[0] + layout.size, dtype=np.uint8)
     file[: head.shape[0]] = head
-    for entry, begin, end in layout.entries:
-        frame.unshuffle_into(file[head.shape[0] + begin : head.shape[0] + end], plane_size(entry))
+    at = head.shape[0]
+    frame.scatter(
+        [(file[at + begin : at + end], plane_size(e)) for e, begin, end in layout.entries]
+    )
     frame.end()
     return file
 
@@ -596,9 +606,7 @@ def unseal_f32(
     check_fragment({entry.name: entry for entry, _, _ in layout.entries}, wire)
     places = {t.span.name: t.codes for t in wire.tensors}
     target = out.view(np.uint8)
-    for entry, _, _ in layout.entries:
-        lo, hi = places[entry.name]
-        frame.unshuffle_into(target[lo:hi], 4)
+    frame.scatter([(target[slice(*places[entry.name])], 4) for entry, _, _ in layout.entries])
     frame.end()
 
 
