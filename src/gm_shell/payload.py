@@ -255,12 +255,13 @@ class FileLayout:
 
 
 def parse_entries(header: dict[str, Any]) -> FileLayout:
-    """The :class:`FileLayout` a parsed header declares (it is consumed)."""
-    metadata = header.pop("__metadata__", {})
+    """The :class:`FileLayout` a parsed header declares."""
+    metadata = header.get("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise PayloadError("__metadata__ must map strings to strings")
     parsed = sorted(
-        (parse_entry(name, fields) for name, fields in header.items()), key=lambda e: e[1]
+        (parse_entry(name, fields) for name, fields in header.items() if name != "__metadata__"),
+        key=lambda e: e[1],
     )
     position = 0
     for entry, begin, end in parsed:
