@@ -216,7 +216,7 @@ def live_node(spec: dict[str, Any]) -> None:
             sampler.stepped = True
             with torch.no_grad():
                 for p in model.parameters():
-                    p -= lr * p.grad
+                    p.add_(p.grad, alpha=-lr)  # in place: no gradient-sized temporary
             session.step(samples=32)
             time.sleep(0.02)
     sampler.stop.set()

@@ -402,6 +402,14 @@ class _TorchFragment:
     def held(self, flat: F32) -> F32:
         return torch_held(self.layout, self._params, flat)
 
+    def host_arrays(self) -> list[F32] | None:
+        """The parameters' own memory as flat fp32 arrays, one per span, where they are CPU
+        fp32 contiguous (None: only :meth:`gather` and :meth:`scatter` reach them)."""
+        direct = self._direct_views()
+        if direct is None:
+            return None
+        return [np.frombuffer(view, dtype=np.float32) for view in direct]
+
     def _cuda_stage(self) -> CudaStage | None:
         """The fragment's device and pinned buffers, if its parameters are on one CUDA device."""
         if self._cuda is None or self._cuda.device != self._params[0].device:
@@ -436,6 +444,14 @@ class DirectCopy(Protocol):
     def copy_bound(self, slots: list[memoryview]) -> tuple[int, ...] | None: ...
 
     def bound_to(self, pointers: tuple[int, ...]) -> bool: ...
+
+
+@runtime_checkable
+class InPlace(Protocol):
+    """A fragment whose parameters numpy can update where they are (a commit folded in
+    without a fragment-sized copy: :meth:`gm_shell.replica.Replica.apply`)."""
+
+    def host_arrays(self) -> list[F32] | None: ...
 
 
 def torch_held(layout: Layout, params: Sequence[Any], flat: F32) -> F32:

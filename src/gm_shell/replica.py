@@ -34,11 +34,13 @@ buffer back (:meth:`Taken.delta` then :meth:`Replica.recycle`), except a
 ``carry`` copy, which the replica keeps until the round's commit is applied;
 it is free again when that commit used it as the snapshot, since the commit's
 record names the delta, which the worker had finished encoding before it was
-uploaded. Folding a commit in uses a free buffer as its scratch too. Closing
-captures every fragment's final delta at once: those copies are not kept
-(closing leaves the newest commit: :meth:`gm_shell.pacer.Pacer.closing`), and
-each capture waits for an earlier one's buffer to come back encoded
-(:meth:`Replica.wait_for_free`), so closing holds two buffers, not the model.
+uploaded. Folding a commit in works on the parameters' own memory where numpy
+can write it (CPU fp32 torch: no copy of the fragment), else on a free buffer as
+its scratch. Closing captures every fragment's final delta at once: those copies
+are not kept (closing leaves the newest commit:
+:meth:`gm_shell.pacer.Pacer.closing`), and each capture waits for an earlier
+one's buffer to come back encoded (:meth:`Replica.wait_for_free`), so closing
+holds two buffers, not the model.
 
 Anchors are fp32, and they are the commit *as the model holds it*: a bf16 model
 holds a committed fp32 value rounded to bf16, and anchoring at the unrounded
@@ -62,7 +64,7 @@ import numpy as np
 from gm_core.numerics import align
 from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment, FragmentPlan
-from gm_shell.models import DirectCopy, FragmentAccess, ModelAdapter
+from gm_shell.models import DirectCopy, FragmentAccess, InPlace, ModelAdapter
 
 POOLED = 2
 """Free buffers the pool keeps. A ``carry`` copy comes back only when its round's commit
@@ -255,17 +257,37 @@ class Replica:
         if mode is Alignment.OVERWRITE or anchor is None:
             access.scatter(committed)
         else:
-            theta = self._buffer(access.layout.total)
-            access.gather(theta)
             snapshot = (anchor if kept is None else kept) if mode is Alignment.CARRY else None
-            align(theta, committed, mode, mixing, snapshot)
-            access.scatter(theta)
-            self._give_back(theta)
+            self._fold(access, committed, mode, mixing, snapshot)
         self._anchors[fragment] = access.held(committed)
         if kept is not None:  # the commit took our delta: the worker is done with this copy
             self._give_back(kept)
         for old in [r for r in self._taken if r <= round_]:
             del self._taken[old]
+
+    def _fold(
+        self,
+        access: FragmentAccess,
+        committed: F32,
+        mode: Alignment,
+        mixing: float,
+        snapshot: F32 | None,
+    ) -> None:
+        """:func:`align` the parameters with ``committed``: in their own memory where numpy
+        can write it (the same operations element by element, no copy of the fragment), else
+        in a pooled buffer gathered from them and scattered back."""
+        arrays = access.host_arrays() if isinstance(access, InPlace) else None
+        if arrays is None:
+            theta = self._buffer(access.layout.total)
+            access.gather(theta)
+            align(theta, committed, mode, mixing, snapshot)
+            access.scatter(theta)
+            self._give_back(theta)
+            return
+        for span, param in zip(access.layout.spans, arrays, strict=True):
+            part = slice(span.start, span.stop)
+            base = None if snapshot is None else snapshot[part]
+            align(param, committed[part], mode, mixing, base)
 
     def copies(self) -> frozenset[int]:
         """The rounds whose snapshot copy is kept for carry (training thread)."""

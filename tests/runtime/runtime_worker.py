@@ -74,7 +74,7 @@ def torch_model(seed: int, hidden: int = HIDDEN) -> tuple[Any, Any]:
         loss.backward()
         with torch.no_grad():
             for p in model.parameters():
-                p -= lr * p.grad
+                p.add_(p.grad, alpha=-lr)  # in place: no gradient-sized temporary
         return float(loss.item())
 
     return model, train

@@ -25,6 +25,7 @@ import torch
 from runtime_worker import IN, TEACHER, torch_model
 
 from gm_core import codec, keys, learner, schedule
+from gm_core.numerics import align
 from gm_core.records import Alignment, FragmentPlan, RoundRecord, Snapshot
 from gm_shell import DiLoCo, Session, SessionOptions
 from gm_shell.fragments import FragmentCodec, Role
@@ -357,6 +358,45 @@ def test_a_carry_copy_is_reused_after_its_commit_took_it_never_while_a_worker_ma
     replica.apply(2, 0, committed, Alignment.CARRY, 1.0)
     for round_ in (4, 6, 8):
         assert not np.shares_memory(replica.take(round_, 0, keep_copy=True).theta, second.theta)
+
+
+@pytest.mark.parametrize("contiguous", [True, False], ids=["in-place", "through-a-buffer"])
+@pytest.mark.parametrize("mode", [Alignment.OVERWRITE, Alignment.BLEND, Alignment.CARRY])
+def test_a_commit_is_folded_into_the_parameters_memory_as_align_folds_a_copy(
+    mode: Alignment, contiguous: bool
+) -> None:
+    """Folding a commit in gives exactly what :func:`align` gives on a gathered copy, by
+    every alignment (with the carry copy as the snapshot, and without one: the anchor).
+    Where the parameters are CPU fp32 contiguous it is done in their own memory, and the
+    replica makes no buffer for it (no fragment-sized copy); else through a pooled one."""
+    model = torch.nn.Linear(300, 200)
+    if not contiguous:
+        with torch.no_grad():
+            model.weight.data = torch.empty(300, 200).t().copy_(model.weight)
+    replica = Replica(adapt(model), FragmentPlan(fragments=(("weight", "bias"),)))
+    replica.overwrite_all([replica.read(0)])
+    rng = np.random.default_rng(5)
+
+    def train() -> None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.from_numpy(rng.normal(size=tuple(p.shape)).astype(np.float32)))
+
+    anchor = replica.read(0)
+    for round_, kept in ((0, True), (1, False)):
+        train()
+        snapshot = replica.take(round_, 0, keep_copy=True).theta.copy() if kept else anchor
+        train()
+        committed = rng.normal(size=anchor.shape[0]).astype(np.float32)
+        expected = replica.read(0)
+        align(expected, committed, mode, 0.25, snapshot)
+        made = replica.buffers
+        replica.apply(round_, 0, committed, mode, 0.25)
+        np.testing.assert_array_equal(replica.read(0), expected)
+        if contiguous:
+            assert replica.buffers == made
+        anchor = committed
+    assert model.weight.is_contiguous() is contiguous
 
 
 def test_the_pool_lends_one_fragments_buffer_to_another_and_keeps_few_free() -> None:
