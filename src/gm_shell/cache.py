@@ -100,6 +100,9 @@ class FragmentCache(Generic[K, B]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, key: K) -> bool:
+        return key in self._items
+
     @property
     def nbytes(self) -> int:
         return self._bytes

@@ -29,7 +29,8 @@ exactly as :mod:`gm_core.cluster` does against its model store:
   once its feed commits, a closer's after its transition's other commands): its own
   snapshot reaches its closer, its own record its learner, without a listing or a
   probe (spec/protocol.md §6.4). On the same node the closer's ``Verify`` of its own
-  learner's delta finds it decoded and judged already (:meth:`Runtime._encode_delta`).
+  learner's delta finds it decoded and judged already (:meth:`Runtime._encode_delta`; at
+most ``in_flight`` of them wait so: :meth:`Runtime._may_preload`).
 
 The training thread talks to the loop through notes it leaves with the pacer
 (a step with its copies, a capture, an applied commit). Every learner feed
@@ -270,6 +271,11 @@ class Runtime:
         )
         self._commits: FragmentCache[PayloadRef, F32] = FragmentCache(kept, newest)
         self._momenta: FragmentCache[PayloadRef, Any] = FragmentCache(kept, newest)
+        self._preloaded: list[PayloadRef] = []
+        """This node's own deltas decoded for its closer as they were encoded (see
+        :meth:`_may_preload`), oldest first; those merged since are dropped when counted."""
+        self._preloading = 0
+        """Captures being encoded with their delta decoded for the closer too."""
 
     # -- lifecycle (called from other threads) --------------------------------------------------
 
@@ -864,6 +870,8 @@ class Runtime:
         return theta
 
     async def _publish(self, req: int, taken: Taken) -> Event:
+        preload = self._may_preload()
+        self._preloading += preload
         try:
             if self._replica is not None and not self._replica.verify(taken):
                 self._replica.recycle(taken)
@@ -871,30 +879,45 @@ class Runtime:
                     f"a parameter of fragment {taken.fragment} moved to other memory around "
                     f"the step of round {taken.round}'s capture; it is captured afresh"
                 )
-            data, ref, judged = await self._compute(self._encode_delta, taken)
+            data, ref, judged = await self._compute(self._encode_delta, taken, preload)
             await self._mailbox.put_once(ref.key, data)  # taken: the same bytes are there
         except Exception:
             if self.pacer is not None:
                 self.pacer.publish([ForgetWork(round=taken.round)], None)
             raise
+        finally:
+            self._preloading -= preload  # counted among the preloaded below, no await between
         if judged is not None:
             self._deltas.put(ref, judged)
+            self._preloaded.append(ref)
         return Captured(now_s=now(), req=req, payload=ref, requests=self._requests())
 
-    def _encode_delta(self, taken: Taken) -> tuple[Sealed, PayloadRef, Any]:
+    def _may_preload(self) -> bool:
+        """Whether a capture's delta is decoded for this node's closer as it is encoded:
+        while fewer than ``in_flight`` such deltas wait unmerged (a learner keeps no more
+        rounds in flight). At close a learner publishes every fragment's final delta at
+        once; held decoded, they were the whole model beside the closer's momentum, so
+        those beyond ``in_flight`` are read when their rounds are merged."""
+        if self._closer_options is None:  # no closer on this node (set once, any thread)
+            return False
+        self._preloaded = [ref for ref in self._preloaded if ref in self._deltas]
+        return len(self._preloaded) + self._preloading < self.manifest.config.in_flight
+
+    def _encode_delta(self, taken: Taken, preload: bool) -> tuple[Sealed, PayloadRef, Any]:
         """A worker's part of a capture: the delta, its bytes, and the buffer given back.
 
-        On a node that also closes, the payload is read here as its closer's ``Verify``
-        will read it (:meth:`FragmentCodec.load` of the same bytes: checked, decoded where
-        the closer merges, judged finite), for the closer's cache: its own learner's
-        snapshot then costs the closer no GET and no trip to a worker (a round's critical
-        path, bench_step); a delta that is not finite is left for ``Verify`` to judge."""
+        With ``preload`` (a node that also closes, :meth:`_may_preload`), the payload is
+        read here as its closer's ``Verify`` will read it (:meth:`FragmentCodec.load` of the
+        same bytes: checked, decoded where the closer merges, judged finite), for the
+        closer's cache: its own learner's snapshot then costs the closer no GET and no trip
+        to a worker (a round's critical path, bench_step); a delta that is not finite is
+        left for ``Verify`` to judge."""
         try:
             data, ref = self._codec.encode(taken.fragment, Role.DELTA, taken.round, taken.delta())
         finally:
             if self._replica is not None:
                 self._replica.recycle(taken)
-        if self._closer_options is None:  # no closer on this node (set once, any thread)
+        if not preload:
             return data, ref, None
         try:
             judged = self._codec.load(taken.fragment, Role.DELTA, ref, data, self._codec.device)

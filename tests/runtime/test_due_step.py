@@ -432,7 +432,8 @@ def test_closing_publishes_every_fragments_final_delta_through_two_buffers(align
     has nothing else to do then, hands each capture over and waits for an earlier one's
     buffer to come back encoded before it copies the next, and keeps no ``carry`` copy
     (closing leaves the newest commit): the replica's pool makes at most ``POOLED`` more
-    buffers at close, not one per fragment (the whole model again). Every final delta
+    buffers at close, not one per fragment (the whole model again), and its closer holds
+    no more than ``in_flight`` of those deltas decoded ahead of their merges. Every final delta
     still commits, and the model is left at the newest commit."""
     mailbox = Mailbox.open(f"memory://due-{uuid.uuid4().hex[:10]}/run")
     torch.manual_seed(0)
@@ -440,6 +441,7 @@ def test_closing_publishes_every_fragments_final_delta_through_two_buffers(align
     algorithm = DiLoCo(sync_every=64, fragments=8, in_flight=2, alignment=alignment)
     options = attrs.evolve(OPTIONS, close_timeout_s=60.0)
     with Session(model, algorithm=algorithm, mailbox=mailbox, node="solo", options=options) as s:
+        held = watch_bytes(s)
         for _ in range(5):  # fewer steps than any fragment's first capture (8)
             with torch.no_grad():
                 for p in model.parameters():
@@ -449,6 +451,10 @@ def test_closing_publishes_every_fragments_final_delta_through_two_buffers(align
         assert replica is not None
         made = replica.buffers
     assert replica.buffers - made <= POOLED, (made, replica.buffers)
+    # The closer decodes at most in_flight (2) of its own learner's deltas ahead, and one
+    # it reads: never the whole model's final deltas at once.
+    assert held
+    assert max(held) <= 3 * 4 * (64 * 64 + 64), held
     assert s.checkpoint is not None
     assert s.checkpoint.versions == (1,) * 8, s.checkpoint
     assert s.manifest is not None
@@ -466,6 +472,21 @@ def test_closing_publishes_every_fragments_final_delta_through_two_buffers(align
     finally:
         loop.stop()
         mailbox.close()
+
+
+def watch_bytes(session: Session) -> list[int]:
+    """The bytes of decoded deltas the session's closer holds after each one it keeps."""
+    runtime = session._runtime
+    assert runtime is not None
+    deltas, held = runtime._deltas, []
+    put = deltas.put
+
+    def kept(*args: Any, **kwargs: Any) -> None:
+        put(*args, **kwargs)
+        held.append(deltas.nbytes)
+
+    deltas.put = kept  # type: ignore[method-assign]
+    return held
 
 
 @pytest.mark.timeout(60)  # a wait that misses its wake-up fails here, not in an hour
