@@ -34,6 +34,16 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[mailbox_serv
         server.stop()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked ``slow_on_servers`` runs by default on file:// only: its SeaweedFS
+    variants (``run_url``'s ``s3``) are slow ones."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_s3 = callspec is not None and callspec.params.get("run_url") == "s3"
+        if on_s3 and item.get_closest_marker("slow_on_servers") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=[pytest.param("file"), pytest.param("s3", marks=S3_MARKS)])
 def run_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, MailboxOptions]:
     """The same scenario on a local folder and on SeaweedFS."""

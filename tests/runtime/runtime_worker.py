@@ -41,10 +41,11 @@ IN, HIDDEN = 8, 16
 TEACHER = np.random.default_rng(1234).normal(size=(IN, 1)).astype(np.float32)
 
 
-def torch_model(seed: int, hidden: int = HIDDEN) -> tuple[Any, Any]:
-    """The test model. A ``hidden`` width other than :data:`HIDDEN` adds a square middle
-    layer of that width: a model whose bytes count (the memory bounds), while a batch's
-    activations stay small beside it (a wide first layer alone would hold batch x width)."""
+def torch_model(seed: int, hidden: int = HIDDEN, layers: int = 1) -> tuple[Any, Any]:
+    """The test model. A ``hidden`` width other than :data:`HIDDEN` adds ``layers`` square
+    middle layers of that width: a model whose bytes count (the memory bounds), while a
+    batch's activations stay small beside it (a wide first layer alone would hold batch x
+    width); in several layers, it can be dealt into as many fragments of equal size."""
     import torch
 
     torch.set_num_threads(1)
@@ -54,13 +55,14 @@ def torch_model(seed: int, hidden: int = HIDDEN) -> tuple[Any, Any]:
         def __init__(self) -> None:
             super().__init__()
             self.fc1 = torch.nn.Linear(IN, hidden)
-            self.mid = torch.nn.Linear(hidden, hidden) if hidden != HIDDEN else None
+            square = layers if hidden != HIDDEN else 0
+            self.mid = torch.nn.ModuleList([torch.nn.Linear(hidden, hidden) for _ in range(square)])
             self.fc2 = torch.nn.Linear(hidden, 1)
 
         def forward(self, x: Any) -> Any:
             h = torch.tanh(self.fc1(x))
-            if self.mid is not None:
-                h = torch.tanh(self.mid(h))
+            for layer in self.mid:
+                h = torch.tanh(layer(h))
             return self.fc2(h)
 
     model = Net()
@@ -204,7 +206,7 @@ def main(spec: dict[str, Any]) -> int:
     framework = spec.get("framework", "torch")
     seed = int(spec["seed"])
     # A width other than HIDDEN: torch only (the memory-bound tests' wider model).
-    width = {"hidden": int(spec["hidden"])} if "hidden" in spec else {}
+    width = {k: int(spec[k]) for k in ("hidden", "layers") if k in spec}
     model, train = MODELS[framework](seed, **width)
     if "delta_scale" in spec:
         scale_published_deltas(float(spec["delta_scale"]))
