@@ -893,15 +893,22 @@ class Runtime:
         return Captured(now_s=now(), req=req, payload=ref, requests=self._requests())
 
     def _may_preload(self) -> bool:
-        """Whether a capture's delta is decoded for this node's closer as it is encoded:
-        while fewer than ``in_flight`` such deltas wait unmerged (a learner keeps no more
-        rounds in flight). At close a learner publishes every fragment's final delta at
-        once; held decoded, they were the whole model beside the closer's momentum, so
-        those beyond ``in_flight`` are read when their rounds are merged."""
+        """Whether a capture's delta is decoded for this node's closer as it is encoded.
+
+        At most ``in_flight`` such deltas wait unmerged: a new one makes room by dropping
+        the oldest. In a run that goes as planned that one is merged already (a learner
+        publishes a round only once the round ``in_flight`` before it is committed); one
+        this node's closer never merges (a round another closer decided, a snapshot left
+        out) would otherwise stay for good. At close a learner publishes every fragment's
+        final delta at once: held decoded, they were the whole model beside the closer's
+        momentum; those dropped before their merge are read again then."""
         if self._closer_options is None:  # no closer on this node (set once, any thread)
             return False
+        room = self.manifest.config.in_flight - self._preloading
         self._preloaded = [ref for ref in self._preloaded if ref in self._deltas]
-        return len(self._preloaded) + self._preloading < self.manifest.config.in_flight
+        while self._preloaded and len(self._preloaded) >= room:
+            self._deltas.discard(self._preloaded.pop(0))
+        return room > 0
 
     def _encode_delta(self, taken: Taken, preload: bool) -> tuple[Sealed, PayloadRef, Any]:
         """A worker's part of a capture: the delta, its bytes, and the buffer given back.
