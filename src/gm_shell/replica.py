@@ -72,6 +72,14 @@ is folded in, which can be after the next capture (``in_flight`` ≥ P): two cov
 more would only hold memory."""
 
 
+IN_PLACE_SPAN = 1 << 16
+"""The mean tensor length (fp32 values) from which a commit is folded into the parameters'
+own memory, a tensor at a time: below it a tensor's own numpy calls (~4 us each) cost more
+than a copy of it through one gathered buffer (a fragment of 64 tensors of 34 KiB in all:
+63 us through the buffer, 270-293 us in place; 16 MiB in 16 tensors: 8.0-8.8 ms through
+it, 3.6-4.0 ms in place; /tmp micro-benchmark of ``Replica.apply``, carry, session 21)."""
+
+
 class Taken(NamedTuple):
     """θ of one fragment copied at a due step, and the anchor its delta is taken from.
 
@@ -274,9 +282,12 @@ class Replica:
         snapshot: F32 | None,
     ) -> None:
         """:func:`align` the parameters with ``committed``: in their own memory where numpy
-        can write it (the same operations element by element, no copy of the fragment), else
-        in a pooled buffer gathered from them and scattered back."""
-        arrays = access.host_arrays() if isinstance(access, InPlace) else None
+        can write it and the tensors are big (the same operations element by element, no
+        copy of the fragment; see :data:`IN_PLACE_SPAN`), else in a pooled buffer gathered
+        from them and scattered back."""
+        layout = access.layout
+        big = layout.total >= IN_PLACE_SPAN * len(layout.spans)
+        arrays = access.host_arrays() if big and isinstance(access, InPlace) else None
         if arrays is None:
             theta = self._buffer(access.layout.total)
             access.gather(theta)

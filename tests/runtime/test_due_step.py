@@ -32,7 +32,7 @@ from gm_shell.fragments import FragmentCodec, Role
 from gm_shell.loopthread import LoopThread
 from gm_shell.mailbox import Mailbox
 from gm_shell.models import adapt
-from gm_shell.replica import POOLED, Replica, Taken
+from gm_shell.replica import IN_PLACE_SPAN, POOLED, Replica, Taken
 
 OPTIONS = SessionOptions(
     poll_s=0.02, renew_s=0.3, close_timeout_s=0.2, stall_timeout_s=30.0, join_timeout_s=30.0
@@ -367,12 +367,14 @@ def test_a_commit_is_folded_into_the_parameters_memory_as_align_folds_a_copy(
 ) -> None:
     """Folding a commit in gives exactly what :func:`align` gives on a gathered copy, by
     every alignment (with the carry copy as the snapshot, and without one: the anchor).
-    Where the parameters are CPU fp32 contiguous it is done in their own memory, and the
-    replica makes no buffer for it (no fragment-sized copy); else through a pooled one."""
-    model = torch.nn.Linear(300, 200)
+    Where the parameters are CPU fp32 contiguous (and big: ``IN_PLACE_SPAN``) it is done
+    in their own memory, and the replica makes no buffer for it (no fragment-sized copy);
+    else through a pooled one."""
+    model = torch.nn.Linear(600, 300)
+    assert sum(p.numel() for p in model.parameters()) >= 2 * IN_PLACE_SPAN  # 2 big tensors
     if not contiguous:
         with torch.no_grad():
-            model.weight.data = torch.empty(300, 200).t().copy_(model.weight)
+            model.weight.data = torch.empty(600, 300).t().copy_(model.weight)
     replica = Replica(adapt(model), FragmentPlan(fragments=(("weight", "bias"),)))
     replica.overwrite_all([replica.read(0)])
     rng = np.random.default_rng(5)
