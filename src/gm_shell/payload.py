@@ -384,13 +384,6 @@ def write_fragment(
     return file
 
 
-def decode_fragment(file: BytesLike, wire: WireLayout, backend: Backend[Any], out: Any) -> None:
-    """Validate an (uncompressed) fragment payload and decode it into ``out``."""
-    payload = read_payload(file, header_limit(fragment_entries(wire)))
-    codes, scales = read_fragment(payload, wire)
-    backend.decode(codes, scales, wire, out)
-
-
 # -- compression and hashing -------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from numeric_strategies import fragment, layouts, seeds
 
 from gm_core.numerics import Layout, shuffle, wire_layout
+from gm_core.numerics.quant import WireLayout
 from gm_core.records import Compression, WireFormat
 from gm_shell.backends import NumpyBackend
 from gm_shell.payload import (
@@ -27,7 +28,8 @@ from gm_shell.payload import (
     SchemaMismatchError,
     TensorEntry,
     content_hash,
-    decode_fragment,
+    fragment_entries,
+    header_limit,
     read_fragment,
     read_payload,
     seal,
@@ -39,6 +41,14 @@ from gm_shell.payload import (
 )
 
 NUMPY = NumpyBackend()
+
+
+def decode_fragment(file: bytes | np.ndarray, wire: WireLayout, out: np.ndarray) -> None:
+    """An uncompressed fragment payload read and decoded into ``out`` by the parts
+    :class:`gm_shell.fragments.FragmentCodec` reads one with."""
+    payload = read_payload(file, header_limit(fragment_entries(wire)))
+    codes, scales = read_fragment(payload, wire)
+    NUMPY.decode(codes, scales, wire, out)
 
 
 def with_header(file: np.ndarray, edit: dict[str, object]) -> bytes:
@@ -66,7 +76,7 @@ def test_fragment_round_trip_through_sealed_bytes(
     codes, scales = np.empty(wire.code_bytes, np.uint8), np.empty(wire.scale_bytes, np.uint8)
     NUMPY.encode(x, wire, codes, scales)
     NUMPY.decode(codes, scales, wire, direct)
-    decode_fragment(received, wire, NUMPY, through)
+    decode_fragment(received, wire, through)
     np.testing.assert_array_equal(through, direct)
 
 
@@ -148,7 +158,7 @@ def test_we_read_the_library_files_in_any_order() -> None:
     x = np.array([1, 2, 3, 4, 5], np.float32)
     data = safetensors.numpy.save({"z": x[:3], "a": x[3:]})
     out = np.empty(5, np.float32)
-    decode_fragment(data, wire_layout(layout, WireFormat.F32), NUMPY, out)
+    decode_fragment(data, wire_layout(layout, WireFormat.F32), out)
     np.testing.assert_array_equal(out, x)
 
 
