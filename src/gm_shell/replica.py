@@ -76,8 +76,9 @@ IN_PLACE_SPAN = 1 << 16
 """The mean tensor length (fp32 values) from which a commit is folded into the parameters'
 own memory, a tensor at a time: below it a tensor's own numpy calls (~4 us each) cost more
 than a copy of it through one gathered buffer (a fragment of 64 tensors of 34 KiB in all:
-63 us through the buffer, 270-293 us in place; 16 MiB in 16 tensors: 8.0-8.8 ms through
-it, 3.6-4.0 ms in place; /tmp micro-benchmark of ``Replica.apply``, carry, session 21)."""
+62-119 us through the buffer, 270-293 us in place; 16 MiB in 16 tensors: 6.8-8.8 ms
+through it, 2.7-4.0 ms in place; /tmp micro-benchmark of ``Replica.apply``, carry, session
+21: bench/README.md "The fold in place")."""
 
 
 class Taken(NamedTuple):
@@ -289,13 +290,13 @@ class Replica:
         big = layout.total >= IN_PLACE_SPAN * len(layout.spans)
         arrays = access.host_arrays() if big and isinstance(access, InPlace) else None
         if arrays is None:
-            theta = self._buffer(access.layout.total)
+            theta = self._buffer(layout.total)
             access.gather(theta)
             align(theta, committed, mode, mixing, snapshot)
             access.scatter(theta)
             self._give_back(theta)
             return
-        for span, param in zip(access.layout.spans, arrays, strict=True):
+        for span, param in zip(layout.spans, arrays, strict=True):
             part = slice(span.start, span.stop)
             base = None if snapshot is None else snapshot[part]
             align(param, committed[part], mode, mixing, base)

@@ -29,8 +29,8 @@ exactly as :mod:`gm_core.cluster` does against its model store:
   once its feed commits, a closer's after its transition's other commands): its own
   snapshot reaches its closer, its own record its learner, without a listing or a
   probe (spec/protocol.md §6.4). On the same node the closer's ``Verify`` of its own
-  learner's delta finds it decoded and judged already (:meth:`Runtime._encode_delta`; at
-most ``in_flight`` of them wait so: :meth:`Runtime._may_preload`).
+  learner's delta finds it decoded and judged already (:meth:`Runtime._encode_delta`;
+  at most ``in_flight`` of them wait so: :meth:`Runtime._may_preload`).
 
 The training thread talks to the loop through notes it leaves with the pacer
 (a step with its copies, a capture, an applied commit). Every learner feed
@@ -905,10 +905,12 @@ class Runtime:
         if self._closer_options is None:  # no closer on this node (set once, any thread)
             return False
         room = self.manifest.config.in_flight - self._preloading
+        if room <= 0:
+            return False
         self._preloaded = [ref for ref in self._preloaded if ref in self._deltas]
-        while self._preloaded and len(self._preloaded) >= room:
+        while len(self._preloaded) >= room:
             self._deltas.discard(self._preloaded.pop(0))
-        return room > 0
+        return True
 
     def _encode_delta(self, taken: Taken, preload: bool) -> tuple[Sealed, PayloadRef, Any]:
         """A worker's part of a capture: the delta, its bytes, and the buffer given back.
