@@ -80,11 +80,12 @@ def model_bytes(hidden: int = HIDDEN, layers: int = 1) -> int:
 
 MODEL_BYTES = model_bytes()
 WIDE = 2048
-"""The hidden width of a slow variant's model: 4,214,785 parameters, 16.1 MiB, so that
-the bound's ``2 × model bytes`` term outweighs what the small model's nodes grow by."""
+"""The hidden width of the one-fragment variant's model: 4,214,785 parameters, 16.1 MiB,
+so that the bound's ``2 × model bytes`` term outweighs what the small model's nodes grow
+by."""
 WIDE_8 = 724
-"""The hidden width of the slow variant whose 16 MiB are 8 square layers (8 fragments of
-2 MiB): 4,206,441 parameters."""
+"""The hidden width of the variant whose 16 MiB are 8 square layers (8 fragments of 2 MiB):
+4,206,441 parameters."""
 
 
 class Shape(NamedTuple):
@@ -441,9 +442,9 @@ OVER_BOUND = pytest.mark.xfail(
     " whole model, whatever the attacker does: with the 16 MiB model in one tensor and the"
     " mmap threshold fixed, RSS grows 81-132 MiB (learner) and 163-198 MiB (closer-learner)"
     " over the test's rounds, file:// and SeaweedFS, open and keyed, two runs at once"
-    " (2026-12-04, session 21). What a closer-learner holds at once then is ~9 x the"
-    " fragment by the protocol's own needs (spec/threat-model.md §4.9 'Memory, measured');"
-    " in 8 fragments the bound holds (16MiB-8 below)",
+    " (2026-12-04, session 21). The gradients, the momentum and one carry copy alone are"
+    " 3 x model before any merge (spec/threat-model.md §4.9 'Memory, measured'); in 8"
+    " fragments the bound holds (16MiB-8 below)",
 )
 """The one-fragment 16 MiB variant fails its memory bound whatever the attacker does: with
 one fragment as big as the model, a closer-learner holds at once the trainer's gradients,
@@ -482,7 +483,7 @@ def test_objects_at_the_next_round_keys_are_named_skipped_and_never_adopted(
     fragments = {"fragments": shape.layers} if shape.layers > 1 else {}
     h = make_harness(url, options, tmp_path, quorum=2, **fragments)
     key_spec: dict[str, Any] = {"run_key": KEY.hex()} if keyed else {}
-    key_spec |= shape.spec(h.options)  # a model whose bytes count (slow): 16 MiB
+    key_spec |= shape.spec(h.options)  # a model whose bytes count: 16 MiB
     witness = Witness(url, options, run_key=KEY if keyed else None)
     nodes = ("n1", "n0")
     try:
