@@ -14,8 +14,9 @@ parameter (so every delta is new). The cases alternate (single, ddp, fsdp2, sing
 Measured on the learner's leader (the one process of it that talks to the bucket), per
 fragment, median over the rounds of every repeat (the first two rounds left out):
 
-* **capture**: ``Replica.take`` inside the due ``step()`` (the training thread's copy of
-  the fragment; for FSDP2 it all-gathers the shards, every rank taking part);
+* **capture**: ``Replica.take`` or ``take_planned`` inside the due ``step()`` (the
+  training thread's copy of the fragment; for FSDP2 it all-gathers the shards, every rank
+  taking part);
 * **publish**: from the capture's end to the :class:`~gm_shell.events.Published` event
   (hand-off to the loop, delta, encode, the payload's and the snapshot's PUTs);
 * **capture+publish**: the two in a row, what a round costs before the closer sees it;
@@ -71,12 +72,21 @@ class Clock:
         self.published: dict[int, float] = {}
 
     def hook(self, replica: Replica) -> None:
-        take, apply = replica.take, replica.apply
+        """Times ``take`` (a capture the loop did not plan) and ``take_planned`` (one it
+        prepared a buffer for: most of them; a due step's captures share its times)."""
+        take, take_planned, apply = replica.take, replica.take_planned, replica.apply
 
         def timed_take(round_: int, fragment: int, keep_copy: bool) -> Any:
             t0 = time.monotonic()
             taken = take(round_, fragment, keep_copy)
             self.captures[round_] = (t0, time.monotonic())
+            return taken
+
+        def timed_take_planned(prepared: Any, keep_copy: bool) -> Any:
+            t0 = time.monotonic()
+            taken = take_planned(prepared, keep_copy)
+            t1 = time.monotonic()
+            self.captures.update((t.round, (t0, t1)) for t in taken)
             return taken
 
         def timed_apply(*args: Any) -> None:
@@ -85,6 +95,7 @@ class Clock:
             self.aligns.append(time.monotonic() - t0)
 
         replica.take = timed_take  # type: ignore[method-assign]
+        replica.take_planned = timed_take_planned  # type: ignore[method-assign]
         replica.apply = timed_apply  # type: ignore[method-assign,assignment]
 
     def event(self, event: Event) -> None:
