@@ -15,7 +15,8 @@ So in a chained run (spec/protocol.md §16.5.2) the tip a joining node found is
 adopted only once it chains to a record of the round before: when the probe runs
 past a tip that was read with nothing checked before it, the node steps back one
 round, reads that round's record, and adopts the tip if it names it (one GET more
-per join). Otherwise the walk goes on from the record it read, which re-reads the
+per join: the round past the tip, read empty before the step back, is not read again).
+Otherwise the walk goes on from the record it read, which re-reads the
 tip with the chain checked (so a tip that does not chain is reported by the usual
 ``record_rejected``), and a tip with no record at all before it is refused by name
 and the probe starts over from the tape's start. Every step back lowers the round
@@ -137,7 +138,7 @@ def found(w: Walk, manifest: Manifest, record: RoundRecord) -> Walk:
     """The round's record, valid and chained as :func:`prev` asked: probe further."""
     check, held = taken(w.check, manifest, w.held, record)
     if held is not record:  # the tip under check chains to its predecessor: adopt it
-        return _probe(attrs.evolve(w, held=held, check=check, absent=None, stride=0))
+        return _probe(attrs.evolve(w, held=held, check=check, stride=0))
     stride = max(w.stride * 2, 1) if w.absent is None else w.stride
     return _probe(attrs.evolve(w, held=held, check=check, stride=stride))
 
@@ -158,8 +159,8 @@ def _probe(w: Walk) -> Walk:
     if w.absent - present > 1:
         return attrs.evolve(w, round=(present + w.absent) // 2)
     back = None if w.held is None else step_back(w.check, w.held)
-    if w.held is not None and back is not None:
-        return Walk(round=w.held.round - 1, check=back, refused=w.refused)
+    if w.held is not None and back is not None:  # the gap above the tip stays known
+        return Walk(round=w.held.round - 1, check=back, absent=w.absent, refused=w.refused)
     return attrs.evolve(w, check=TipCheck(), done=True)
 
 

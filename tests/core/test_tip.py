@@ -14,6 +14,7 @@ import functools
 import random
 
 import attrs
+import pytest
 from fast_cluster import FAST_C, FAST_L, C, L, random_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -190,18 +191,28 @@ def test_a_joiner_adopts_a_tip_that_chains_to_the_tape(
 @given(length=st.integers(1, 5000), hint=st.integers(-1, 6000))
 def test_the_search_costs_a_few_reads_whatever_the_hint(length: int, hint: int) -> None:
     """Galloping from the hint and bisecting the last gap: a current hint costs a read of
-    its record, one of the round after it and the tip's check (the record before it, and
-    the round after it again); a garbage or lagging hint (an outsider rewrote the head)
-    costs ``O(log n)`` (a hint past the tape: the log of the round it names), never a walk
-    over the tape."""
+    its record, one of the round after it and the tip's check (below); a garbage or
+    lagging hint (an outsider rewrote the head) costs ``O(log n)`` (a hint past the tape:
+    the log of the round it names), never a walk over the tape."""
     manifest = real_run()[0]
     written = {r.round: r for r in long_chain(manifest, length)}
     end, gets = join(manifest, written, hint)
     assert end.held is not None
     assert end.held.round == length - 1
-    if hint == length - 1:
-        assert gets <= 4 + (length == 1)
     assert gets <= 2 * max(length, hint + 1).bit_length() + 8
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 40, 1000])
+def test_a_current_hint_costs_three_reads(length: int) -> None:
+    """The head names the tip: its record, the empty round after it, and the record before
+    it (the tip's check; the round after it is known empty and not read again). Round 0
+    chains to the manifest and needs no check."""
+    manifest = real_run()[0]
+    written = {r.round: r for r in long_chain(manifest, length)}
+    end, gets = join(manifest, written, length - 1)
+    assert end.held is not None
+    assert end.held.round == length - 1
+    assert gets == (2 if length == 1 else 3)
 
 
 @functools.cache
