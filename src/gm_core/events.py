@@ -15,9 +15,21 @@ import attrs
 from gm_core.records import PayloadRef, Reason, Requests
 
 
+@attrs.frozen
+class HeadRead:
+    """``head.json`` as the shell read it just before the start, unjudged (``data`` None:
+    there was none)."""
+
+    data: bytes | None
+
+
 @attrs.frozen(kw_only=True)
 class Started:
     now_s: float
+    head: HeadRead | None = None
+    """The head hint, read with the manifest (a starting node's first reads go out
+    together); None: the machine reads it itself. A hint either way: the walk judges it
+    (:func:`gm_core.tape.parse_head`), and one read a moment early can only lag."""
 
 
 @attrs.frozen(kw_only=True)

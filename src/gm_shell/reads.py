@@ -41,6 +41,7 @@ from typing import Any, Final, TypeVar, overload
 import attrs
 
 from gm_core import keys
+from gm_core.events import HeadRead
 from gm_core.numerics.arrays import F32
 from gm_core.records import PayloadRef, Reason
 from gm_shell import events
@@ -48,7 +49,7 @@ from gm_shell.backends import Backend
 from gm_shell.cache import EtagMemory
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.limits import MAX_LISTED_KEYS, json_limit
-from gm_shell.mailbox import Listed, Mailbox, TooLargeError, UnchangedError
+from gm_shell.mailbox import Listed, Mailbox, MailboxError, TooLargeError, UnchangedError
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -89,6 +90,17 @@ async def read_json(mailbox: Mailbox, key: str) -> bytes | None:
     except TooLargeError:
         return REFUSED
     return None if got is None else got.data
+
+
+async def fetch_head(mailbox: Mailbox) -> HeadRead | None:
+    """``head.json``, read while a starting node reads the manifest, for its machines'
+    ``Started`` (one round trip less to join or boot); None when the read failed: each
+    machine then reads it itself, and retries as it does."""
+    try:
+        return HeadRead(await read_json(mailbox, keys.head()))
+    except MailboxError as error:
+        events.LOG.info("%s: head.json not read at start (%s)", mailbox.url, error)
+        return None
 
 
 class Reader:

@@ -95,6 +95,7 @@ from gm_core.events import (
     Deleted,
     Event,
     GotObject,
+    HeadRead,
     Listed,
     Merged,
     Probed,
@@ -279,12 +280,13 @@ class Runtime:
 
     # -- lifecycle (called from other threads) --------------------------------------------------
 
-    def start(self) -> None:
-        self._loop.call(self._start)
+    def start(self, head: HeadRead | None = None) -> None:
+        """Start the machines; ``head``: the head hint read for them (None: each reads it)."""
+        self._loop.call(functools.partial(self._start, head))
 
-    def _start(self) -> None:
+    def _start(self, head: HeadRead | None) -> None:
         for machine in self._machines():
-            self._feed(machine, Started(now_s=now()))
+            self._feed(machine, Started(now_s=now(), head=head))
 
     def _machines(self) -> list[Machine]:
         present = [(Machine.LEARNER, self.learner), (Machine.CLOSER, self.closer)]

@@ -119,6 +119,7 @@ from gm_shell.nodekeys import (
 from gm_shell.pacer import Pacer, StalledError
 from gm_shell.queue import Consumer, SharedQueue, drive, log_rejections
 from gm_shell.ranks import RankHolder
+from gm_shell.reads import fetch_head
 from gm_shell.replica import Replica
 from gm_shell.resume import Progress, Resumer, Saved, default_max_bytes
 from gm_shell.resume import digest_key as resume_digest_key
@@ -602,6 +603,7 @@ class Session:
         try:
             self._mailbox = self._open_mailbox()
             finished = self._loop.begin(fetch_finished(self._mailbox))  # with the manifest's read
+            head = self._loop.begin(fetch_head(self._mailbox))  # and so is the walk's start
             adapter = self._adapt()
             self.manifest = self._open_run(adapter)
             self._sign_as_member(self.manifest)
@@ -616,7 +618,7 @@ class Session:
             self._runtime = self._make_runtime(self.manifest)
             self._pacer = self._runtime.pacer
             leaving.opened(self)
-            self._runtime.start()
+            self._runtime.start(self._loop.result(head))
             if self._members is not None:
                 self._runtime.watch_members(self._members, self.options.members_poll_s)
             if self._pacer is not None:

@@ -54,7 +54,7 @@ from typing import assert_never
 
 import attrs
 
-from gm_core import auth, keys
+from gm_core import auth, keys, tip
 from gm_core.auth import RunAuth
 from gm_core.closer import boot, collect, commit, pump
 from gm_core.closer.collect import IDLE_POLLS, max_stale_versions
@@ -75,6 +75,7 @@ from gm_core.commands import Command, Delete, Get, Notify
 from gm_core.events import CloseRequested, Event, Shared, Started, TimerFired
 from gm_core.records import Manifest
 from gm_core.requests import Purpose, issue, settle
+from gm_core.tape import parse_head
 
 __all__ = [
     "COLLECT_EVERY_TIMEOUTS",
@@ -122,7 +123,7 @@ def advance(state: CloserState, event: Event) -> Result:
     if state.phase is Phase.STOPPED:
         return state, cmds  # a stopped closer stays stopped, whatever arrives late
     if isinstance(event, Started):
-        state = _start(state, now_s, cmds)
+        state = _start(state, event, cmds)
     elif isinstance(event, CloseRequested):
         state = _stop(state, cmds)
     elif isinstance(event, TimerFired):
@@ -142,12 +143,15 @@ def advance(state: CloserState, event: Event) -> Result:
     return state, cmds
 
 
-def _start(state: CloserState, now_s: float, cmds: list[Command]) -> CloserState:
+def _start(state: CloserState, event: Started, cmds: list[Command]) -> CloserState:
     if state.phase is not Phase.IDLE:
         return state
+    state = attrs.evolve(state, phase=Phase.BOOTING, walk=None, lease_at_s=event.now_s)
+    if event.head is not None:  # read with the manifest: the walk starts at once
+        return attrs.evolve(state, walk=tip.walk(parse_head(state.envelope, event.head.data)))
     state, req = _busy(state, Purpose(kind=Ask.TAPE, name="head"))
     cmds.append(Get(req=req, key=keys.head()))
-    return attrs.evolve(state, phase=Phase.BOOTING, walk=None, lease_at_s=now_s)
+    return state
 
 
 def _stop(state: CloserState, cmds: list[Command]) -> CloserState:

@@ -57,7 +57,7 @@ from typing import assert_never
 
 import attrs
 
-from gm_core import auth, keys, timing
+from gm_core import auth, keys, timing, tip
 from gm_core.auth import RunAuth
 from gm_core.commands import Command, Get, Notify
 from gm_core.events import (
@@ -87,6 +87,7 @@ from gm_core.learner.state import (
 )
 from gm_core.records import Manifest
 from gm_core.requests import Purpose, issue, settle
+from gm_core.tape import parse_head
 
 __all__ = [
     "MAX_FETCHED",
@@ -130,7 +131,7 @@ def advance(state: LearnerState, event: Event) -> Result:
     """The learner's transition function: one event in, the new state and commands out."""
     cmds: list[Command] = []
     if isinstance(event, Started):
-        state = _start(state, event.now_s, cmds)
+        state = _start(state, event, cmds)
     elif isinstance(event, Stepped):
         state = _stepped(state, event)
     elif isinstance(event, CloseRequested):
@@ -153,12 +154,16 @@ def advance(state: LearnerState, event: Event) -> Result:
     return state, cmds
 
 
-def _start(state: LearnerState, now_s: float, cmds: list[Command]) -> LearnerState:
+def _start(state: LearnerState, event: Started, cmds: list[Command]) -> LearnerState:
     if state.phase is not Phase.IDLE:
         return state
+    state = attrs.evolve(state, phase=Phase.BOOTING, lease_at_s=event.now_s)
+    if event.head is not None:  # read with the manifest: the walk starts at once
+        hint = parse_head(state.envelope, event.head.data)
+        return attrs.evolve(state, probe_at_s=event.now_s, walk=tip.walk(hint))
     state, req = issue(state, Purpose(kind=Ask.HEAD))
     cmds.append(Get(req=req, key=keys.head()))
-    return attrs.evolve(state, phase=Phase.BOOTING, probing=True, lease_at_s=now_s)
+    return attrs.evolve(state, probing=True)
 
 
 def _stepped(state: LearnerState, event: Stepped) -> LearnerState:
