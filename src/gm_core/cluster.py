@@ -44,6 +44,7 @@ from gm_core.commands import (
     Command,
     Delete,
     DeletePrefix,
+    Fetch,
     Get,
     List,
     Merge,
@@ -373,6 +374,8 @@ def _feed(c: Cluster, name: str, machine: Machine, event: Event) -> Cluster:
             changed["pace"] = cmd
         elif isinstance(cmd, Notify):
             notes.append((name, cmd))
+        elif isinstance(cmd, Fetch):
+            continue  # a read ahead of a load: the model's store has nothing to keep it in
         elif isinstance(cmd, Share):
             shares.append(cmd)
         else:

@@ -136,6 +136,17 @@ class Align:
 
 
 @attrs.frozen(kw_only=True)
+class Fetch:
+    """Learner, joining: read and decode the committed ``theta`` of ``fragment`` ahead of its
+    :class:`Align`, while the walk still checks the record that names it. No outcome: the
+    shell only keeps what it read for the load that may follow (never the model's values
+    before that load), and a failed read is read again by the load."""
+
+    fragment: int
+    theta: PayloadRef
+
+
+@attrs.frozen(kw_only=True)
 class WakeAt:
     """Deliver a :class:`~gm_core.events.TimerFired` no earlier than ``at_s``.
 
@@ -186,4 +197,4 @@ class Notify:
 
 StoreCommand = Get | Probe | PutOnce | PutOver | List | Delete | DeletePrefix
 PayloadCommand = Capture | Verify | Merge | Align
-Command = StoreCommand | PayloadCommand | WakeAt | Pace | Share | Notify
+Command = StoreCommand | PayloadCommand | Fetch | WakeAt | Pace | Share | Notify

@@ -76,6 +76,7 @@ from gm_core.commands import (
     Command,
     Delete,
     DeletePrefix,
+    Fetch,
     Get,
     List,
     Merge,
@@ -254,6 +255,9 @@ class Runtime:
         self._watching: asyncio.Task[None] | None = None
         """The look at ``members/`` every few seconds (per-node keys), while it runs."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reading: dict[tuple[int, PayloadRef], asyncio.Future[Any]] = {}
+        """Payload reads under way, by cache and reference: a second asker waits for the
+        first read (a join's :class:`Fetch` and the load after it) instead of reading again."""
         self._reads = Reader(
             node=node, mailbox=mailbox, codec=codec, compute=self._compute, emit=hub.emit, clock=now
         )
@@ -766,6 +770,8 @@ class Runtime:
             self._spawn(machine, cmd.req, self._merge(cmd))
         elif isinstance(cmd, Align):
             self._spawn(machine, cmd.req, self._align(cmd))
+        elif isinstance(cmd, Fetch):
+            self._spawn(machine, -1, self._fetch(cmd))
         elif isinstance(cmd, Get | Probe | PutOnce | PutOver | List | Delete | DeletePrefix):
             self._spawn(machine, cmd.req, self._store(cmd))
         else:
@@ -862,9 +868,21 @@ class Runtime:
         cached = cache.get(ref)
         if cached is not None:
             return cached
-        value = await self._reads.payload(fragment, role, ref, backend)
+        key = (id(cache), ref)
+        reading = self._reading.get(key)
+        if reading is None:
+            reading = asyncio.ensure_future(self._reads.payload(fragment, role, ref, backend))
+            self._reading[key] = reading
+            reading.add_done_callback(functools.partial(self._read, key))
+        value = await asyncio.shield(reading)  # one asker's cancellation is not the others'
         cache.put(ref, value, _at(fragment, ref))
         return value
+
+    def _read(self, key: tuple[int, PayloadRef], reading: asyncio.Future[Any]) -> None:
+        """A shared payload read ended: forget it (its outcome was the askers' to take)."""
+        del self._reading[key]
+        if not reading.cancelled():
+            reading.exception()  # taken here too: every asker may have been cancelled
 
     async def commit(self, fragment: int, ref: PayloadRef) -> F32:
         """A committed theta (from this node's own writes or reads when cached)."""
@@ -935,6 +953,13 @@ class Runtime:
         except UnusablePayloadError:
             judged = None
         return data, ref, judged
+
+    async def _fetch(self, cmd: Fetch) -> None:
+        """Read a commit into the cache ahead of its load; a failure is the load's to meet."""
+        try:
+            await self.commit(cmd.fragment, cmd.theta)
+        except Exception as error:
+            LOG.debug("%s: read ahead of %s failed: %s", self.node, cmd.theta.key, error)
 
     async def _align(self, cmd: Align) -> None:
         committed = await self.commit(cmd.fragment, cmd.theta)

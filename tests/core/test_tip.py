@@ -19,8 +19,10 @@ from fast_cluster import FAST_C, FAST_L, C, L, random_step
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gm_core import auth, codec, keys, schedule, tape, tip
+from gm_core import auth, codec, keys, learner, schedule, tape, tip
 from gm_core import cluster as cl
+from gm_core.commands import Align, Command, Fetch, Get
+from gm_core.events import GotObject, HeadRead, Started
 from gm_core.records import AlgorithmConfig, Head, Manifest, RoundRecord
 
 ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "joiner": frozenset({L})}
@@ -276,3 +278,43 @@ def test_a_replaced_record_or_another_digest_breaks_the_descent(
     behind = tip.descent(records[since], since + 1, digest)
     assert behind.done
     assert behind.broken is not None
+
+
+# --- a joiner reads the tip's commits while it checks the tip ------------------------------
+
+
+def test_a_joiner_fetches_the_tips_commits_before_its_check_and_loads_those() -> None:
+    """The learner asks for the commits of the record the head names (``Fetch``) as soon as
+    it holds it, before the reads that check it; once the check passes, it loads exactly
+    those commits (``Align``). Nothing is loaded before the walk adopts the tip."""
+    c = running(chained=True, seed=3)
+    newest = cl.records(c)[-1]
+    assert newest.round > 0  # a tip that needs the check
+    c = cl.tamper(c, keys.head(), OPEN.pack(keys.head(), Head(round=newest.round)))  # current
+    state = learner.initial("joiner", c.manifest, c.schema_digest)
+    head = c.store.get(keys.head())
+    assert head is not None
+    started = Started(now_s=c.now_s, head=HeadRead(head.data))
+    state, cmds = learner.advance(state, started)
+    order: list[Command] = list(cmds)
+    while state.phase is learner.Phase.BOOTING:
+        get = next(x for x in cmds if isinstance(x, Get) and x.key.startswith(keys.ROUNDS_PREFIX))
+        stored = c.store.get(get.key)
+        data = None if stored is None else stored.data
+        got = GotObject(now_s=c.now_s, req=get.req, data=data, etag=None)
+        state, cmds = learner.advance(state, got)
+        order.extend(cmds)
+    assert state.phase is learner.Phase.LOADING
+    reads = [x.key for x in order if isinstance(x, Get) and x.key.startswith(keys.ROUNDS_PREFIX)]
+    assert reads == [
+        tape.record_key(OPEN, r, 0) for r in (newest.round, newest.round + 1, newest.round - 1)
+    ]
+    fetched = [i for i, x in enumerate(order) if isinstance(x, Fetch)]
+    check = next(i for i, x in enumerate(order) if isinstance(x, Get) and x.key == reads[-1])
+    assert fetched
+    assert max(fetched) < check  # fetched before the check was even asked for
+    aligns = [x for x in order if isinstance(x, Align)]
+    assert min(order.index(x) for x in aligns) > check  # loaded only once the tip is adopted
+    assert {(x.fragment, x.theta) for x in aligns} == {
+        (x.fragment, x.theta) for x in order if isinstance(x, Fetch)
+    }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import attrs
 
 from gm_core import cadence, fallback, schedule, tip
-from gm_core.commands import Align, Command, Get, Notify
+from gm_core.commands import Align, Command, Fetch, Get, Notify
 from gm_core.events import Event, GotObject, Shared, Unusable
 from gm_core.learner import align
 from gm_core.learner.state import Anchor, Ask, LearnerState, Phase, schedule_step
@@ -144,9 +144,18 @@ def _bad_record(
 
 
 def _walked(state: LearnerState, walk: tip.Walk, now_s: float, cmds: list[Command]) -> LearnerState:
-    """Booting, the search for the tip moved on: probe its next round, or load the tip."""
+    """Booting, the search for the tip moved on: probe its next round, or load the tip.
+
+    A record the walk newly holds is likely the tip (the head is seldom more than a round
+    behind): its commits are fetched at once (:class:`Fetch`), so that the loads that
+    follow the walk's last reads find them read; nothing reaches the model before the
+    walk adopts a tip."""
+    newly = walk.held is not None and walk.held is not state.walk.held
     state = attrs.evolve(state, walk=walk, held=walk.held, probing=False, probe_at_s=now_s)
     if not walk.done:
+        if newly:
+            frontier = frontier_of(state.manifest, walk.held)
+            cmds.extend(Fetch(fragment=f, theta=fs.theta) for f, fs in enumerate(frontier))
         return state
     for round_, why in walk.refused:
         cmds.append(Notify(kind="record_rejected", round=round_, detail=why))
