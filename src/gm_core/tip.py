@@ -114,6 +114,8 @@ class Walk:
 
     round: int
     held: RoundRecord | None = None
+    hint: int = -1
+    """The round the head hint named (-1: none): its record is likely the tip."""
     check: TipCheck = attrs.field(factory=TipCheck)
     absent: int | None = None
     """The lowest round known to hold no usable record: the tip is below it."""
@@ -126,7 +128,7 @@ class Walk:
 
 def walk(hint: int) -> Walk:
     """A walk that starts at the round the head hint names (-1: no hint, the tape's start)."""
-    return Walk(round=max(hint, 0))
+    return Walk(round=max(hint, 0), hint=hint)
 
 
 def prev(w: Walk, manifest: Manifest) -> str | None:

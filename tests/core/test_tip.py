@@ -23,7 +23,7 @@ from gm_core import auth, codec, keys, learner, schedule, tape, tip
 from gm_core import cluster as cl
 from gm_core.commands import Align, Command, Fetch, Get
 from gm_core.events import GotObject, HeadRead, Started
-from gm_core.records import AlgorithmConfig, Head, Manifest, RoundRecord
+from gm_core.records import AlgorithmConfig, Head, Manifest, PayloadRef, RoundRecord
 
 ROLES = {"n0": frozenset({L, C}), "n1": frozenset({L, C}), "joiner": frozenset({L})}
 CONFIG = AlgorithmConfig(sync_every=4, fragments=2, quorum=1)
@@ -283,19 +283,11 @@ def test_a_replaced_record_or_another_digest_breaks_the_descent(
 # --- a joiner reads the tip's commits while it checks the tip ------------------------------
 
 
-def test_a_joiner_fetches_the_tips_commits_before_its_check_and_loads_those() -> None:
-    """The learner asks for the commits of the record the head names (``Fetch``) as soon as
-    it holds it, before the reads that check it; once the check passes, it loads exactly
-    those commits (``Align``). Nothing is loaded before the walk adopts the tip."""
-    c = running(chained=True, seed=3)
-    newest = cl.records(c)[-1]
-    assert newest.round > 0  # a tip that needs the check
-    c = cl.tamper(c, keys.head(), OPEN.pack(keys.head(), Head(round=newest.round)))  # current
+def join_machine(c: cl.Cluster, head: bytes) -> tuple[learner.LearnerState, list[Command]]:
+    """A fresh learner's join over ``c``'s store with ``head`` read with the manifest, to its
+    loads; every command it gave, in order."""
     state = learner.initial("joiner", c.manifest, c.schema_digest)
-    head = c.store.get(keys.head())
-    assert head is not None
-    started = Started(now_s=c.now_s, head=HeadRead(head.data))
-    state, cmds = learner.advance(state, started)
+    state, cmds = learner.advance(state, Started(now_s=c.now_s, head=HeadRead(head)))
     order: list[Command] = list(cmds)
     while state.phase is learner.Phase.BOOTING:
         get = next(x for x in cmds if isinstance(x, Get) and x.key.startswith(keys.ROUNDS_PREFIX))
@@ -304,6 +296,17 @@ def test_a_joiner_fetches_the_tips_commits_before_its_check_and_loads_those() ->
         got = GotObject(now_s=c.now_s, req=get.req, data=data, etag=None)
         state, cmds = learner.advance(state, got)
         order.extend(cmds)
+    return state, order
+
+
+def test_a_joiner_fetches_the_tips_commits_before_its_check_and_loads_those() -> None:
+    """The learner asks for the commits of the record the head names (``Fetch``) as soon as
+    it holds it, before the reads that check it; once the check passes, it loads exactly
+    those commits (``Align``). Nothing is loaded before the walk adopts the tip."""
+    c = running(chained=True, seed=3)
+    newest = cl.records(c)[-1]
+    assert newest.round > 0  # a tip that needs the check
+    state, order = join_machine(c, OPEN.pack(keys.head(), Head(round=newest.round)))
     assert state.phase is learner.Phase.LOADING
     reads = [x.key for x in order if isinstance(x, Get) and x.key.startswith(keys.ROUNDS_PREFIX)]
     assert reads == [
@@ -318,3 +321,27 @@ def test_a_joiner_fetches_the_tips_commits_before_its_check_and_loads_those() ->
     assert {(x.fragment, x.theta) for x in aligns} == {
         (x.fragment, x.theta) for x in order if isinstance(x, Fetch)
     }
+
+
+@pytest.mark.parametrize("hint", ["behind", "garbage"])
+def test_a_joiner_fetches_only_the_hinted_records_commits(hint: str) -> None:
+    """A head a round behind: the commits of the record it names are fetched (those of
+    fragments that did not change since are the tip's), not those of the records the walk
+    meets after it; a head that is no hint: nothing is fetched (the walk from round 0 meets
+    records whose commits are old)."""
+    c, rng = running(chained=True, seed=3), random.Random(3)
+    while len(records := cl.records(c)) < 3 or frontiers(c, records[-2]) == frontiers(
+        c, records[-1]
+    ):  # until the newest record commits something its predecessor did not have
+        c = random_step(c, rng, ["n0", "n1"])
+    behind = records[-2]
+    head = OPEN.pack(keys.head(), Head(round=behind.round)) if hint == "behind" else b"garbage"
+    state, order = join_machine(c, head)
+    assert state.phase is learner.Phase.LOADING
+    fetches = {(x.fragment, x.theta) for x in order if isinstance(x, Fetch)}
+    assert fetches == (frontiers(c, behind) if hint == "behind" else set())
+
+
+def frontiers(c: cl.Cluster, record: RoundRecord) -> set[tuple[int, PayloadRef]]:
+    """The commits ``record`` names, by fragment."""
+    return {(f, fs.theta) for f, fs in enumerate(tape.frontier_of(c.manifest, record))}

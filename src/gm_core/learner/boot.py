@@ -146,11 +146,13 @@ def _bad_record(
 def _walked(state: LearnerState, walk: tip.Walk, now_s: float, cmds: list[Command]) -> LearnerState:
     """Booting, the search for the tip moved on: probe its next round, or load the tip.
 
-    A record the walk newly holds is likely the tip (the head is seldom more than a round
-    behind): its commits are fetched at once (:class:`Fetch`), so that the loads that
-    follow the walk's last reads find them read; nothing reaches the model before the
-    walk adopts a tip."""
-    newly = walk.held is not None and walk.held is not state.walk.held
+    The record of the round the head hint names is likely the tip (the head is seldom
+    more than a round behind): once the walk holds it, its commits are fetched
+    (:class:`Fetch`), so that the loads after the walk's last reads find them read;
+    nothing reaches the model before the walk adopts a tip. Records met while galloping
+    from a lagging or garbage hint are not fetched (their commits are mostly old)."""
+    hinted = walk.held is not None and walk.held.round == walk.hint
+    newly = hinted and walk.held is not state.walk.held
     state = attrs.evolve(state, walk=walk, held=walk.held, probing=False, probe_at_s=now_s)
     if not walk.done:
         if newly:
