@@ -450,14 +450,7 @@ def join_and_takeover(
     bucket = Bucket(algorithm, 8, 256)
     try:
         started = time.monotonic()
-        manifest = bucket.create_run("closer")
-        bucket.prefill(manifest, range(rounds), LEARNERS[:1])
-        watcher = Watcher()
-        tape = bucket.closer("closer", 0.0, 0.05, watcher)
-        try:
-            watcher.wait(committed(rounds - 1), timeout_s=1800)
-        finally:
-            tape.close()  # leaves: its lease is released, so its successor need not wait
+        manifest = build_tape(bucket, rounds)
         built_s = time.monotonic() - started
         result: dict[str, Any] = {
             "runtime": "real: gm_shell.Session (learner; closer) over the slow store",
@@ -479,6 +472,33 @@ def join_and_takeover(
 
 def _join(bucket: Bucket, node: str, latency_ms: float) -> dict[str, Any]:
     """A learner session's requests from its start to its ``joined`` event (the model loaded)."""
+    mine, seconds = join_requests(bucket, node, latency_ms)
+    return {
+        "latency_ms": latency_ms,
+        "requests": by_class(mine),
+        "by_object": by_category(mine),
+        "seconds": seconds,
+        "waves": waves(mine),
+    }
+
+
+def build_tape(bucket: Bucket, rounds: int) -> Manifest:
+    """A run of ``rounds`` committed rounds in ``bucket`` (one learner's snapshots, closed by a
+    closer that then leaves); its manifest."""
+    manifest = bucket.create_run("closer")
+    bucket.prefill(manifest, range(rounds), LEARNERS[:1])
+    watcher = Watcher()
+    tape = bucket.closer("closer", 0.0, 0.05, watcher)
+    try:
+        watcher.wait(committed(rounds - 1), timeout_s=1800)
+    finally:
+        tape.close()  # leaves: its lease is released, so its successor need not wait
+    return manifest
+
+
+def join_requests(bucket: Bucket, node: str, latency_ms: float) -> tuple[list[Request], float]:
+    """A learner session joins the run: its requests from its start to its ``joined`` event
+    (the model loaded), and the seconds that took."""
     watcher = Watcher()
     session = Session(
         torch_model(8, 256, seed=1),
@@ -495,14 +515,7 @@ def _join(bucket: Bucket, node: str, latency_ms: float) -> dict[str, Any]:
         joined = watcher.wait(lambda e: isinstance(e, Joined), timeout_s=120)
     finally:
         session.close()
-    mine = bucket.journal.requests(node, since=t0, until=joined.at_s)
-    return {
-        "latency_ms": latency_ms,
-        "requests": by_class(mine),
-        "by_object": by_category(mine),
-        "seconds": joined.at_s - t0,
-        "waves": waves(mine),
-    }
+    return bucket.journal.requests(node, since=t0, until=joined.at_s), joined.at_s - t0
 
 
 def _takeover(bucket: Bucket, node: str, latency_ms: float, round_: int) -> dict[str, Any]:

@@ -9,47 +9,21 @@ a request, with every request journaled (``bench.latency``), on a real tape.
 
 from __future__ import annotations
 
-import time
-
-from bench.gm_runs import LEARNERS, Bucket, Watcher, committed, torch_model
+from bench.gm_runs import Bucket, build_tape, join_requests
 from bench.reference.journal import waves
 
-from gm_shell import DiLoCo, Session, SessionOptions
-from gm_shell.events import Joined
+from gm_shell import DiLoCo
 
 ROUNDS = 12
-LATENCY_S = 0.05
+LATENCY_MS = 50.0
 
 
 def test_a_joiner_reads_each_commit_once_and_while_it_checks_the_tip() -> None:
     algorithm = DiLoCo(sync_every=120, fragments=4)
     bucket = Bucket(algorithm, 8, 256)
     try:
-        manifest = bucket.create_run("closer")
-        bucket.prefill(manifest, range(ROUNDS), LEARNERS[:1])
-        built = Watcher()
-        tape = bucket.closer("closer", 0.0, 0.05, built)
-        try:
-            built.wait(committed(ROUNDS - 1), timeout_s=300)
-        finally:
-            tape.close()
-        watcher = Watcher()
-        session = Session(
-            torch_model(8, 256, seed=1),
-            algorithm=algorithm,
-            mailbox=bucket.mailbox("joiner", LATENCY_S),
-            node="joiner",
-            role="learner",
-            options=SessionOptions(close_timeout_s=1.0, compute="numpy"),
-            callbacks=(watcher,),
-        )
-        started = time.monotonic()
-        session.start()
-        try:
-            joined = watcher.wait(lambda e: isinstance(e, Joined), timeout_s=120)
-        finally:
-            session.close()
-        mine = bucket.journal.requests("joiner", since=started, until=joined.at_s)
+        build_tape(bucket, ROUNDS)
+        mine, _ = join_requests(bucket, "joiner", LATENCY_MS)
     finally:
         bucket.close()
     payloads = [r for r in mine if r.category == "payloads" and r.cls == "GET"]
