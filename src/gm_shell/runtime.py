@@ -873,12 +873,12 @@ class Runtime:
         if reading is None:
             reading = asyncio.ensure_future(self._reads.payload(fragment, role, ref, backend))
             self._reading[key] = reading
-            reading.add_done_callback(functools.partial(self._read, key))
+            reading.add_done_callback(functools.partial(self._read_ended, key))
         value = await asyncio.shield(reading)  # one asker's cancellation is not the others'
         cache.put(ref, value, _at(fragment, ref))
         return value
 
-    def _read(self, key: tuple[int, PayloadRef], reading: asyncio.Future[Any]) -> None:
+    def _read_ended(self, key: tuple[int, PayloadRef], reading: asyncio.Future[Any]) -> None:
         """A shared payload read ended: forget it (its outcome was the askers' to take)."""
         del self._reading[key]
         if not reading.cancelled():
