@@ -397,7 +397,8 @@ class FragmentCodec:
         ``deltas`` are read, never written (they may be cached); so is ``momentum``, unless
         it is ``handed_over``: the caller holds no other reference to it (a closer takes it
         out of its cache first), and the new momentum is then made in its place, not in a
-        fragment-sized copy (a round of final deltas only leaves it as it was)."""
+        fragment-sized copy. A round of final deltas only leaves the momentum as it was:
+        the result's is then ``momentum`` itself, never copied."""
         cfg = self.config
         layout = self.layouts[fragment]
         arrays = deltas
@@ -414,7 +415,7 @@ class FragmentCodec:
         new_theta = _copy(compute, compute.asarray(theta), layout.total)
         if momentum is None:
             new_momentum = compute.asarray(np.zeros_like(theta))
-        elif handed_over:
+        elif handed_over or merged_by.all_final:  # a final-only round leaves it unread
             new_momentum = momentum
         else:
             new_momentum = _copy(compute, momentum, layout.total)

@@ -102,6 +102,39 @@ def test_merge_step_of_a_trimmed_mean_is_merge_then_step(
     assert np.all(np.abs(b.to_numpy(mo) - m) <= 1e-5 * scale + 1e-30)
 
 
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+@cases
+@given(robust_cases(), seeds(), st.booleans(), st.sampled_from(list(MergeRule)))
+def test_a_fused_step_is_bit_identical_to_its_backends_merge_then_step(
+    name: str,
+    case: tuple[Layout, list[np.ndarray], Contributions],
+    seed: int,
+    final: bool,
+    rule: MergeRule,
+) -> None:
+    """Trimmed, clipped, final-only or not: a backend's fused step (block by block, no
+    merged delta of the fragment's size) gives exactly what its own merge into a buffer
+    then its own outer step give, and a final-only round leaves the momentum as it was."""
+    layout, deltas, c = case
+    if c.trim:
+        rule = MergeRule.MEDIAN
+    c = Contributions(c.learners, c.weights, (final,) * len(deltas), c.scales, c.trim)
+    b = BACKENDS[name]
+    rng = np.random.default_rng(seed)
+    theta, momentum = fragment(rng, layout.total), fragment(rng, layout.total)
+    fused = [b.asarray(theta.copy()), b.asarray(momentum.copy())]
+    apart = [b.asarray(theta.copy()), b.asarray(momentum.copy())]
+    arrays = [b.asarray(d.copy()) for d in deltas]
+    b.merge_step(arrays, c, layout, rule, "embed", *fused, 0.7, 0.9)
+    merged = b.empty(layout.total)
+    b.merge(arrays, c, layout, rule, "embed", merged)
+    b.outer_step(*apart, merged, 0.7, 0.9, final_only=final)
+    for got, expected in zip(fused, apart, strict=True):
+        np.testing.assert_array_equal(b.to_numpy(got), b.to_numpy(expected))
+    if final:
+        np.testing.assert_array_equal(b.to_numpy(fused[1]), momentum)
+
+
 def test_median_of_equal_shares_is_numpys_median() -> None:
     rng = np.random.default_rng(7)
     for k in range(1, 8):

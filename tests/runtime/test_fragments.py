@@ -121,7 +121,7 @@ def test_merge_on_any_backend_matches_the_reference(name: str) -> None:
 def test_a_momentum_handed_over_becomes_the_new_one_in_place(name: str) -> None:
     """The closer's merge (its momentum taken out of its cache) makes the new momentum
     where the old one was, with the values of a merge from a copy; a round of final deltas
-    only leaves it as it was."""
+    only leaves it as it was, and makes no copy of it, handed over or not."""
     codec = FragmentCodec(manifest(), backend(name))
     theta, momentum = values(codec, 0, 1), values(codec, 0, 2)
     deltas = [values(codec, 0, s) for s in (3, 4)]
@@ -137,6 +137,9 @@ def test_a_momentum_handed_over_becomes_the_new_one_in_place(name: str) -> None:
     kept = momentum.copy()
     ended = codec.merge(0, theta, momentum, deltas, final, handed_over=True)
     np.testing.assert_array_equal(ended.momentum, kept)
+    np.testing.assert_array_equal(momentum, kept)
+    unowned = codec.merge(0, theta, momentum, deltas, final)  # not handed over: not copied
+    assert np.shares_memory(unowned.momentum, momentum)
     np.testing.assert_array_equal(momentum, kept)
 
 

@@ -160,6 +160,15 @@ def uses_rda(span: Span, rule: MergeRule, embedding_pattern: str) -> bool:
     return rule is MergeRule.RDA and not is_embedding(span.name, embedding_pattern)
 
 
+def needs_whole(
+    contributions: Contributions, layout: Layout, rule: MergeRule, embedding_pattern: str
+) -> bool:
+    """Whether a fused step needs the fragment's merged delta whole before it steps: an
+    RDA tensor's scale comes from its full mean (a robust rule never rescales)."""
+    rda = any(uses_rda(span, rule, embedding_pattern) for span in layout.spans)
+    return contributions.trim == 0 and rda
+
+
 def merge(
     deltas: Sequence[F32],
     contributions: Contributions,

@@ -47,15 +47,28 @@ def trimmed_block(rows: F32, shares: F32, trim: int, out: F32) -> None:
 
 def trimmed_merge(deltas: Sequence[F32], contributions: Contributions, out: F32) -> None:
     """``out`` = the coordinate-wise trimmed mean of the clipped deltas (see the module doc)."""
-    k, n = len(deltas), out.shape[0]
-    shares = np.array(contributions.shares(), dtype=np.float32)
-    scales = contributions.row_scales()
-    stack = np.empty((k, min(BLOCK, n)), dtype=np.float32)
-    for lo, hi in blocks(0, n):
-        rows = stack[:, : hi - lo]
-        for i, delta in enumerate(deltas):
-            np.multiply(delta[lo:hi], scales[i], out=rows[i])
-        trimmed_block(rows, shares, contributions.trim, out[lo:hi])
+    trimmed = Trimmer(deltas, contributions, out.shape[0])
+    for lo, hi in blocks(0, out.shape[0]):
+        trimmed(lo, hi, out[lo:hi])
+
+
+class Trimmer:
+    """The trimmed mean of the clipped deltas, a block of coordinates at a time, through
+    one ``k × block`` stack (:func:`trimmed_merge`, and the fused step's blocks)."""
+
+    def __init__(self, deltas: Sequence[F32], contributions: Contributions, n: int) -> None:
+        self.deltas = deltas
+        self.trim = contributions.trim
+        self.shares = np.array(contributions.shares(), dtype=np.float32)
+        self.scales = contributions.row_scales()
+        self.stack = np.empty((len(deltas), min(BLOCK, n)), dtype=np.float32)
+
+    def __call__(self, lo: int, hi: int, out: F32) -> None:
+        """``out`` = the trimmed mean of coordinates ``lo:hi`` (at most a block of them)."""
+        rows = self.stack[:, : hi - lo]
+        for i, delta in enumerate(self.deltas):
+            np.multiply(delta[lo:hi], self.scales[i], out=rows[i])
+        trimmed_block(rows, self.shares, self.trim, out)
 
 
 def cosines_from(sq_norms: Sequence[float], dots: Sequence[float], centre_sq: float) -> list[float]:

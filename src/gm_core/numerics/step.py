@@ -8,21 +8,26 @@ by block: the block's merged delta is accumulated in a cache-resident scratch an
 consumed at once by the Nesterov update of the same block. Elementwise it performs
 exactly the operations of :func:`~gm_core.numerics.merge.merge` followed by
 :func:`~gm_core.numerics.outer.outer_step`, so its result is bit-identical to
-theirs. RDA needs a tensor's full mean before its scale is known; RDA tensors go
-through a per-tensor merge into ``scratch`` then the same step.
+theirs. So do a final-only round (``Θ − Δ`` a block at a time; the momentum is not
+touched) and a robust rule (each block's trimmed mean from a ``k × block`` stack): no
+merged delta of the fragment's size is ever made, which on a closer whose fragment is
+the whole model is a model's bytes less at the peak. RDA needs a tensor's full mean
+before its scale is known; RDA tensors go through a merge into a fragment-sized buffer
+then the same step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from gm_core.numerics.arrays import F32, check_flat
 from gm_core.numerics.blocks import BLOCK, blocks
 from gm_core.numerics.layout import Layout
-from gm_core.numerics.merge import Contributions, accumulate, merge, uses_rda
+from gm_core.numerics.merge import Contributions, accumulate, merge, needs_whole
 from gm_core.numerics.outer import nesterov_block, outer_step
+from gm_core.numerics.robust import Trimmer
 from gm_core.records import MergeRule
 
 
@@ -37,27 +42,43 @@ def merge_step(
     lr: float,
     beta: float,
 ) -> None:
-    """Merge ``deltas`` and commit them into ``theta``/``momentum`` in place."""
+    """Merge ``deltas`` and commit them into ``theta``/``momentum`` in place (a final-only
+    round leaves ``momentum`` as it was: it is read by no one here then)."""
     n = layout.total
     check_flat(theta, n, "theta")
     check_flat(momentum, n, "momentum")
-    sorts = contributions.trim > 0  # a robust rule needs every delta of a block at once
-    if (
-        contributions.all_final
-        or sorts
-        or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans)
-    ):
+    final_only = contributions.all_final
+    if needs_whole(contributions, layout, rule, embedding_pattern):
         merged = np.empty(n, dtype=np.float32)
         merge(deltas, contributions, layout, rule, embedding_pattern, merged)
-        outer_step(theta, momentum, merged, lr, beta, final_only=contributions.all_final)
+        outer_step(theta, momentum, merged, lr, beta, final_only=final_only)
         return
     assert len(deltas) == len(contributions.learners), "one delta per contribution"
     for i, delta in enumerate(deltas):
         check_flat(delta, n, f"delta {i}")
-    coefs = contributions.coefficients()
     acc_buffer = np.empty(min(BLOCK, n), dtype=np.float32)
     tmp_buffer = np.empty(min(BLOCK, n), dtype=np.float32)
+    merged_block = _merger(deltas, contributions, rule, n, tmp_buffer)
     for lo, hi in blocks(0, n):
         acc = acc_buffer[: hi - lo]
-        accumulate([d[lo:hi] for d in deltas], coefs, acc, (0, hi - lo), None, tmp_buffer)
-        nesterov_block(theta[lo:hi], momentum[lo:hi], acc, lr, beta, tmp_buffer[: hi - lo])
+        merged_block(lo, hi, acc)
+        if final_only:
+            np.subtract(theta[lo:hi], acc, out=theta[lo:hi])
+        else:
+            nesterov_block(theta[lo:hi], momentum[lo:hi], acc, lr, beta, tmp_buffer[: hi - lo])
+
+
+def _merger(
+    deltas: Sequence[F32], contributions: Contributions, rule: MergeRule, n: int, tmp: F32
+) -> Callable[[int, int, F32], None]:
+    """What writes the merged delta of coordinates ``lo:hi`` (a block at most) into a
+    buffer: the trimmed mean under a robust rule, else the weighted sum."""
+    if contributions.trim > 0:
+        assert rule in (MergeRule.TRIMMED_MEAN, MergeRule.MEDIAN), f"{rule} trims nothing"
+        return Trimmer(deltas, contributions, n)
+    coefs = contributions.coefficients()
+
+    def weighted(lo: int, hi: int, acc: F32) -> None:
+        accumulate([d[lo:hi] for d in deltas], coefs, acc, (0, hi - lo), None, tmp)
+
+    return weighted

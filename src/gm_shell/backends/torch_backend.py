@@ -44,7 +44,13 @@ from gm_core.numerics import minifloat
 from gm_core.numerics.arrays import F32, U8
 from gm_core.numerics.blocks import blocks
 from gm_core.numerics.layout import Layout
-from gm_core.numerics.merge import Contributions, cosine_from_gram, rda_factor, uses_rda
+from gm_core.numerics.merge import (
+    Contributions,
+    cosine_from_gram,
+    needs_whole,
+    rda_factor,
+    uses_rda,
+)
 from gm_core.numerics.quant import F4_BLOCK, WireLayout
 from gm_core.numerics.robust import spread_by
 from gm_core.records import Alignment, MergeRule, WireFormat
@@ -286,21 +292,35 @@ class TorchBackend:
         self, deltas: Sequence[torch.Tensor], contributions: Contributions, out: torch.Tensor
     ) -> None:
         """Coordinate-wise trimmed mean, one ``k × block`` stack per range."""
-        k = len(deltas)
+        trimmed = self._trimmer(deltas, contributions)
+
+        def run(slot: int, lo: int, hi: int) -> None:
+            for a, b in blocks(lo, hi, self.block):
+                trimmed(slot, a, b, out[a:b])
+
+        self.in_ranges(run, 0, out.shape[0])
+
+    def _trimmer(
+        self, deltas: Sequence[torch.Tensor], contributions: Contributions
+    ) -> Callable[[int, int, int, torch.Tensor], None]:
+        """What writes the trimmed mean of coordinates ``a:b`` (a block at most) into a
+        buffer, through the ``k × block`` stack of the calling range's ``slot``."""
         shares = torch.tensor(
             [float(s) for s in contributions.shares()], dtype=torch.float32, device=self.device
         )
         scales = [float(s) for s in contributions.row_scales()]
+        stacks: dict[int, torch.Tensor] = {}
 
-        def run(_: int, lo: int, hi: int) -> None:
-            stack = torch.empty((k, min(self.block, hi - lo)), device=self.device)
-            for a, b in blocks(lo, hi, self.block):
-                rows = stack[:, : b - a]
-                for i, delta in enumerate(deltas):
-                    torch.mul(delta[a:b], scales[i], out=rows[i])
-                trimmed_block(rows, shares, contributions.trim, out[a:b])
+        def trimmed(slot: int, a: int, b: int, out: torch.Tensor) -> None:
+            stack = stacks.get(slot)  # each range (thread) its own, made on first use
+            if stack is None or stack.shape[1] < b - a:
+                stack = stacks[slot] = torch.empty((len(deltas), b - a), device=self.device)
+            rows = stack[:, : b - a]
+            for i, delta in enumerate(deltas):
+                torch.mul(delta[a:b], scales[i], out=rows[i])
+            trimmed_block(rows, shares, contributions.trim, out)
 
-        self.in_ranges(run, 0, out.shape[0])
+        return trimmed
 
     def outer_step(
         self,
@@ -342,22 +362,36 @@ class TorchBackend:
         check_flat(theta, n, "theta")
         check_flat(momentum, n, "momentum")
         final_only = contributions.all_final
-        sorts = contributions.trim > 0
-        if final_only or sorts or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans):
+        if needs_whole(contributions, layout, rule, embedding_pattern):
             merged = self.scratch(n, "merged")
             self.merge(deltas, contributions, layout, rule, embedding_pattern, merged)
             self.outer_step(theta, momentum, merged, lr, beta, final_only=final_only)
             return
         self._check(deltas, contributions, n)
-        coefs = [float(c) for c in contributions.coefficients()]
+        merged_block = self._merger(deltas, contributions, rule)
 
         def run(slot: int, lo: int, hi: int) -> None:
             for a, b in blocks(lo, hi, self.block):
                 acc = self.slot(slot, b - a)
-                accumulate(deltas, coefs, acc, a, b, None)
-                nesterov_block(theta[a:b], momentum[a:b], acc, lr, beta)
+                merged_block(slot, a, b, acc)
+                if final_only:
+                    theta[a:b].sub_(acc)
+                else:
+                    nesterov_block(theta[a:b], momentum[a:b], acc, lr, beta)
 
         self.in_ranges(run, 0, n)
+
+    def _merger(
+        self, deltas: Sequence[torch.Tensor], contributions: Contributions, rule: MergeRule
+    ) -> Callable[[int, int, int, torch.Tensor], None]:
+        """What writes the merged delta of coordinates ``a:b`` (a block at most, in range
+        ``slot``) into a buffer: the trimmed mean under a robust rule, else the weighted
+        sum; bit for bit what :meth:`merge` writes there (see :mod:`gm_core.numerics.step`)."""
+        if contributions.trim > 0:
+            assert rule in (MergeRule.TRIMMED_MEAN, MergeRule.MEDIAN), f"{rule} trims nothing"
+            return self._trimmer(deltas, contributions)
+        coefs = [float(c) for c in contributions.coefficients()]
+        return lambda _, a, b, acc: accumulate(deltas, coefs, acc, a, b, None)
 
     def cosine(self, deltas: Sequence[torch.Tensor]) -> float | None:
         k = len(deltas)
