@@ -1006,29 +1006,22 @@ class Runtime:
                 for c in cmd.contributions
             )
         )
+        for c in cmd.contributions:  # held by ``deltas`` alone now: dropped once merged
+            self._deltas.discard(c.payload)
         finals = tuple(c.final for c in cmd.contributions)
         contributions = Contributions(
             learners=tuple(c.learner for c in cmd.contributions),
             weights=normalized_weights([c.weight for c in cmd.contributions]),
             final=finals if any(finals) else (),
         )
-        merged, payloads = await self._compute(
+        merged, written = await self._compute(
             self._merged, cmd, theta, momentum, deltas, contributions
         )
-        caches = (self._commits, self._momenta)[: len(payloads)]
-        refs = await asyncio.gather(
-            *(
-                self._upload(c, fragment, *payload)
-                for c, payload in zip(caches, payloads, strict=True)
-            )
-        )
-        for c in cmd.contributions:  # merged: read again only if this merge is redone
-            self._deltas.discard(c.payload)
-        outer = refs[1] if len(refs) > 1 else None
+        theta_ref, outer = await self._store_merged(cmd, merged, written)
         return Merged(
             now_s=now(),
             req=cmd.req,
-            theta=refs[0],
+            theta=theta_ref,
             outer=outer,
             update=None,
             cosine=merged.cosine,
@@ -1043,23 +1036,44 @@ class Runtime:
         momentum: Any,
         deltas: list[Any],
         contributions: Contributions,
-    ) -> tuple[MergedArrays[Any], list[tuple[Sealed, PayloadRef, Any]]]:
+    ) -> tuple[MergedArrays[Any], tuple[Sealed, PayloadRef, Any]]:
         """A worker's part of a merge, in one trip: the merge and outer step, then the new
-        theta's payload and, unless the round holds final deltas only (it keeps the
-        momentum it had), the momentum's; each with what a reader of its bytes will decode
-        (:meth:`_written`). One trip, not one per step: under load each trip to a worker
-        and back waits for both threads to be scheduled (4-13 ms at the p90 per trip in
-        bench_step's loop at load 14 on 2 cores, against a median of 0.2-0.8 ms). The two
-        encodes, once on the two workers at once, follow each other: on a large fragment a
-        merge takes one encode longer where two cores were free."""
+        theta's payload, with what a reader of its bytes will decode (:meth:`_written`).
+        One trip, not one per step: under load each trip to a worker and back waits for
+        both threads to be scheduled (4-13 ms at the p90 per trip in bench_step's loop at
+        load 14 on 2 cores, against a median of 0.2-0.8 ms). The deltas are dropped
+        before the encode (``deltas`` is emptied: the cache let them go already), so a
+        fragment's payloads are never encoded beside its decoded deltas: on a closer whose
+        fragment is the model, that is the deltas' bytes less at its peak; a merge redone
+        (an upload failed) reads them again."""
         fragment, round_ = cmd.fragment, cmd.round
         merged = self._codec.merge_held(
             fragment, theta, momentum, deltas, contributions, handed_over=not cmd.final_only
         )
-        payloads = [self._written(fragment, Role.THETA, round_, merged.theta, home=True)]
-        if not cmd.final_only:
-            payloads.append(self._written(fragment, Role.MOMENTUM, round_, merged.momentum))
-        return merged, payloads
+        deltas.clear()  # their last reference (see _merge): gone before the encode
+        return merged, self._written(fragment, Role.THETA, round_, merged.theta, home=True)
+
+    async def _store_merged(
+        self, cmd: Merge, merged: MergedArrays[Any], written: tuple[Sealed, PayloadRef, Any]
+    ) -> tuple[PayloadRef, PayloadRef | None]:
+        """Upload the new theta while a worker encodes the momentum (unless the round
+        holds final deltas only: it keeps the momentum it had), then the momentum: the
+        theta's bytes are let go once uploaded, so the two payloads are seldom held at
+        once (one trip more to a worker, against the theta's upload)."""
+        theta_up = asyncio.ensure_future(self._upload(self._commits, cmd.fragment, *written))
+        del written
+        outer = None
+        try:
+            if not cmd.final_only:
+                encoded = await self._compute(
+                    self._written, cmd.fragment, Role.MOMENTUM, cmd.round, merged.momentum
+                )
+                outer = await self._upload(self._momenta, cmd.fragment, *encoded)
+        except BaseException:
+            theta_up.cancel()  # as the gather of both uploads did, when the merge failed
+            await asyncio.gather(theta_up, return_exceptions=True)
+            raise
+        return await theta_up, outer
 
     def _requests(self) -> Requests:
         """This node's requests so far, for the tape's running total (see records.Requests)."""

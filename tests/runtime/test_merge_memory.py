@@ -1,0 +1,83 @@
+"""What a closer holds while it writes a merge: not the round's decoded deltas, and the
+new theta's bytes only until they are uploaded (a real ``Session`` over ``memory://``)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+import weakref
+from typing import Any
+
+import torch
+
+from gm_core import keys
+from gm_shell import DiLoCo, Session, SessionOptions
+from gm_shell.fragments import Role
+from gm_shell.mailbox import Mailbox
+
+OPTIONS = SessionOptions(poll_s=0.02, renew_s=0.3, close_timeout_s=0.2, stall_timeout_s=30.0)
+
+
+def _round_of(key: str) -> int:
+    parsed = keys.parse(key)
+    assert isinstance(parsed, keys.PayloadKey), key
+    return parsed.round
+
+
+def test_a_merge_encodes_with_its_deltas_gone_and_uploads_theta_while_momentum_encodes() -> None:
+    """Each merge's encodes run with none of the round's decoded deltas alive (the merge
+    dropped them: where one fragment is the model they were as big as the payloads being
+    made), and the momentum is encoded while the new theta is uploaded: the momentum's
+    encode waits here for the theta's upload to start, which the code before this test
+    (both encodes in one trip, then both uploads) never did, so its waits timed out."""
+    mailbox = Mailbox.open(f"memory://merge-{uuid.uuid4().hex[:10]}/run")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    algorithm = DiLoCo(sync_every=8, fragments=2, in_flight=2)
+    decoded: dict[int, list[weakref.ref[Any]]] = {}
+    alive_at_encode: list[int] = []
+    theta_keys: set[str] = set()
+    theta_put = threading.Event()
+    overlapped: list[bool] = []
+    with Session(model, algorithm=algorithm, mailbox=mailbox, node="solo", options=OPTIONS) as s:
+        runtime = s._runtime
+        assert runtime is not None
+        codec = runtime._codec
+        load, encode, put_once = codec.load, codec.encode, runtime._mailbox.put_once
+
+        def loading(fragment: int, role: Role, ref: Any, data: Any, *rest: Any) -> Any:
+            x = load(fragment, role, ref, data, *rest)
+            if role is Role.DELTA:
+                decoded.setdefault(_round_of(ref.key), []).append(weakref.ref(x))
+            return x
+
+        def encoding(fragment: int, role: Role, round_: int, x: Any, *rest: Any) -> Any:
+            if role is Role.THETA:
+                theta_put.clear()  # set by this theta's upload
+            if role is Role.MOMENTUM:
+                overlapped.append(theta_put.wait(5.0))
+            if role is not Role.DELTA:
+                alive_at_encode.append(sum(r() is not None for r in decoded.get(round_, [])))
+            data, ref = encode(fragment, role, round_, x, *rest)
+            if role is Role.THETA:
+                theta_keys.add(ref.key)
+            return data, ref
+
+        async def putting(key: str, data: Any) -> Any:
+            if key in theta_keys:
+                theta_put.set()
+            return await put_once(key, data)
+
+        codec.load = loading  # type: ignore[method-assign]
+        codec.encode = encoding  # type: ignore[method-assign]
+        runtime._mailbox.put_once = putting  # type: ignore[method-assign]
+        for _ in range(48):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01)
+            s.step(samples=1)
+    assert len(overlapped) >= 4, overlapped  # rounds merged with their momentum
+    assert all(overlapped), overlapped
+    assert alive_at_encode
+    assert max(alive_at_encode) == 0, alive_at_encode
+    assert sum(len(refs) for refs in decoded.values()) >= 4, decoded
