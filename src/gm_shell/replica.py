@@ -23,12 +23,12 @@ delta ``Θ − θ`` is again exactly the local steps it reports.
 Buffers. A copy is made into a buffer kept from an earlier capture, which the
 loop takes from the pool before a planned due step (:meth:`Replica.prepare`,
 with the byte views the copy writes), so a due step only copies (no allocation
-or page faults after the first cycles: on a due step that follows a pause, a
-fresh ``numpy.empty`` alone costs tens of microseconds of cold code). The pool
-is the replica's, not a fragment's: every buffer holds the largest fragment and
-lends its head to whichever fragment needs one, so what it keeps free is
-:data:`POOLED` buffers of one fragment whatever the fragment count (a pool per
-fragment kept ``POOLED`` free buffers of each: twice the model, idle). Ownership
+or page faults: on a due step that follows a pause, a fresh ``numpy.empty`` alone
+costs tens of microseconds of cold code; a buffer the loop makes afresh there, it
+faults in itself). The pool is the replica's, not a fragment's: every buffer holds
+the largest fragment and lends its head to whichever fragment needs one, so what it
+keeps free is :data:`POOLED` buffer of one fragment whatever the fragment count (a
+pool per fragment kept free buffers of each: twice the model, idle). Ownership
 passes with the :class:`Taken`: the worker that encodes the delta gives the
 buffer back (:meth:`Taken.delta` then :meth:`Replica.recycle`), except a
 ``carry`` copy, which the replica keeps until the round's commit is applied;
@@ -66,10 +66,14 @@ from gm_core.numerics.arrays import F32
 from gm_core.records import Alignment, FragmentPlan
 from gm_shell.models import DirectCopy, FragmentAccess, InPlace, ModelAdapter
 
-POOLED = 2
-"""Free buffers the pool keeps. A ``carry`` copy comes back only when its round's commit
-is folded in, which can be after the next capture (``in_flight`` ≥ P): two cover that lag;
-more would only hold memory."""
+POOLED = 1
+"""Free buffers the pool keeps. A ``carry`` copy that comes back when its round's commit is
+folded in becomes the next capture's buffer; a second free one (the pool kept two before
+session 24) held a fragment's bytes idle between captures: where one fragment is the whole
+model, a model's bytes (measured: the closer-learner's growth in the one-fragment variant of
+``tests/runtime/test_hostile_bucket.py`` 146-155 MiB with two, 116-134 with one). A
+buffer made afresh for a planned capture is faulted in where it is prepared, by the loop,
+so the due step still only copies (:meth:`Replica.prepare`)."""
 
 
 IN_PLACE_SPAN = 1 << 16
@@ -165,7 +169,7 @@ class Replica:
         prepared = []
         for round_, fragment in captures:
             access = self.fragments[fragment]
-            theta = self._buffer(access.layout.total)
+            theta = self._buffer(access.layout.total, fault_in=True)
             copy = None
             if isinstance(access, DirectCopy) and (slots := access.slots(theta)) is not None:
                 copy = functools.partial(access.copy_bound, slots)
@@ -202,14 +206,17 @@ class Replica:
             return True
         return cast(DirectCopy, self.fragments[taken.fragment]).bound_to(taken.bound)
 
-    def _buffer(self, size: int) -> F32:
+    def _buffer(self, size: int, *, fault_in: bool = False) -> F32:
         """The first ``size`` elements of a free buffer, or of a new one (any thread: the
         loop prepares plans while the training thread folds commits in, so the pop itself
-        is the test)."""
+        is the test). ``fault_in``: a new one's pages are written here, not by the copy
+        the buffer is for (16 MiB: ~3 ms of page faults, which a due step would pay)."""
         try:
             pooled = self._free.pop()
         except IndexError:
             pooled = np.empty(self._largest, dtype=np.float32)
+            if fault_in:
+                pooled[:size].fill(0.0)
             with self._returned:
                 self.buffers += 1
         return pooled[:size]
