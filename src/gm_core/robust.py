@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from collections.abc import Sequence
 
 import attrs
@@ -157,7 +158,9 @@ def clip_scales(norms: Sequence[float], factor: float | None) -> tuple[float, ..
     delta with an infinite or NaN norm is scaled to 0 unless the median itself is
     infinite (then nothing can be bounded and nothing is clipped). The *lower* median,
     so that two deltas are bounded too (:func:`lower_median_norm`); with an odd count it
-    is the median.
+    is the median. A factor below the smallest normal double is 0: a subnormal quotient
+    has lost the precision that keeps the clipped norm within the bound (a norm over
+    10³⁰⁸ times the bound), and such a delta is brought to nothing either way.
     """
     if factor is None or not norms:
         return tuple(1.0 for _ in norms)
@@ -165,7 +168,8 @@ def clip_scales(norms: Sequence[float], factor: float | None) -> tuple[float, ..
     scales: list[float] = []
     for raw in norms:
         norm = _norm_or_inf(raw)
-        scales.append(1.0 if norm <= bound or math.isinf(bound) else bound / norm)
+        scale = 1.0 if norm <= bound or math.isinf(bound) else bound / norm
+        scales.append(scale if scale >= sys.float_info.min else 0.0)
     return tuple(scales)
 
 

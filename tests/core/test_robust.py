@@ -7,7 +7,7 @@ import statistics
 
 import attrs
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from gm_core import robust, verdicts
@@ -115,6 +115,7 @@ def test_a_delta_pointing_away_is_rejected(cs: list[float], which: int) -> None:
 
 
 @given(st.lists(any_floats, max_size=12), factors)
+@example([2.7854559868118544e242, 1.3906481912515835e-78], 2.0)  # a subnormal quotient
 def test_clip_scales_bound_every_norm(ns: list[float], factor: float | None) -> None:
     scales = robust.clip_scales(ns, factor)
     assert len(scales) == len(ns)
