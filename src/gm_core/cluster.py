@@ -772,12 +772,25 @@ def tamper(c: Cluster, key: str, data: bytes | None = None) -> Cluster:
 
 
 def clean(c: Cluster, prefix: str = "") -> Cluster:
-    """Remove the objects outsiders wrote under ``prefix`` (what an operator does after an
-    incident; garbage at a round key halts the run until then, protocol.md §14.9)."""
-    gone = frozenset(k for k in c.hostile if k.startswith(prefix))
+    """Remove the objects outsiders wrote under ``prefix``, as an operator does once the
+    run halts on one (a record of a newer format, or garbage at every slot of a round
+    key: protocol.md §14.9), except those at a round the tape holds a record for: that
+    record sits at a slot above them, and a later reader stops at the slot emptied below
+    it and never reaches it ((I) of protocol.md §16.4.2)."""
+    tape = {r.round for r in records(c)}
+    gone = frozenset(k for k in c.hostile if k.startswith(prefix) and _round_of(k) not in tape)
     store = c.store.delete(tuple(gone))
     created = tuple((k, d) for k, d in store.created if k not in gone)
     return attrs.evolve(c, store=attrs.evolve(store, created=created), hostile=c.hostile - gone)
+
+
+def _round_of(key: str) -> int | None:
+    """The round a round record's key names (None for any other key)."""
+    try:
+        parsed = keys.parse(key)
+    except keys.BadKey:
+        return None
+    return parsed.round if isinstance(parsed, keys.RoundKey) else None
 
 
 def records(c: Cluster) -> list[RoundRecord]:

@@ -131,19 +131,30 @@ class ClusterMachine(RuleBasedStateMachine):
         faults end), and the cluster is scheduled fairly. Nothing else is healed:
         crashed learners stay dead, poisoned learners stay poisoned, rounds a
         learner gave up (a failed ``Capture``, three failed snapshot writes) stay
-        given up, and garbage in snapshot folders and claims stays. Only what the
-        progress property itself excludes is put right: garbage at a round key
-        halts the run by design until an operator removes it (protocol.md §14.9),
-        and with no closer-capable node up nobody can commit, so one is restarted.
-        Then at least 3 new records must be committed within 200 fair ticks (50 s).
+        given up, and garbage in snapshot folders, claims and round keys stays
+        (slots, protocol.md §16.4). Only what the progress property itself excludes
+        is put right: with no closer-capable node up nobody can commit, so one is
+        restarted, and an object at a round key can still halt the run by design
+        (a record of a newer format, §14.9): if the run has not committed 3 new
+        records within 200 fair ticks (50 s), an operator removes the outsiders'
+        objects at the rounds the tape has not reached (:func:`cl.clean`), and
+        the run must then commit 3 within 200 more. Removing them at once, before
+        the run halted, emptied slot 0 below records that later readers then
+        never found (a stall hypothesis found: round 50 at slot 1 over garbage
+        dropped early at slot 0, two learners stopped at the emptied slot).
         """
         event(f"records committed: {min(len(cl.records(self.c)) // 5 * 5, 20)}+")
-        c = cl.clean(self.c, prefix=keys.ROUNDS_PREFIX)
+        c = self.c
         closers = [n for n in sorted(c.nodes) if C in c.roles[n]]
         if not any(c.nodes[n].alive for n in closers):
             c = cl.start(c, closers[0])
         before = len(cl.records(c))
         c = run_fair(c, 200, check=False)
+        if len(cl.records(c)) < before + 3:
+            event("halted until an operator removed the garbage at round keys")
+            c = cl.clean(c, prefix=keys.ROUNDS_PREFIX)
+            before = len(cl.records(c))
+            c = run_fair(c, 200, check=False)
         assert not cl.check(c)
         assert len(cl.records(c)) >= before + 3, _stuck(c)
 
