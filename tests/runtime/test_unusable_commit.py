@@ -64,7 +64,8 @@ def test_an_overwritten_or_deleted_commit_is_named_and_the_run_heals_past_it(
 ) -> None:
     """Nodes cache the commits they write or read, so the damage is met by nodes that
     start after it: the run is stopped, the newest commit overwritten or deleted, and two
-    fresh nodes (one closer-capable) carry the run on from the bucket alone."""
+    fresh nodes (one closer-capable, started once the other has met the damage) carry the
+    run on from the bucket alone."""
     if store == "file":
         url, options = file_run(tmp_path)
     else:
@@ -80,8 +81,11 @@ def test_an_overwritten_or_deleted_commit_is_named_and_the_run_heals_past_it(
         bad = commits(url, options)[-1]
         unusable = tape[-1].frontier[bad.fragment]
         asyncio.run(spoil(url, options, unusable.theta.key, how))
-        h.spawn("n2", seed=2)
+        # The learner first: once the closer has healed the fragment, a later join would
+        # start past the damage and never meet it (seen under the full suite's load).
         h.spawn("n3", seed=3, role="learner")
+        wait_until("the learner to meet it", lambda: bool(events(h, "n3", "commit_unusable")), 90)
+        h.spawn("n2", seed=2)
 
         def healed() -> list[RoundRecord]:
             return [
