@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
 import attrs
@@ -76,6 +76,7 @@ from gm_shell.payload import (
     BytesLike,
     PayloadError,
     PayloadWriter,
+    Received,
     SchemaMismatchError,
     Sealed,
     content_hash,
@@ -293,7 +294,7 @@ class FragmentCodec:
         backend.decode(codes, scales, wire, out)
         return out
 
-    def _unshuffled(self, wire: WireLayout, bounds: Bounds, data: BytesLike) -> F32:
+    def _unshuffled(self, wire: WireLayout, bounds: Bounds, data: BytesLike | Received) -> F32:
         """:meth:`_decode` of a zstd F32 payload on the host, each tensor unshuffled straight
         into the result as it streams out of the frame (no file); the same verdicts."""
         out = self._numpy.empty(wire.layout.total)
@@ -336,6 +337,55 @@ class FragmentCodec:
         if role is Role.DELTA and not on.all_finite(x):
             raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
         return x
+
+    def load_received(
+        self,
+        fragment: int,
+        role: Role,
+        ref: PayloadRef,
+        chunks: Iterable[BytesLike],
+        backend: Backend[Any] | None = None,
+    ) -> Any:
+        """:meth:`load` of a body as it arrives (``chunks``, a GET's body in order):
+        decoded while it streams in where the
+        decode streams (a zstd F32 payload on the host, the common case), else gathered
+        whole first; either way judged as :meth:`load` judges it. The digest is known only
+        once every byte is in, so the bytes are decoded before they are known to be the
+        reference's (every decode here is bounded, whatever the bytes), and a wrong digest
+        or size is ``corrupt`` whatever the decode said, as when it is checked first."""
+        on = backend or self._numpy
+        wire = self.wire(fragment, role)
+        received = Received(chunks, ref.size, self._payload_key)
+        streams = (
+            isinstance(on, NumpyBackend)
+            and wire.format is WireFormat.F32
+            and self.config.compression is Compression.ZSTD
+        )
+        if not streams:
+            return self.load(fragment, role, ref, received.whole(), on)
+        try:
+            x = self._unshuffled(wire, self._bounds(fragment, role), received)
+        except UnusablePayloadError:
+            self._received_whole(ref, received)
+            raise
+        self._received_whole(ref, received)
+        if role is Role.DELTA and not on.all_finite(x):
+            raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
+        return x
+
+    def _received_whole(self, ref: PayloadRef, received: Received) -> None:
+        """Raise UnusablePayloadError unless the body received was exactly ``ref``'s bytes."""
+        try:
+            received.drain()
+        except PayloadError as error:
+            raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: {error}") from error
+        if received.count != ref.size:
+            raise UnusablePayloadError(
+                Reason.CORRUPT, f"{ref.key}: {received.count} bytes, not {ref.size}"
+            )
+        digest = received.hexdigest()
+        if digest != ref.digest:
+            raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: content hash {digest[:12]}…")
 
     # -- the closer's arithmetic ----------------------------------------------------------
 

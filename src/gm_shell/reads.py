@@ -21,7 +21,10 @@ from its reply's headers, its body never read.
 - **Payloads** are capped by their reference's size, and a reference is believed
   only up to the most bytes its fragment can take in its wire format
   (:meth:`~gm_shell.fragments.FragmentCodec.limit`); decoding is bounded the same
-  way (:func:`~gm_shell.payload.unseal`). Every refusal is ``corrupt``.
+  way (:func:`~gm_shell.payload.unseal`). Every refusal is ``corrupt``. A payload's
+  body is decoded as it arrives (:meth:`~gm_shell.mailbox.Mailbox.receive`,
+  :meth:`~gm_shell.fragments.FragmentCodec.load_received`), never held whole beside
+  its decode, and judged against its digest once its last byte is in.
 - **Nothing is downloaded twice while it stays the same.** The reader remembers,
   by ETag, the JSON objects it read (bounded by bytes) and the verdict on every
   payload it refused or judged unusable; reading the key again sends the ETag
@@ -29,13 +32,13 @@ from its reply's headers, its body never read.
   no body. A bad record at the next round's key, which every learner polls, is so
   downloaded once per node, and a refused object is reported once.
 
-The reader runs on its runtime's event loop (its memories are loop-only); decoding
-runs on the worker threads the runtime passes in.
+The reader runs on its runtime's event loop (its memories are loop-only); a
+payload is decoded on the mailbox's request thread, as its body streams in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar, overload
 
 import attrs
@@ -53,9 +56,6 @@ from gm_shell.mailbox import Listed, Mailbox, MailboxError, TooLargeError, Uncha
 
 T = TypeVar("T")
 A = TypeVar("A")
-Compute = Callable[..., Awaitable[Any]]
-"""Runs a CPU-bound function with its arguments off the event loop."""
-
 REFUSED: Final = b""
 """What the core is given for a JSON object refused unread: a document that does not decode."""
 TOO_LARGE: Final = "too_large"
@@ -112,14 +112,12 @@ class Reader:
         node: str,
         mailbox: Mailbox,
         codec: FragmentCodec,
-        compute: Compute,
         emit: Callable[[events.Event], None],
         clock: Callable[[], float],
     ) -> None:
         self._node = node
         self._mailbox = mailbox
         self._codec = codec
-        self._compute = compute
         self._emit = emit
         self._clock = clock
         self._json: EtagMemory[str, JsonRead] = EtagMemory(MEMORY_ENTRIES, JSON_MEMORY_BYTES)
@@ -211,9 +209,16 @@ class Reader:
                 f" fragment {fragment} can take ({limit})",
             )
         seen = self._verdicts.get(at)
+
+        def decoded(chunks: Iterator[memoryview]) -> Any:
+            try:
+                return self._codec.load_received(fragment, role, ref, chunks, backend)
+            except UnusablePayloadError as error:
+                return error  # a verdict, remembered with the object's ETag below
+
         try:
-            got = await self._mailbox.view(
-                ref.key, max_bytes=ref.size, if_none_match=seen.etag if seen else None
+            got = await self._mailbox.receive(
+                ref.key, decoded, max_bytes=ref.size, if_none_match=seen.etag if seen else None
             )
         except UnchangedError:
             assert seen is not None
@@ -223,14 +228,12 @@ class Reader:
             reason, message = Reason.CORRUPT, f"{ref.key}: {big.size} bytes, not {ref.size}"
             self._verdicts.put(at, big.etag, (reason, message))
             raise UnusablePayloadError(reason, message) from None
-        data = None if got is None else got.data
-        try:
-            value = await self._compute(self._codec.load, fragment, role, ref, data, backend)
-        except UnusablePayloadError as error:
-            if got is not None:
-                self._verdicts.put(at, got.etag, (error.reason, error.detail))
-            raise
-        return value
+        if got is None:
+            raise UnusablePayloadError(Reason.MISSING, f"{ref.key} is absent")
+        if isinstance(got.value, UnusablePayloadError):
+            self._verdicts.put(at, got.etag, (got.value.reason, got.value.detail))
+            raise got.value
+        return got.value
 
     # -- reporting ------------------------------------------------------------------------
 

@@ -22,6 +22,9 @@ from contextlib import contextmanager
 
 RESET = 0
 """A scripted "status" that closes the connection without replying."""
+CUT = 1
+"""A scripted "status" that relays the reply's headers and half its body, then closes the
+connection: a body that fails midway."""
 
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 
@@ -76,7 +79,7 @@ class FaultProxy:
                     self.close_connection = True
                     self.connection.shutdown(2)
                     return
-                if fault is not None:
+                if fault is not None and fault != CUT:
                     proxy._record(self.command, self.path, fault)
                     self._answer(fault, {"Content-Type": "application/xml"}, _error_xml(fault))
                     return
@@ -87,19 +90,28 @@ class FaultProxy:
                     reply = upstream.getresponse()
                     data = reply.read()
                     kept = {k: v for k, v in reply.getheaders() if k.lower() not in _HOP_BY_HOP}
+                    if fault == CUT:
+                        proxy._record(self.command, self.path, CUT)
+                        self._answer(reply.status, kept, data, cut=len(data) // 2)
+                        self.close_connection = True
+                        self.connection.shutdown(2)
+                        return
                     proxy._record(self.command, self.path, reply.status)
                     self._answer(reply.status, kept, data)
                 finally:
                     upstream.close()
 
-            def _answer(self, status: int, headers: dict[str, str], data: bytes) -> None:
+            def _answer(
+                self, status: int, headers: dict[str, str], data: bytes, cut: int | None = None
+            ) -> None:
                 self.send_response(status)
                 for key, value in headers.items():
                     self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(data)
+                    self.wfile.write(data[:cut])
+                    self.wfile.flush()
 
         for verb in ("GET", "PUT", "POST", "DELETE", "HEAD"):
             setattr(Handler, f"do_{verb}", Handler._relay)  # http.server dispatches by name

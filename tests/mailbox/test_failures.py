@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 import pytest
-from fault_proxy import RESET, FaultProxy
+from fault_proxy import CUT, RESET, FaultProxy
 from mailbox_servers import RunningServer
 from mailbox_targets import SERVER_MARKS
 
@@ -63,6 +63,41 @@ def test_transient_faults_are_retried_and_counted(
     assert (stats.put_requests, stats.get_requests, stats.retries) == (3, 2, 3)
     assert stats.failures == 0
     assert [status for _, _, status in proxy.seen] == [fault, fault, 200, fault, 200]
+
+
+def test_a_body_cut_midway_is_received_again_from_its_first_byte(
+    proxy: FaultProxy, moto: RunningServer
+) -> None:
+    """:meth:`Mailbox.receive` hands the body to its consumer as it arrives: one cut midway
+    is the request's failure (retried and counted, the consumer called afresh and given the
+    whole body), and what the consumer raises reaches the caller as it is, not retried."""
+    mailbox = _through(proxy, moto, "cut")
+    content = bytes(range(256)) * 8192  # 2 MiB: more than one chunk
+    calls: list[int] = []
+
+    def joined(chunks: Iterator[memoryview]) -> bytes:
+        calls.append(0)
+        return b"".join(chunks)
+
+    def refusing(chunks: Iterator[memoryview]) -> bytes:
+        next(chunks)
+        raise LookupError("the consumer's own")
+
+    async def body() -> None:
+        assert await mailbox.put_once("payloads/000000000001/x.st", content) is PutOutcome.CREATED
+        proxy.spoil(CUT)
+        got = await mailbox.receive("payloads/000000000001/x.st", joined)
+        assert got is not None
+        assert got.value == content
+        assert len(calls) == 2
+        with pytest.raises(LookupError, match="the consumer's own"):
+            await mailbox.receive("payloads/000000000001/x.st", refusing)
+
+    with mailbox:
+        asyncio.run(body())
+    stats = mailbox.stats
+    assert (stats.get_requests, stats.retries, stats.failures) == (3, 1, 0)
+    assert [status for _, _, status in proxy.seen] == [200, CUT, 200, 200]
 
 
 def test_persistent_faults_give_up_with_a_typed_error(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gm_core import plan
 from gm_core.numerics import Contributions, merge_step
@@ -20,6 +24,7 @@ from gm_core.records import (
 )
 from gm_shell.backends import backend
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
+from gm_shell.payload import content_hash
 
 SCHEMA = (
     TensorSpec(name="a.weight", shape=(33, 5), dtype="F32"),
@@ -201,3 +206,54 @@ def test_two_learners_one_scaled_and_lying_moves_the_commit_a_bounded_step(name:
         moved[rule] = float(np.linalg.norm(merged.theta)) / float(np.linalg.norm(honest))
     assert moved[MergeRule.MEAN] > 99.0
     assert moved[MergeRule.MEDIAN] == pytest.approx(1.5, rel=1e-4)
+
+
+def _outcome(call: Any) -> tuple[str, Any]:
+    try:
+        return "value", call()
+    except UnusablePayloadError as error:
+        return "verdict", error.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(list(Compression)),
+    st.sampled_from([Role.DELTA, Role.THETA]),
+    st.sampled_from(["sound", "flip", "cut", "longer", "garbage", "nan", "other digest"]),
+    st.integers(1, 1 << 16),
+    st.integers(0, 2**32 - 1),
+)
+def test_a_body_decoded_as_it_arrives_is_judged_as_the_whole_body_is(
+    compression: Compression, role: Role, spoil: str, chunk: int, seed: int
+) -> None:
+    """``load_received`` (a GET's body in chunks of any size, decoded as it streams in where
+    the format streams: zstd F32 on the host) gives what ``load`` of the whole body gives:
+    the same values, or the same named verdict, for sound, altered, cut, extended or
+    foreign bytes, and for a sound body under another reference's digest."""
+    codec = FragmentCodec(manifest(compression=compression))
+    rng = np.random.default_rng(seed)
+    x = values(codec, 0, seed)
+    if spoil == "nan":
+        x[rng.integers(x.shape[0])] = np.nan
+    data, ref = codec.encode(0, role, 3, x)
+    body = bytearray(data)
+    if spoil == "flip":
+        body[rng.integers(len(body))] ^= 1 << int(rng.integers(8))
+    elif spoil == "cut":
+        body = body[: int(rng.integers(len(body)))]
+    elif spoil == "longer":
+        body += b"\0" * int(rng.integers(1, 64))
+    elif spoil == "garbage":
+        body = bytearray(rng.integers(0, 256, len(body), dtype=np.uint8).tobytes())
+    if spoil in ("flip", "cut", "longer", "garbage"):  # a reference that names these bytes
+        ref = attrs.evolve(ref, size=len(body), digest=content_hash(bytes(body)))
+    if spoil == "other digest":
+        ref = attrs.evolve(ref, digest=content_hash(b"other"))
+    chunks = [bytes(body[i : i + chunk]) for i in range(0, len(body), chunk)]
+    whole = _outcome(lambda: codec.load(0, role, ref, bytes(body)))
+    streamed = _outcome(lambda: codec.load_received(0, role, ref, iter(chunks)))
+    assert whole[0] == streamed[0], (whole, streamed)
+    if whole[0] == "value":
+        np.testing.assert_array_equal(whole[1], streamed[1])
+    else:
+        assert whole[1] == streamed[1]
