@@ -124,6 +124,7 @@ def align(
             node="align",
             mailbox=box,
             codec=FragmentCodec(manifest, payload_key=payload_key(run_auth)),
+            compute=asyncio.to_thread,
             emit=lambda event: LOG.warning("%s", event.describe()),
             clock=time.monotonic,
         )

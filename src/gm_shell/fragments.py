@@ -317,6 +317,15 @@ class FragmentCodec:
         data: BytesLike | None,
         backend: Backend[A],
     ) -> A: ...
+    @overload
+    def load(
+        self,
+        fragment: int,
+        role: Role,
+        ref: PayloadRef,
+        data: BytesLike | None,
+        backend: Backend[Any] | None,
+    ) -> Any: ...
     def load(
         self,
         fragment: int,

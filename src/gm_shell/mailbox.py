@@ -381,6 +381,11 @@ class Mailbox:
         return self._handle
 
     @property
+    def streams(self) -> bool:
+        """Whether :meth:`receive` streams bodies (else one chunk: :data:`WHOLE_BODIES`)."""
+        return self._handle.backend not in WHOLE_BODIES
+
+    @property
     def stats(self) -> Stats:
         """Requests and bytes so far (an immutable snapshot)."""
         return self._meter.stats
@@ -482,7 +487,7 @@ class Mailbox:
         request's failure (retried from its first byte, with a new ``consume`` call); what
         ``consume`` raises reaches the caller as it is."""
 
-        whole = self._handle.backend in WHOLE_BODIES
+        whole = not self.streams
 
         def streamed(result: Any) -> T | _Raised:
             try:

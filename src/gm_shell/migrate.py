@@ -88,6 +88,7 @@ async def migrate(
         node=MIGRATOR,
         mailbox=old,
         codec=FragmentCodec(manifest, payload_key=payload_key(reading)),
+        compute=asyncio.to_thread,
         emit=lambda event: LOG.warning("%s", event.describe()),
         clock=time.monotonic,
     )

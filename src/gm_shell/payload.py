@@ -475,6 +475,9 @@ def seal_f32(x: Any, wire: WireLayout, compression: Compression, level: int = 3)
     return _compressed(parts, level)
 
 
+READ_SIZE = 1 << 20
+"""What a decompressor asks of its source at a time (zstandard's default is 128 KiB)."""
+
 FRAME_HEADER_MAX = 18
 """The most bytes a zstd frame header takes (``ZSTD_FRAMEHEADERSIZE_MAX``)."""
 
@@ -563,7 +566,8 @@ class Inflating:
         self.max_size = max_size
         self.read = 0
         source = cast("IO[bytes]", frame)  # a buffer, or a Received: read() is all it takes
-        self._reader = zstandard.ZstdDecompressor().stream_reader(source)
+        # A Received is read a chunk at a time: each read is a call back into Python.
+        self._reader = zstandard.ZstdDecompressor().stream_reader(source, read_size=READ_SIZE)
 
     def into(self, out: U8) -> None:
         """Fill ``out`` with the frame's next bytes (a PayloadError if it has fewer)."""

@@ -258,7 +258,9 @@ class Runtime:
         self._reading: dict[tuple[int, PayloadRef], asyncio.Future[Any]] = {}
         """Payload reads under way, by cache and reference: a second asker waits for the
         first read (a join's :class:`Fetch` and the load after it) instead of reading again."""
-        self._reads = Reader(node=node, mailbox=mailbox, codec=codec, emit=hub.emit, clock=now)
+        self._reads = Reader(
+            node=node, mailbox=mailbox, codec=codec, compute=self._compute, emit=hub.emit, clock=now
+        )
         # A closer's deltas and momentum stay where it merges them (codec.device: torch's
         # accelerator, else the host); commits are host arrays, which a learner aligns from.
         # By default commits and momenta hold the newest of every fragment (the model's bytes

@@ -130,6 +130,7 @@ def test_a_flooded_folder_costs_a_reader_four_pages_and_one_event(tmp_path: Path
         node="n0",
         mailbox=box,
         codec=FragmentCodec(unseeded_manifest()),
+        compute=asyncio.to_thread,
         emit=seen.append,
         clock=lambda: 0.0,
     )

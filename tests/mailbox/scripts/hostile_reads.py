@@ -34,6 +34,10 @@ KEPT: list[object] = []
 async def main(url: str, options: MailboxOptions, cases: list[dict[str, Any]]) -> None:
     seen: list[events.Event] = []
     with Mailbox.open(url, options=options) as mailbox:
+
+        async def compute(fn: Any, *args: Any) -> Any:
+            return await asyncio.to_thread(fn, *args)
+
         got = await mailbox.get("manifest.json")
         assert got is not None
         manifest = codec.decode(Manifest, got.data)
@@ -42,6 +46,7 @@ async def main(url: str, options: MailboxOptions, cases: list[dict[str, Any]]) -
             node="reader",
             mailbox=mailbox,
             codec=fragments,
+            compute=compute,
             emit=seen.append,
             clock=lambda: 0.0,
         )
