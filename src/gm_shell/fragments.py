@@ -317,15 +317,6 @@ class FragmentCodec:
         data: BytesLike | None,
         backend: Backend[A],
     ) -> A: ...
-    @overload
-    def load(
-        self,
-        fragment: int,
-        role: Role,
-        ref: PayloadRef,
-        data: BytesLike | None,
-        backend: Backend[Any] | None,
-    ) -> Any: ...
     def load(
         self,
         fragment: int,

@@ -222,7 +222,8 @@ class Reader:
             """The body decoded as it streams in, or whole (a buffer zstd reads in place)."""
             try:
                 if isinstance(body, memoryview):
-                    return self._codec.load(fragment, role, ref, body, backend)
+                    load: Any = self._codec.load  # either overload: ``backend`` may be None
+                    return load(fragment, role, ref, body, backend)
                 return self._codec.load_received(fragment, role, ref, body, backend)
             except UnusablePayloadError as error:
                 return error  # a verdict, remembered with the object's ETag below
