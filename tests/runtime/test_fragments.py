@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -257,3 +258,22 @@ def test_a_body_decoded_as_it_arrives_is_judged_as_the_whole_body_is(
         np.testing.assert_array_equal(whole[1], streamed[1])
     else:
         assert whole[1] == streamed[1]
+
+
+class _CutError(Exception):
+    """A body's failure midway (the mailbox's stream error, here any exception)."""
+
+
+def test_a_body_that_fails_midway_gets_no_verdict() -> None:
+    """A stream that fails while a payload decodes from it raises its own error through the
+    decoder (the mailbox retries the request): it is never judged ``corrupt`` (a verdict the
+    reader would remember for the object's ETag)."""
+    codec = FragmentCodec(manifest(compression=Compression.ZSTD))
+    data, ref = codec.encode(0, Role.DELTA, 3, values(codec, 0))
+
+    def chunks() -> Iterator[bytes]:
+        yield bytes(data[: len(data) // 2])
+        raise _CutError
+
+    with pytest.raises(_CutError):
+        codec.load_received(0, Role.DELTA, ref, chunks())
