@@ -379,3 +379,23 @@ def test_a_dead_learners_lease_is_read_once_per_lease_timeout_not_every_probe() 
     # Each closer that led: one lease read per listing (every timeout), plus slack for
     # a change of leader; probing every renew/2 (FAST_C: 0.5 s) would be ~4 per second.
     assert len(looks) <= len(leaders) * (seconds / timeout_s + 2), (len(looks), leaders)
+
+
+def test_an_operators_clean_leaves_the_garbage_under_a_record() -> None:
+    """``cluster.clean`` (the teardown's operator) removes outsiders' objects at rounds the
+    tape has not reached, and leaves one at a round whose record was written at a slot
+    above it (emptying that slot would stop there every reader that had not read the round
+    yet: "not yet", protocol.md §16.4.2; the stall hypothesis found when the teardown
+    removed it); and the run goes on, a learner restarted from the tape included."""
+    c = make(AlgorithmConfig(sync_every=4, fragments=2, quorum=2, in_flight=2))
+    under, ahead = keys.round_record(2), keys.round_record(500)
+    c = cl.inject(cl.inject(c, under, b"garbage"), ahead, b"garbage")
+    c = run_fair(c, 120)
+    assert len(cl.records(c)) > 3
+    c = cl.clean(c, prefix=keys.ROUNDS_PREFIX)
+    assert c.store.get(under) is not None
+    assert c.store.get(ahead) is None
+    before = len(cl.records(c))
+    c = cl.start(cl.crash(c, "n2"), "n2")  # a learner that reads the tape afresh
+    c = run_fair(c, 120)
+    assert len(cl.records(c)) >= before + 3, _stuck(c)
