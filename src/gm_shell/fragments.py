@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
 import attrs
@@ -256,13 +256,7 @@ class FragmentCodec:
         """Raise UnusablePayloadError unless ``data`` is exactly the bytes ``ref`` names."""
         if data is None:
             raise UnusablePayloadError(Reason.MISSING, f"{ref.key} is absent")
-        if len(data) != ref.size:
-            raise UnusablePayloadError(
-                Reason.CORRUPT, f"{ref.key}: {len(data)} bytes, not {ref.size}"
-            )
-        digest = content_hash(data, self._payload_key)
-        if digest != ref.digest:
-            raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: content hash {digest[:12]}…")
+        _same_bytes(ref, len(data), lambda: content_hash(data, self._payload_key))
 
     def decode(self, fragment: int, role: Role, data: BytesLike) -> F32:
         """A fresh flat fp32 host buffer holding the payload's fragment."""
@@ -379,13 +373,7 @@ class FragmentCodec:
             received.drain()
         except PayloadError as error:
             raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: {error}") from error
-        if received.count != ref.size:
-            raise UnusablePayloadError(
-                Reason.CORRUPT, f"{ref.key}: {received.count} bytes, not {ref.size}"
-            )
-        digest = received.hexdigest()
-        if digest != ref.digest:
-            raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: content hash {digest[:12]}…")
+        _same_bytes(ref, received.count, received.hexdigest)
 
     # -- the closer's arithmetic ----------------------------------------------------------
 
@@ -506,6 +494,16 @@ class FragmentCodec:
         compute.merge(arrays, median, layout, rule, "", centre)
         norms, cosines = compute.spread(arrays, centre)
         return robust.plan_merge(self.config, shares, norms, cosines)
+
+
+def _same_bytes(ref: PayloadRef, size: int, digest: Callable[[], str]) -> None:
+    """Raise UnusablePayloadError (``corrupt``) unless ``size`` bytes whose hash is
+    ``digest()`` are the bytes ``ref`` names (the hash is taken only at the right size)."""
+    if size != ref.size:
+        raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: {size} bytes, not {ref.size}")
+    found = digest()
+    if found != ref.digest:
+        raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: content hash {found[:12]}…")
 
 
 def _copy(compute: Backend[A], x: A, n: int) -> A:

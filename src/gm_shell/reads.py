@@ -21,8 +21,9 @@ from its reply's headers, its body never read.
 - **Payloads** are capped by their reference's size, and a reference is believed
   only up to the most bytes its fragment can take in its wire format
   (:meth:`~gm_shell.fragments.FragmentCodec.limit`); decoding is bounded the same
-  way (:func:`~gm_shell.payload.unseal`). Every refusal is ``corrupt``. A payload's
-  body is decoded as it arrives (:meth:`~gm_shell.mailbox.Mailbox.receive`,
+  way (:func:`~gm_shell.payload.unseal`). Every refusal is ``corrupt``. From S3, GCS
+  and Azure a payload's body is decoded as it arrives
+  (:meth:`~gm_shell.mailbox.Mailbox.receive`,
   :meth:`~gm_shell.fragments.FragmentCodec.load_received`), never held whole beside
   its decode, and judged against its digest once its last byte is in.
 - **Nothing is downloaded twice while it stays the same.** The reader remembers,
@@ -62,6 +63,7 @@ T = TypeVar("T")
 A = TypeVar("A")
 Compute = Callable[..., Awaitable[Any]]
 """Runs a CPU-bound function with its arguments off the event loop."""
+
 REFUSED: Final = b""
 """What the core is given for a JSON object refused unread: a document that does not decode."""
 TOO_LARGE: Final = "too_large"

@@ -1070,7 +1070,7 @@ class Runtime:
                 )
                 outer = await self._upload(self._momenta, cmd.fragment, *encoded)
         except BaseException:
-            theta_up.cancel()  # as the gather of both uploads did, when the merge failed
+            theta_up.cancel()  # the merge failed: no one awaits its theta's upload
             await asyncio.gather(theta_up, return_exceptions=True)
             raise
         return await theta_up, outer
