@@ -28,10 +28,16 @@ def scale_published_deltas(factor: float) -> None:
     scale = np.float32(factor)
 
     def poisoned(
-        self: FragmentCodec, fragment: int, role: Role, round_: int, x: F32
+        self: FragmentCodec,
+        fragment: int,
+        role: Role,
+        round_: int,
+        x: F32,
+        *,
+        minus: F32 | None = None,
     ) -> tuple[bytes, PayloadRef]:
         if role is Role.DELTA:
-            x = np.multiply(x, scale, dtype=np.float32)
+            x = np.multiply(x if minus is None else np.subtract(x, minus), scale, dtype=np.float32)
         return encode(self, fragment, role, round_, x)
 
     FragmentCodec.encode = poisoned  # type: ignore[method-assign]

@@ -207,15 +207,21 @@ class FragmentCodec:
         round_: int,
         x: Any,
         backend: Backend[Any] | None = None,
+        *,
+        minus: F32 | None = None,
     ) -> tuple[Sealed, PayloadRef]:
         """The bytes to upload for ``x`` and the reference a record will carry; ``x`` is a
-        host array, or one of ``backend``'s (its codes are then made on its device)."""
+        host array, or one of ``backend``'s (its codes are then made on its device). With
+        ``minus`` (host arrays both), those of ``x − minus``: where the wire is exact, made
+        without a fragment-sized array of the difference (:func:`seal_f32`)."""
         wire = self.wire(fragment, role)
         on = backend or self._numpy
         if isinstance(on, NumpyBackend) and wire.format is WireFormat.F32:
             # Exact host values: their bytes are the codes, written once, into the result.
-            data = seal_f32(x, wire, self.config.compression)
+            data = seal_f32(x, wire, self.config.compression, minus=minus)
         else:
+            if minus is not None:
+                x = np.subtract(x, minus)
             writer: PayloadWriter | None = getattr(self._local, "writer", None)
             if writer is None:
                 writer = self._local.writer = PayloadWriter()
@@ -331,6 +337,26 @@ class FragmentCodec:
         if role is Role.DELTA and not on.all_finite(x):
             raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
         return x
+
+    def judged(
+        self,
+        fragment: int,
+        role: Role,
+        ref: PayloadRef,
+        x: F32,
+        data: Sealed,
+        backend: Backend[Any],
+    ) -> Any:
+        """:meth:`load` of ``data``, the bytes :meth:`encode` made of the host array ``x``
+        (``ref``, theirs): where the format is exact they hold ``x``'s values, so ``x``
+        itself goes to ``backend``'s device (shared where the framework allows), judged as
+        a decode of them would be, with no decode and no second fragment-sized buffer."""
+        if self._formats[role] is not WireFormat.F32:
+            return self.load(fragment, role, ref, data, backend)
+        held = backend.asarray(x)
+        if role is Role.DELTA and not backend.all_finite(held):
+            raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
+        return held
 
     def load_received(
         self,

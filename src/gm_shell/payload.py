@@ -34,6 +34,7 @@ they refuse to run on a thread with a running event loop.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import struct
@@ -45,7 +46,7 @@ import blake3
 import numpy as np
 import zstandard
 
-from gm_core.numerics.arrays import U8, check_flat
+from gm_core.numerics.arrays import F32, U8, check_flat
 from gm_core.numerics.quant import SCALE_DTYPE, SCALE_SUFFIX, WireLayout
 from gm_core.records import Compression, WireFormat
 from gm_shell.backends.protocol import Backend
@@ -421,11 +422,31 @@ def _pieces(parts: Sequence[tuple[U8, int]]) -> Iterator[U8]:
                 yield elements[lo : lo + CHUNK, plane]
 
 
+def _differences(a: F32, b: F32) -> Iterator[U8]:
+    """The pieces :func:`_pieces` gives of ``a − b`` viewed as bytes (planes of 4), with
+    no array of the difference: each piece's elements are subtracted into a scratch of
+    :data:`CHUNK` values as it is asked for (once per plane, four times in all: ≈ 3 ms
+    more for 16 MiB, against ≈ 60 ms of compression). A piece is a view of the scratch,
+    valid until the next is asked for."""
+    scratch = np.empty(min(CHUNK, a.shape[0]), dtype=np.float32)
+    planes = scratch.view(np.uint8).reshape(-1, 4)
+    for plane in range(4):
+        for lo in range(0, a.shape[0], CHUNK):
+            hi = min(lo + CHUNK, a.shape[0])
+            np.subtract(a[lo:hi], b[lo:hi], out=scratch[: hi - lo])
+            yield planes[: hi - lo, plane]
+
+
 def _compressed(parts: Sequence[tuple[U8, int]], level: int) -> memoryview:
-    """One zstd frame of ``parts`` laid end to end (:func:`_pieces`), gathered a buffer of
-    :data:`CHUNK` bytes at a time for the compressor, into one buffer of the frame's
-    worst-case size (pages untouched by the frame stay unmapped)."""
-    total = sum(data.shape[0] for data, _ in parts)
+    """One zstd frame of ``parts`` laid end to end (:func:`_pieces`)."""
+    return _compressed_pieces(_pieces(parts), sum(data.shape[0] for data, _ in parts), level)
+
+
+def _compressed_pieces(pieces: Iterable[U8], total: int, level: int) -> memoryview:
+    """One zstd frame of ``pieces`` (``total`` bytes), gathered a buffer of :data:`CHUNK`
+    bytes at a time for the compressor (each piece is copied before the next is asked
+    for), into one buffer of the frame's worst-case size (pages untouched by the frame
+    stay unmapped)."""
     out = np.empty(sealed_limit(total, Compression.ZSTD), dtype=np.uint8)
     chunk = np.empty(min(CHUNK, total), dtype=np.uint8)
     compressor = zstandard.ZstdCompressor(level=level).compressobj(size=total)
@@ -436,7 +457,7 @@ def _compressed(parts: Sequence[tuple[U8, int]], level: int) -> memoryview:
         out[at : at + len(block)] = np.frombuffer(block, dtype=np.uint8)
         at += len(block)
 
-    for piece in _pieces(parts):
+    for piece in pieces:
         if filled + piece.shape[0] > chunk.shape[0]:
             put(compressor.compress(chunk[:filled].data))
             filled = 0
@@ -458,21 +479,38 @@ def seal(file: U8, compression: Compression, level: int = 3) -> memoryview:
     return _compressed(parts, level)
 
 
-def seal_f32(x: Any, wire: WireLayout, compression: Compression, level: int = 3) -> Sealed:
+def seal_f32(
+    x: Any, wire: WireLayout, compression: Compression, level: int = 3, minus: F32 | None = None
+) -> Sealed:
     """``seal(write_fragment(writer, numpy, x, wire), compression)``, byte for byte, for an
     F32 ``wire``, without the file: the bytes of ``x`` are the codes, so they go straight
     into the result (a bare file: joined to the header; zstd: shuffled as they stream into
-    the compressor), and no buffer of a fragment's size is made but the result."""
+    the compressor), and no buffer of a fragment's size is made but the result.
+
+    With ``minus``, the payload of ``x − minus`` (numpy's subtraction, element by element):
+    in a zstd frame the difference is made a chunk at a time as it streams
+    (:func:`_differences`), never whole; a bare file needs it whole."""
     assert wire.format is WireFormat.F32, wire.format
     check_flat(x, wire.layout.total, "x")
+    if minus is not None:
+        check_flat(minus, wire.layout.total, "minus")
+        if compression is Compression.NONE:
+            x, minus = np.subtract(x, minus), None
     header = header_bytes(fragment_entries(wire), {})
     body = np.ascontiguousarray(x).view(np.uint8)
     if compression is Compression.NONE:
         return b"".join([header, body.data])
     off_event_loop("payload compression")
-    parts = [(np.frombuffer(header, dtype=np.uint8), 1)]
-    parts += [(body[t.codes[0] : t.codes[1]], 4) for t in wire.tensors]
-    return _compressed(parts, level)
+    head = np.frombuffer(header, dtype=np.uint8)
+    if minus is None:
+        parts = [(head, 1)] + [(body[t.codes[0] : t.codes[1]], 4) for t in wire.tensors]
+        return _compressed(parts, level)
+    pieces = itertools.chain(
+        _pieces([(head, 1)]),
+        *(_differences(x[t.span.start : t.span.stop], minus[t.span.start : t.span.stop])
+          for t in wire.tensors),
+    )  # fmt: skip
+    return _compressed_pieces(pieces, head.shape[0] + 4 * wire.layout.total, level)
 
 
 READ_SIZE = 1 << 20

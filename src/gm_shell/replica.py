@@ -104,9 +104,10 @@ class Taken(NamedTuple):
     """The data pointers of the parameters ``theta`` was copied from without a check (a
     planned due step), to be checked before it is published (:meth:`Replica.verify`)."""
 
-    def delta(self) -> F32:
-        """``anchor − θ``: in place unless the replica kept θ (any thread)."""
-        if self.kept:
+    def delta(self, fresh: bool = False) -> F32:
+        """``anchor − θ``: in place unless the replica kept θ or the caller keeps the
+        delta past :meth:`Replica.recycle` (``fresh``) (any thread)."""
+        if self.kept or fresh:
             return np.subtract(self.anchor, self.theta)
         return np.subtract(self.anchor, self.theta, out=self.theta)
 

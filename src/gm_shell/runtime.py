@@ -936,20 +936,28 @@ class Runtime:
         """A worker's part of a capture: the delta, its bytes, and the buffer given back.
 
         With ``preload`` (a node that also closes, :meth:`_may_preload`), the payload is
-        read here as its closer's ``Verify`` will read it (:meth:`FragmentCodec.load` of the
-        same bytes: checked, decoded where the closer merges, judged finite), for the
-        closer's cache: its own learner's snapshot then costs the closer no GET and no trip
-        to a worker (a round's critical path, bench_step); a delta that is not finite is
-        left for ``Verify`` to judge."""
+        judged here as its closer's ``Verify`` would judge it, and what a read of it would
+        give goes to the closer's cache (:meth:`FragmentCodec.judged`: the delta itself
+        where the wire is exact, not a decode of its bytes beside it): its own learner's
+        snapshot then costs the closer no GET and no trip to a worker (a round's critical
+        path, bench_step); a delta that is not finite is left for ``Verify`` to judge."""
+        fragment, round_ = taken.fragment, taken.round
+        delta = None
         try:
-            data, ref = self._codec.encode(taken.fragment, Role.DELTA, taken.round, taken.delta())
+            if taken.kept and not preload:  # θ stays for carry: the delta is never whole
+                data, ref = self._codec.encode(
+                    fragment, Role.DELTA, round_, taken.anchor, minus=taken.theta
+                )
+            else:
+                delta = taken.delta(fresh=preload)
+                data, ref = self._codec.encode(fragment, Role.DELTA, round_, delta)
         finally:
             if self._replica is not None:
                 self._replica.recycle(taken)
-        if not preload:
+        if delta is None or not preload:
             return data, ref, None
         try:
-            judged = self._codec.load(taken.fragment, Role.DELTA, ref, data, self._codec.device)
+            judged = self._codec.judged(fragment, Role.DELTA, ref, delta, data, self._codec.device)
         except UnusablePayloadError:
             judged = None
         return data, ref, judged

@@ -22,6 +22,7 @@ from gm_core.numerics.quant import WireLayout
 from gm_core.records import Compression, WireFormat
 from gm_shell.backends import NumpyBackend
 from gm_shell.payload import (
+    CHUNK,
     DTYPE_BITS,
     PayloadError,
     PayloadWriter,
@@ -119,6 +120,30 @@ def test_a_zstd_payload_is_one_frame_of_the_file_with_each_tensor_shuffled(
     assert zstandard.ZstdDecompressor().decompress(sent) == expected.tobytes()
     assert zstandard.frame_content_size(sent) == file.shape[0]
     assert unseal(sent, Compression.ZSTD, file.shape[0]).tobytes() == file.tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.one_of(layouts(), st.builds(lambda n: Layout.of([("w", (n,)), ("b", (3,))]),
+                                   st.integers(CHUNK - 2, 2 * CHUNK + 5))),
+    seeds(),
+    st.sampled_from(list(Compression)),
+)  # fmt: skip
+def test_a_difference_sealed_as_it_streams_is_the_same_bytes_as_sealed_whole(
+    layout: Layout, seed: int, compression: Compression
+) -> None:
+    """``seal_f32(a, minus=b)`` (a learner's ``anchor − θ``, never made whole) is byte for
+    byte ``seal_f32(a − b)``, tensors longer than a chunk, signed zeros and non-finite
+    differences included: the same digest, key and decode."""
+    rng = np.random.default_rng(seed)
+    a, b = fragment(rng, layout.total), fragment(rng, layout.total)
+    b[rng.random(layout.total) < 0.05] = np.inf  # inf - inf: NaN; finite - inf: -inf
+    a[rng.random(layout.total) < 0.05] = np.inf
+    a[: layout.total // 3] = b[: layout.total // 3]  # exact zeros, +0.0 (x - x)
+    wire = wire_layout(layout, WireFormat.F32)
+    with np.errstate(invalid="ignore"):
+        whole = bytes(seal_f32(np.subtract(a, b), wire, compression))
+        assert bytes(seal_f32(a, wire, compression, minus=b)) == whole
 
 
 def test_an_f32_frame_of_other_tensors_is_a_schema_mismatch_read_from_its_header() -> None:

@@ -69,6 +69,29 @@ def test_every_format_round_trips_to_what_the_reference_decodes(
             np.testing.assert_allclose(x, y, rtol=0.5, atol=0.5)  # quantized, never wild
 
 
+@pytest.mark.parametrize("name", ["numpy", "torch"])
+@pytest.mark.parametrize("fmt", [WireFormat.F32, WireFormat.BF16])
+def test_a_delta_judged_from_its_own_encode_is_what_a_load_of_its_bytes_gives(
+    name: str, fmt: WireFormat
+) -> None:
+    """A closer-learner's own delta (``judged``: no decode where the wire is exact) gets
+    the values and the verdict a ``load`` of its bytes gets, on the closer's device."""
+    device = backend(name)
+    codec = FragmentCodec(manifest(delta_format=fmt), device)
+    x = values(codec, 0)
+    x[:5] = -0.0
+    data, ref = codec.encode(0, Role.DELTA, 1, x)
+    judged = device.to_numpy(codec.judged(0, Role.DELTA, ref, x, data, device))
+    loaded = device.to_numpy(codec.load(0, Role.DELTA, ref, data, device))
+    assert judged.tobytes() == loaded.tobytes()
+    assert np.shares_memory(judged, x) is (fmt is WireFormat.F32)  # no second buffer
+    x[7] = np.inf
+    data, ref = codec.encode(0, Role.DELTA, 1, x)
+    with pytest.raises(UnusablePayloadError) as caught:
+        codec.judged(0, Role.DELTA, ref, x, data, device)
+    assert caught.value.reason is Reason.NONFINITE
+
+
 def test_bad_bytes_are_rejected_with_the_protocols_reason() -> None:
     codec = FragmentCodec(manifest())
     x = values(codec, 0)

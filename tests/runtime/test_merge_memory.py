@@ -55,7 +55,8 @@ def test_a_merge_encodes_with_its_deltas_gone_and_uploads_theta_while_momentum_e
         runtime = s._runtime
         assert runtime is not None
         codec = runtime._codec
-        load, encode, put_once = codec.load, codec.encode, runtime._mailbox.put_once
+        load, judge, encode = codec.load, codec.judged, codec.encode
+        put_once = runtime._mailbox.put_once
 
         def loading(fragment: int, role: Role, ref: Any, data: Any, *rest: Any) -> Any:
             x = load(fragment, role, ref, data, *rest)
@@ -63,14 +64,19 @@ def test_a_merge_encodes_with_its_deltas_gone_and_uploads_theta_while_momentum_e
                 decoded.setdefault(_round_of(ref.key), []).append(weakref.ref(x))
             return x
 
-        def encoding(fragment: int, role: Role, round_: int, x: Any, *rest: Any) -> Any:
+        def judging(fragment: int, role: Role, ref: Any, *rest: Any) -> Any:
+            x = judge(fragment, role, ref, *rest)  # this node's own learner's deltas
+            decoded.setdefault(_round_of(ref.key), []).append(weakref.ref(x))
+            return x
+
+        def encoding(fragment: int, role: Role, round_: int, x: Any, *rest: Any, **kw: Any) -> Any:
             if role is Role.THETA:
                 theta_put.clear()  # set by this theta's upload
             if role is Role.MOMENTUM:
                 overlapped.append(theta_put.wait(5.0))
             if role is not Role.DELTA:
                 alive_at_encode.append(held(decoded.get(round_, [])))
-            data, ref = encode(fragment, role, round_, x, *rest)
+            data, ref = encode(fragment, role, round_, x, *rest, **kw)
             if role is Role.THETA:
                 theta_keys.add(ref.key)
             return data, ref
@@ -81,6 +87,7 @@ def test_a_merge_encodes_with_its_deltas_gone_and_uploads_theta_while_momentum_e
             return await put_once(key, data)
 
         codec.load = loading  # type: ignore[method-assign]
+        codec.judged = judging  # type: ignore[method-assign]
         codec.encode = encoding  # type: ignore[method-assign]
         runtime._mailbox.put_once = putting  # type: ignore[method-assign]
         for _ in range(48):
