@@ -266,8 +266,18 @@ class Pacer:
         if prepared is None:
             prepared = self._replica.prepare(plan.captures) if plan is not None else ()
         with self._cond:
-            self._replica.unprepare(self._prepared)
+            old = {(p.round, p.fragment): p for p in self._prepared if p.theta is not None}
+            # A capture the plan before prepared for keeps its buffer (Replica.prepare's held).
+            prepared = tuple(
+                old.pop((p.round, p.fragment), p) if p.theta is None else p for p in prepared
+            )
+            self._replica.unprepare(tuple(old.values()))
             self._plan, self._prepared = plan, prepared
+
+    def prepared_captures(self) -> frozenset[tuple[int, int]]:
+        """The captures (round, fragment) the plan now holds buffers for (a hint, any
+        thread: the training thread may carry the plan out meanwhile)."""
+        return frozenset((p.round, p.fragment) for p in self._prepared if p.theta is not None)
 
     def view(self) -> tuple[int, list[Note], list[Work]]:
         """The version, notes and queue as they are now (a feed's starting point)."""

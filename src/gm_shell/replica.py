@@ -25,16 +25,20 @@ loop takes from the pool before a planned due step (:meth:`Replica.prepare`,
 with the byte views the copy writes), so a due step only copies (no allocation
 or page faults: on a due step that follows a pause, a fresh ``numpy.empty`` alone
 costs tens of microseconds of cold code; a buffer the loop makes afresh there, it
-faults in itself). The pool is the replica's, not a fragment's: every buffer holds
-the largest fragment and lends its head to whichever fragment needs one, so what it
-keeps free is :data:`POOLED` buffer of one fragment whatever the fragment count (a
-pool per fragment kept free buffers of each: twice the model, idle). Ownership
+faults in itself). The pool is the replica's, not a fragment's: a buffer holds the
+largest fragment and lends its head to whichever fragment of at least half that size
+needs one, so what it keeps free is :data:`POOLED` buffer of one fragment whatever the
+fragment count (a pool per fragment kept free buffers of each: twice the model, idle);
+a smaller fragment gets buffers of its own size (:func:`lendable`). Ownership
 passes with the :class:`Taken`: the worker that encodes the delta gives the
 buffer back (:meth:`Taken.delta` then :meth:`Replica.recycle`), except a
 ``carry`` copy, which the replica keeps until the round's commit is applied;
 it is free again when that commit used it as the snapshot, since the commit's
 record names the delta, which the worker had finished encoding before it was
-uploaded. Folding a commit in works on the parameters' own memory where numpy
+uploaded. A plan whose step folds such a commit in before its capture copies into
+the copy given back, and a plan remade keeps the buffers of the one it replaces
+(:meth:`Replica.prepare`): a ``carry`` learner holds its copies out and one buffer more,
+however many times a round its plan is remade. Folding a commit in works on the parameters' own memory where numpy
 can write it (CPU fp32 torch: no copy of the fragment), else on a free buffer as
 its scratch. Closing captures every fragment's final delta at once: those copies
 are not kept (closing leaves the newest commit:
@@ -56,7 +60,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, cast
 
 import numpy as np
@@ -118,12 +122,31 @@ function reached through the type's slot, ~10 us of cold code after a training s
 (~3 us this way), which counts on a due step."""
 
 
+def lendable(capacity: int, size: int) -> bool:
+    """Whether a buffer of ``capacity`` values is lent to a copy of ``size``: one at least
+    half its size. Its pages stay resident whatever it holds next: the 16 MiB buffer of a
+    model's big fragment lent to its 0.1 MiB one held 16 MiB beside each copy of it (a
+    closer-learner's growth in the one-fragment variant of
+    ``tests/runtime/test_hostile_bucket.py``, session 25)."""
+    return size <= capacity <= 2 * size
+
+
+def _pooled(buffer: F32) -> F32:
+    """The pool's buffer whose head ``buffer`` is (see :meth:`Replica._buffer`)."""
+    pooled = buffer.base
+    assert isinstance(pooled, np.ndarray), "a buffer the pool did not lend"
+    assert pooled.ndim == 1, "a buffer the pool did not lend"
+    return pooled
+
+
 class Prepared(NamedTuple):
     """A buffer made ready for a planned capture before its step (:meth:`Replica.prepare`)."""
 
     round: int
     fragment: int
-    theta: F32
+    theta: F32 | None
+    """None: the buffer is the ``carry`` copy a commit folded in at the same step, before
+    the copy, gives back (:meth:`Replica.prepare`)."""
     copy: Callable[[], tuple[int, ...] | None] | None
     """Copies the parameters into ``theta`` directly, unchecked, and says from where (None:
     ``gather``; see :meth:`gm_shell.models.DirectCopy.copy_bound`)."""
@@ -164,13 +187,41 @@ class Replica:
             self._lend(1)
         return Taken(round_, fragment, anchor, theta, keep_copy)
 
-    def prepare(self, captures: Sequence[tuple[int, int]]) -> tuple[Prepared, ...]:
+    def prepare(
+        self,
+        captures: Sequence[tuple[int, int]],
+        releasing: Sequence[int] = (),
+        held: Collection[tuple[int, int]] = (),
+    ) -> tuple[Prepared, ...]:
         """Buffers for the captures (round, fragment) of a planned due step, with the byte
-        views a direct copy writes (any thread: the due step then only copies)."""
+        views a direct copy writes (any thread: the due step then only copies).
+
+        ``held``: captures the plan being replaced holds buffers for; they get none here
+        (:meth:`gm_shell.pacer.Pacer.plan` hands the old ones on). A plan is remade each
+        time the learner's state changes, several times a round: with one buffer kept free,
+        each remake made and faulted in a fragment's buffer beside the one the old plan
+        held, then let one go.
+
+        ``releasing``: the rounds whose commits the step folds in first. A ``carry`` copy
+        they give back is the buffer of a capture it is :func:`lendable` to, taken at the
+        step itself: a learner with ``in_flight`` rounds out keeps their copies and makes
+        no other (a buffer prepared beside them, while the oldest copy still waited for its
+        commit, was a fragment's bytes more, then idle in the pool). That step folds a
+        commit into the whole fragment; its copy is a checked one, from resident pages."""
+        released = [len(_pooled(c)) for r in releasing if (c := self._taken.get(r)) is not None]
         prepared = []
         for round_, fragment in captures:
+            if (round_, fragment) in held:
+                prepared.append(Prepared(round_, fragment, None, None))
+                continue
             access = self.fragments[fragment]
-            theta = self._buffer(access.layout.total, fault_in=True)
+            size = access.layout.total
+            reused = next((i for i, n in enumerate(released) if lendable(n, size)), None)
+            if reused is not None:
+                del released[reused]
+                prepared.append(Prepared(round_, fragment, None, None))
+                continue
+            theta = self._buffer(size, fault_in=True)
             copy = None
             if isinstance(access, DirectCopy) and (slots := access.slots(theta)) is not None:
                 copy = functools.partial(access.copy_bound, slots)
@@ -180,17 +231,22 @@ class Replica:
     def unprepare(self, prepared: Sequence[Prepared]) -> None:
         """The buffers of a plan that was not carried out are free again (any thread)."""
         for item in prepared:
-            self._give_back(item.theta)
+            if item.theta is not None:
+                self._give_back(item.theta)
 
     def take_planned(self, prepared: Sequence[Prepared], keep_copy: bool) -> tuple[Taken, ...]:
         """θ of each prepared capture now, into its buffer: through the views the fragment
         bound last, unchecked where it has them (:meth:`verify` checks them before the copy
         is published), else by a checked ``gather``."""
         taken = []
-        for round_, fragment, theta, copy in prepared:
+        for round_, fragment, prepared_theta, copy in prepared:
+            access = self.fragments[fragment]
+            theta = prepared_theta
+            if theta is None:  # a carry copy the fold-ins gave back, or a new one
+                theta = self._buffer(access.layout.total)
             bound = None if copy is None else copy()
             if bound is None:
-                self.fragments[fragment].gather(theta)
+                access.gather(theta)
             if keep_copy:
                 self._taken[round_] = theta
             anchor = self._anchors[fragment]
@@ -208,28 +264,35 @@ class Replica:
         return cast(DirectCopy, self.fragments[taken.fragment]).bound_to(taken.bound)
 
     def _buffer(self, size: int, *, fault_in: bool = False) -> F32:
-        """The first ``size`` elements of a free buffer, or of a new one (any thread: the
-        loop prepares plans while the training thread folds commits in, so the pop itself
-        is the test). ``fault_in``: a new one's pages are written here, not by the copy
-        the buffer is for (16 MiB: ~3 ms of page faults, which a due step would pay)."""
-        try:
-            pooled = self._free.pop()
-        except IndexError:
-            pooled = np.empty(self._largest, dtype=np.float32)
+        """The first ``size`` elements of a free buffer that :func:`lendable` to them, or of
+        a new one (any thread: the loop prepares plans while the training thread folds
+        commits in). ``fault_in``: a new one's pages are written here, not by the copy the
+        buffer is for (16 MiB: ~3 ms of page faults, which a due step would pay)."""
+        with self._returned:
+            fits = [b for b in self._free if lendable(b.shape[0], size)]
+            if fits:
+                pooled = min(fits, key=len)
+                self._free.remove(pooled)
+        if not fits:
+            pooled = np.empty(self._capacity(size), dtype=np.float32)
             if fault_in:
                 pooled[:size].fill(0.0)
             with self._returned:
                 self.buffers += 1
         return pooled[:size]
 
+    def _capacity(self, size: int) -> int:
+        """What a new buffer for ``size`` elements holds: the largest fragment, so that any
+        fragment of at least half its size may borrow it later, else ``size`` itself."""
+        return self._largest if lendable(self._largest, size) else size
+
     def _give_back(self, buffer: F32) -> None:
         """The pooled buffer whose head ``buffer`` is, is free again (any thread)."""
-        pooled = buffer.base
-        assert isinstance(pooled, np.ndarray), "a buffer the pool did not lend"
-        assert pooled.shape == (self._largest,), "a buffer the pool did not lend"
+        pooled = _pooled(buffer)
         with self._returned:
-            if len(self._free) < POOLED:
-                self._free.append(pooled)  # popped without the lock: deque pops are atomic
+            self._free.append(pooled)  # the newest: a plan may count on it (prepare)
+            if len(self._free) > POOLED:
+                self._free.popleft()
             self._returned.notify_all()
 
     def has_free(self) -> bool:

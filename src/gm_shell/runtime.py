@@ -643,7 +643,13 @@ class Runtime:
         plan = self._forecast(applies)
         prepared: tuple[Prepared, ...] = ()
         if plan is not None and self._replica is not None:
-            prepared = self._replica.prepare(plan.captures)  # outside the pacer's lock
+            # outside the pacer's lock; the commits the plan folds in are all queued
+            releasing = [w.round for w in self._queued if isinstance(w, ApplyWork)]
+            prepared = self._replica.prepare(
+                plan.captures,
+                releasing if plan.applied else (),
+                self.pacer.prepared_captures(),
+            )
         self._hand_over(functools.partial(self.pacer.plan, plan, prepared))
 
     def _forecast(self, applies: tuple[int, ...]) -> Plan | None:

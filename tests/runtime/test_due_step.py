@@ -362,6 +362,56 @@ def test_a_carry_copy_is_reused_after_its_commit_took_it_never_while_a_worker_ma
         assert not np.shares_memory(replica.take(round_, 0, keep_copy=True).theta, second.theta)
 
 
+def test_a_planned_capture_after_a_fold_in_copies_into_the_carry_copy_it_gave_back() -> None:
+    """A plan that folds round 0's commit in before its capture gets no buffer of its own
+    while round 0's ``carry`` copy is out: at the step, the capture copies into that copy,
+    given back by the fold-in, and no buffer is made; the copy holds the parameters as the
+    step left them. Another plan's buffer (``held``) is never made twice."""
+    model = torch.nn.Linear(512, 512)
+    replica = Replica(adapt(model), FragmentPlan(fragments=(("weight", "bias"),)))
+    replica.overwrite_all([replica.read(0)])
+    replica.take(0, 0, keep_copy=True)
+    replica.take(1, 0, keep_copy=True)
+    made = replica.buffers
+    prepared = replica.prepare([(2, 0)], releasing=[0])
+    assert [p.theta for p in prepared] == [None]
+    assert replica.prepare([(2, 0)], held={(2, 0)})[0].theta is None
+    assert replica.buffers == made
+    assert replica.copies() == {0, 1}
+    released = replica._taken[0].base  # the buffer round 0's copy lies in
+    replica.apply(0, 0, replica.read(0) + 1.0, Alignment.CARRY, 1.0)
+    (taken,) = replica.take_planned(prepared, keep_copy=True)
+    assert replica.buffers == made
+    assert taken.theta.base is released
+    np.testing.assert_array_equal(taken.theta, replica.read(0))
+
+
+def test_a_carry_learner_trains_on_through_its_copies_and_one_buffer_more() -> None:
+    """A ``carry`` learner whose fragment is its model keeps a copy per round out
+    (``in_flight``) and, round after round, copies into the ones its commits give back:
+    the pool makes ``in_flight`` buffers and one more, not one per round (a plan remade
+    while another held a buffer made and faulted in one more, then let one go: 22 made
+    in these 20 rounds before session 25)."""
+    mailbox = Mailbox.open(f"memory://carry-{uuid.uuid4().hex[:10]}/run")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(512, 512)
+    algorithm = DiLoCo(sync_every=8, fragments=1, in_flight=2, alignment="carry")
+    with Session(model, algorithm=algorithm, mailbox=mailbox, node="solo", options=OPTIONS) as s:
+        for _ in range(160):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01)
+            s.step(samples=1)
+            time.sleep(0.02)  # a training step's time: the loop plans the due steps ahead
+        assert s._replica is not None
+        assert s._runtime is not None
+        assert s._runtime.pacer is not None
+        planned = s._runtime.pacer.planned
+        made = s._replica.buffers
+    assert planned, planned  # due steps carried out as planned (prepared buffers)
+    assert made <= algorithm.in_flight + 1, made
+
+
 @pytest.mark.parametrize("contiguous", [True, False], ids=["in-place", "through-a-buffer"])
 @pytest.mark.parametrize("mode", [Alignment.OVERWRITE, Alignment.BLEND, Alignment.CARRY])
 def test_a_commit_is_folded_into_the_parameters_memory_as_align_folds_a_copy(
@@ -406,12 +456,15 @@ def test_a_commit_is_folded_into_the_parameters_memory_as_align_folds_a_copy(
 def test_the_pool_lends_one_fragments_buffer_to_another_and_keeps_few_free() -> None:
     """The replica's free buffers are shared by its fragments (each holds the largest one):
     a capture of one fragment, once its delta was encoded, is the next capture of another
-    of another size; however many fragments, at most ``POOLED`` buffers stay free."""
+    of another size, from half the largest up; a smaller fragment gets a buffer of its own
+    size, never the largest's (whose pages would stay resident beside its copy); however
+    many fragments, at most ``POOLED`` buffers stay free, the newest given back."""
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 2 + i) for i in range(6)])
     names = [name for name, _ in model.named_parameters()]
     plan = FragmentPlan(fragments=tuple((names[2 * i], names[2 * i + 1]) for i in range(6)))
     replica = Replica(adapt(model), plan)
     replica.overwrite_all([replica.read(f) for f in range(6)])
+    sizes = [9 * (2 + i) for i in range(6)]  # 18 ... 63 values: from 36 up, half of 63 or more
 
     def pooled(taken: Taken) -> int:
         assert taken.theta.base is not None
@@ -419,15 +472,22 @@ def test_the_pool_lends_one_fragments_buffer_to_another_and_keeps_few_free() -> 
 
     first = replica.take(0, 5, keep_copy=False)
     replica.recycle(first)
-    second = replica.take(1, 0, keep_copy=False)
+    second = replica.take(1, 2, keep_copy=False)
     assert pooled(second) == pooled(first)
-    np.testing.assert_array_equal(second.theta, replica.read(0))
+    np.testing.assert_array_equal(second.theta, replica.read(2))
+    replica.recycle(second)
+    small = replica.take(2, 1, keep_copy=False)
+    assert pooled(small) != pooled(first)
+    assert small.theta.base is not None
+    assert small.theta.base.shape == (sizes[1],)  # its own size, not the largest's
+    replica.recycle(small)
     taken = [replica.take(r, r % 6, keep_copy=False) for r in range(12)]
     assert len({pooled(t) for t in taken}) == 12
     for t in taken:
         replica.recycle(t)
-    kept = {pooled(replica.take(r, 0, keep_copy=True)) for r in range(4)}
-    assert len(kept & {pooled(t) for t in taken}) == POOLED
+    kept = [pooled(replica.take(r, 5, keep_copy=True)) for r in range(4)]
+    assert len(set(kept) & {pooled(t) for t in taken}) == POOLED
+    assert kept[0] == pooled(taken[-1])  # the pool keeps the newest it was given back
 
 
 @pytest.mark.parametrize("alignment", ["carry", "overwrite"])
