@@ -38,13 +38,13 @@ record names the delta, which the worker had finished encoding before it was
 uploaded. A plan whose step folds such a commit in before its capture copies into
 the copy given back, and a plan remade keeps the buffers of the one it replaces
 (:meth:`Replica.prepare`): a ``carry`` learner holds its copies out and one buffer more,
-however many times a round its plan is remade. Folding a commit in works on the parameters' own memory where numpy
-can write it (CPU fp32 torch: no copy of the fragment), else on a free buffer as
-its scratch. Closing captures every fragment's final delta at once: those copies
-are not kept (closing leaves the newest commit:
-:meth:`gm_shell.pacer.Pacer.closing`), and each capture waits for an earlier
-one's buffer to come back encoded (:meth:`Replica.wait_for_free`), so closing
-holds two buffers, not the model.
+however many times a round its plan is remade. Folding a commit in works on the
+parameters' own memory where numpy can write it (CPU fp32 torch: no copy of the
+fragment), else on a free buffer as its scratch (the pool then keeps one more).
+Closing captures every fragment's final delta at once: those copies are not kept
+(closing leaves the newest commit: :meth:`gm_shell.pacer.Pacer.closing`), and each
+capture waits for an earlier one's buffer to come back encoded
+(:meth:`Replica.wait_for_free`), so closing holds two buffers, not the model.
 
 Anchors are fp32, and they are the commit *as the model holds it*: a bf16 model
 holds a committed fp32 value rounded to bf16, and anchoring at the unrounded
@@ -167,6 +167,9 @@ class Replica:
         """Buffers of captures handed over and not yet given back (see :meth:`recycle`)."""
         self.buffers = 0
         """How many buffers the pool has made (what it costs: tests, bench_memory)."""
+        self._pooled = POOLED
+        """Free buffers kept: one more once a commit was folded in through a buffer
+        (:meth:`_fold`), which it takes beside the ``carry`` copy it reads."""
 
     def read(self, fragment: int) -> F32:
         """A fresh host copy of the fragment as the model holds it."""
@@ -269,10 +272,12 @@ class Replica:
         commits in). ``fault_in``: a new one's pages are written here, not by the copy the
         buffer is for (16 MiB: ~3 ms of page faults, which a due step would pay)."""
         with self._returned:
-            fits = [b for b in self._free if lendable(b.shape[0], size)]
-            if fits:
-                pooled = min(fits, key=len)
-                self._free.remove(pooled)
+            free = self._free
+            fits = [i for i, b in enumerate(free) if lendable(len(b), size)]
+            if fits:  # by place, not by value (``remove`` would compare arrays)
+                at = min(fits, key=lambda i: len(free[i]))
+                pooled = free[at]
+                del free[at]
         if not fits:
             pooled = np.empty(self._capacity(size), dtype=np.float32)
             if fault_in:
@@ -291,7 +296,7 @@ class Replica:
         pooled = _pooled(buffer)
         with self._returned:
             self._free.append(pooled)  # the newest: a plan may count on it (prepare)
-            if len(self._free) > POOLED:
+            if len(self._free) > self._pooled:
                 self._free.popleft()
             self._returned.notify_all()
 
@@ -361,6 +366,7 @@ class Replica:
         big = layout.total >= IN_PLACE_SPAN * len(layout.spans)
         arrays = access.host_arrays() if big and isinstance(access, InPlace) else None
         if arrays is None:
+            self._pooled = POOLED + 1  # else each fold-in made and faulted in its own
             theta = self._buffer(layout.total)
             access.gather(theta)
             align(theta, committed, mode, mixing, snapshot)
