@@ -438,23 +438,22 @@ HUGE_S3 = 16 * MiB
 
 OVER_BOUND = pytest.mark.xfail(
     strict=True,
-    reason="gm outgrows 2 x model + 64 MiB (issue 12 Show, open) where one fragment is the"
-    " whole model, whatever the attacker does: with the 16 MiB model in one tensor and the"
-    " mmap threshold fixed, RSS grows 85-103 MiB (learner) and 116-133 MiB (closer-learner)"
-    " over the test's rounds, file:// and SeaweedFS, open and keyed, one run at a time"
-    " (2026-12-04, session 24). At a merge the closer-learner holds the gradients, the"
-    " momentum, the new theta, both deltas decoded and the carry copy: 6 x model, the bound"
-    " itself (spec/threat-model.md §4.9 'What is left'); in 8 fragments the bound holds"
-    " (16MiB-8 below)",
+    reason="gm's closer-learner outgrows 2 x model + 64 MiB (issue 12 Show, open) where one"
+    " fragment is the whole model, whatever the attacker does: with the 16 MiB model in one"
+    " tensor and the mmap threshold fixed, RSS grows 100-115 MiB (closer-learner) over the"
+    " test's rounds, file:// and SeaweedFS, open and keyed, one run at a time (2026-12-04,"
+    " session 25; the learner, 65-69 MiB, is under). At the new theta's encode it holds the"
+    " gradients, the carry copy, the new theta, the momentum and the theta's bytes: about"
+    " 4.85 x model + the activations, at the bound (spec/threat-model.md §4.9 'What is"
+    " left'); in 8 fragments the bound holds (16MiB-8 below)",
 )
 """The one-fragment 16 MiB variant fails its memory bound whatever the attacker does: with
-one fragment as big as the model, a closer-learner holds at once, at a merge, the trainer's
-gradients, the momentum, the new theta, the round's two deltas decoded and its learner's
-``carry`` copy of the round being merged. A merge that streams its deltas would need
-another wire layout (the planes of a whole tensor come one after the other: no element is
-whole before the last plane) and streamed GETs, spec/threat-model.md §4.9. When gm's
-working set fits ``2 × model + RSS_SLACK`` here, this marker goes (strict: the test then
-fails as a reminder)."""
+one fragment as big as the model, a closer-learner holds at once, at the new theta's
+encode, the trainer's gradients, its learner's ``carry`` copy of the round, the new theta,
+the momentum and the theta's bytes being sealed — the outer step's and ``carry``'s own
+working set, which the bound's form (2 × model + a constant) cannot hold for a large model
+in one fragment. When gm's working set fits ``2 × model + RSS_SLACK`` here, this marker
+goes (strict: the test then fails as a reminder)."""
 
 
 @pytest.mark.parametrize(
