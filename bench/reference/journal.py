@@ -8,6 +8,7 @@ Times are whatever clock the producer stamps with; a figure only compares them t
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections import Counter
@@ -81,16 +82,18 @@ def by_category(requests: Iterable[Request]) -> dict[str, dict[str, int]]:
 
 
 def waves(requests: Iterable[Request]) -> int:
-    """How many groups of overlapping requests ran one after another.
+    """How many requests ran one after another: the longest chain of requests each of
+    which started once the one before it had ended (what latency multiplies on the
+    critical path; 0 for none).
 
-    A new group starts at a request that begins after every earlier request has ended;
-    requests that overlap ran in parallel and count once.
+    Counting groups of overlapping requests instead (a new group at a request that starts
+    after every earlier one has ended) counted 1 for two requests in a row beside a long
+    one in parallel: gm's 4-trip join printed 3 (session 24).
     """
-    count, horizon = 0, -math.inf
-    for r in sorted(requests, key=lambda r: r.started):
-        if r.started >= horizon:
-            count += 1
-            horizon = r.ended
-        else:
-            horizon = max(horizon, r.ended)
-    return count
+    ends: list[float] = []
+    best: list[int] = [0]  # best[i]: the longest chain among the first i requests by end
+    for r in sorted(requests, key=lambda r: r.ended):
+        before = bisect.bisect_right(ends, r.started)
+        ends.append(r.ended)
+        best.append(max(best[-1], best[before] + 1))
+    return best[-1]
