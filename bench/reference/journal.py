@@ -92,7 +92,7 @@ def waves(requests: Iterable[Request]) -> int:
     """
     ends: list[float] = []
     best: list[int] = [0]  # best[i]: the longest chain among the first i requests by end
-    for r in sorted(requests, key=lambda r: r.ended):
+    for r in sorted(requests, key=lambda r: (r.ended, r.started)):  # [e, e] after [s, e]
         before = bisect.bisect_right(ends, r.started)
         ends.append(r.ended)
         best.append(max(best[-1], best[before] + 1))

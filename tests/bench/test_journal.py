@@ -42,3 +42,4 @@ def test_two_requests_in_a_row_beside_a_long_one_count_two() -> None:
     """What counting overlapping groups got wrong: one group, two requests in a row."""
     assert waves([request(0, 10), request(1, 2), request(3, 4)]) == 2
     assert waves([]) == 0
+    assert waves([request(5, 5), request(0, 5)]) == 2  # one ends as the other (empty) starts

@@ -492,7 +492,16 @@ def test_objects_at_the_next_round_keys_are_named_skipped_and_never_adopted(
         h.spawn("n1", seed=1, role="learner", **key_spec)
         wait_until("the learner to join", lambda: started(h, "n1"), 60)
         wait_until("a commit of both", lambda: newest_commit(h) >= 2, 60)
-        squatted, forged_theta = asyncio.run(squat_next_records(url, options, keyed, h))
+        # Both nodes paused while the squats go in: uploading the oversized one (16 MiB to
+        # SeaweedFS) under a loaded CI once took longer than the run's next two rounds, whose
+        # closer then wrote the third round's record first (the huge squat never placed).
+        for name in nodes:
+            h.signal(name, signal.SIGSTOP)
+        try:
+            squatted, forged_theta = asyncio.run(squat_next_records(url, options, keyed, h))
+        finally:
+            for name in nodes:
+                h.signal(name, signal.SIGCONT)
         last = max(squatted.values())
         unnamed = functools.partial(unnamed_squats, h, nodes, squatted, keyed)
         try:
@@ -568,9 +577,9 @@ def assert_honest_and_small(results: dict[str, dict[str, Any]], model: int = MOD
 async def squat_next_records(
     url: str, options: MailboxOptions, keyed: bool, h: Harness
 ) -> tuple[dict[str, int], str]:
-    """Write :data:`SQUATS` at slot 0 of the next three rounds (racing the closer for the
-    first, which must follow the tip it reads); returns each one's round, and the key of
-    the forged model's payload."""
+    """Write :data:`SQUATS` at slot 0 of the next three rounds (the first must follow the
+    tip it reads: a closer's record of that round may land first, sent before its node was
+    paused); returns each one's round, and the key of the forged model's payload."""
     run_auth = auth.derive(KEY) if keyed else None
     with Mailbox.open(url, options=options) as box:
         manifest = await read_manifest(box, run_auth)
@@ -598,7 +607,8 @@ async def squat_next_records(
             with open(Path(url.removeprefix("file://")) / huge, "xb") as f:
                 f.truncate(HUGE_FILE)  # sparse
         else:
-            await box.put_once(huge, b" " * HUGE_S3)
+            placed = await box.put_once(huge, b" " * HUGE_S3)
+            assert placed is PutOutcome.CREATED, f"{huge}: the run got there first"
     return {"forged": round_, "garbage": round_ + 1, "huge": round_ + 2}, theta.key
 
 
