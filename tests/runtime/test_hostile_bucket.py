@@ -586,13 +586,14 @@ async def squat_next_records(
         assert manifest is not None
         envelope = auth.of_run(manifest, run_auth)
         deadline = time.monotonic() + 60
+        at = newest_commit(h)
         while True:
             assert time.monotonic() < deadline, "the closer won every race for the next key"
-            tip = (await read_record(box, envelope, manifest.config, newest_commit(h))).record
+            tip = (await read_record(box, envelope, manifest.config, at)).record
             assert isinstance(tip, RoundRecord), tip
             round_ = tip.round + 1
             if await box.probe(keys.round_record(round_)) is not None:
-                await asyncio.sleep(0.05)  # the closer was quicker: the next one
+                at = round_  # the closer was quicker (its node, paused, reports it later)
                 continue
             theta = await forged_theta(box, manifest, round_)
             forged = committing(tip, round_, theta, manifest.config)
