@@ -495,10 +495,11 @@ class Pacer:
                 self._replica.forget(item.round)
         for item in work:
             if isinstance(item, CaptureWork):
-                if streamed and not self._keep_copies and not self._replica.has_free():
+                waits = streamed and not self._keep_copies
+                if waits and not self._replica.has_free(item.fragment):
                     self._hand_over(notes)
                     notes = []
-                    self._replica.wait_for_free(CAPTURE_WAIT_S)
+                    self._replica.wait_for_free(item.fragment, CAPTURE_WAIT_S)
                 taken = self._replica.take(item.round, item.fragment, self._keep_copies)
                 notes.append(CaptureNote(req=item.req, taken=taken))
         for item in self._fold_in(work):

@@ -167,7 +167,7 @@ class Replica:
         """Buffers of captures handed over and not yet given back (see :meth:`recycle`)."""
         self.buffers = 0
         """How many buffers the pool has made (what it costs: tests, bench_memory)."""
-        self._pooled = POOLED
+        self._keep_free = POOLED
         """Free buffers kept: one more once a commit was folded in through a buffer
         (:meth:`_fold`), which it takes beside the ``carry`` copy it reads."""
 
@@ -272,19 +272,23 @@ class Replica:
         commits in). ``fault_in``: a new one's pages are written here, not by the copy the
         buffer is for (16 MiB: ~3 ms of page faults, which a due step would pay)."""
         with self._returned:
-            free = self._free
-            fits = [i for i, b in enumerate(free) if lendable(len(b), size)]
-            if fits:  # by place, not by value (``remove`` would compare arrays)
-                at = min(fits, key=lambda i: len(free[i]))
-                pooled = free[at]
-                del free[at]
-        if not fits:
+            at = self._fitting(size)
+            if at is not None:  # by place, not by value (``remove`` would compare arrays)
+                pooled = self._free[at]
+                del self._free[at]
+        if at is None:
             pooled = np.empty(self._capacity(size), dtype=np.float32)
             if fault_in:
                 pooled[:size].fill(0.0)
             with self._returned:
                 self.buffers += 1
         return pooled[:size]
+
+    def _fitting(self, size: int) -> int | None:
+        """Where the smallest free buffer :func:`lendable` to ``size`` values lies in the
+        pool, if any (under the pool's lock)."""
+        fits = [i for i, b in enumerate(self._free) if lendable(len(b), size)]
+        return min(fits, key=lambda i: len(self._free[i])) if fits else None
 
     def _capacity(self, size: int) -> int:
         """What a new buffer for ``size`` elements holds: the largest fragment, so that any
@@ -296,25 +300,30 @@ class Replica:
         pooled = _pooled(buffer)
         with self._returned:
             self._free.append(pooled)  # the newest: a plan may count on it (prepare)
-            if len(self._free) > self._pooled:
+            if len(self._free) > self._keep_free:
                 self._free.popleft()
             self._returned.notify_all()
 
-    def has_free(self) -> bool:
-        """Whether a capture now would reuse a buffer (a hint: another thread may take it)."""
-        return bool(self._free)
+    def has_free(self, fragment: int) -> bool:
+        """Whether a capture of ``fragment`` now would reuse a buffer (a hint: another
+        thread may take it)."""
+        with self._returned:
+            return self._fitting(self.fragments[fragment].layout.total) is not None
 
-    def wait_for_free(self, timeout_s: float) -> None:
-        """Wait at most ``timeout_s`` for a capture's buffer to come back encoded, if one is
-        to come.
+    def wait_for_free(self, fragment: int, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` for a buffer a capture of ``fragment`` can reuse to
+        come back encoded, if one is to come.
 
         A capture made when none is free allocates one more; where the training thread has
         nothing else to do (:meth:`gm_shell.pacer.Pacer.serve`) it waits instead, so that
         a burst of captures (every fragment's final delta at close) goes through the
         buffers of two, not one each (a copy of the whole model). Bounded: a capture
         dropped without being given back (a restart) never brings its buffer back."""
+        size = self.fragments[fragment].layout.total
         with self._returned:
-            self._returned.wait_for(lambda: bool(self._free) or not self._encoding, timeout_s)
+            self._returned.wait_for(
+                lambda: self._fitting(size) is not None or not self._encoding, timeout_s
+            )
 
     def recycle(self, taken: Taken) -> None:
         """``taken``'s buffer is free again (its delta was encoded); any thread may call."""
@@ -366,7 +375,7 @@ class Replica:
         big = layout.total >= IN_PLACE_SPAN * len(layout.spans)
         arrays = access.host_arrays() if big and isinstance(access, InPlace) else None
         if arrays is None:
-            self._pooled = POOLED + 1  # else each fold-in made and faulted in its own
+            self._keep_free = POOLED + 1  # else each fold-in made and faulted in its own
             theta = self._buffer(layout.total)
             access.gather(theta)
             align(theta, committed, mode, mixing, snapshot)

@@ -960,8 +960,9 @@ class Runtime:
         finally:
             if self._replica is not None:
                 self._replica.recycle(taken)
-        if delta is None or not preload:
+        if not preload:
             return data, ref, None
+        assert delta is not None, "a preloaded delta is made whole"
         try:
             judged = self._codec.judged(fragment, Role.DELTA, ref, delta, data, self._codec.device)
         except UnusablePayloadError:

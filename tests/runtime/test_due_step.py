@@ -505,6 +505,8 @@ def test_the_pool_lends_one_fragments_buffer_to_another_and_keeps_few_free() -> 
     assert pooled(second) == pooled(first)
     np.testing.assert_array_equal(second.theta, replica.read(2))
     replica.recycle(second)
+    assert replica.has_free(2)
+    assert not replica.has_free(1)  # the free one is the largest's: it would take a new one
     small = replica.take(2, 1, keep_copy=False)
     assert pooled(small) != pooled(first)
     assert small.theta.base is not None
@@ -592,15 +594,15 @@ def test_a_wait_for_a_buffer_ends_when_one_comes_back_or_none_is_to_come() -> No
     model = torch.nn.Linear(4, 3)
     replica = Replica(adapt(model), FragmentPlan(fragments=(("weight", "bias"),)))
     replica.overwrite_all([replica.read(0)])
-    replica.wait_for_free(3600.0)  # nothing out: returns at once
+    replica.wait_for_free(0, 3600.0)  # nothing out: returns at once
     taken = [replica.take(r, 0, keep_copy=False) for r in range(3)]  # the pool is dry
-    assert not replica.has_free()
+    assert not replica.has_free(0)
     worker = threading.Timer(0.05, replica.recycle, args=(taken[0],))
     worker.start()
-    replica.wait_for_free(3600.0)
+    replica.wait_for_free(0, 3600.0)
     worker.join()
-    assert replica.has_free()
+    assert replica.has_free(0)
     replica.take(3, 0, keep_copy=False)  # the one given back; two others never come back
-    assert not replica.has_free()
-    replica.wait_for_free(0.05)  # bounded
-    assert not replica.has_free()
+    assert not replica.has_free(0)
+    replica.wait_for_free(0, 0.05)  # bounded
+    assert not replica.has_free(0)
