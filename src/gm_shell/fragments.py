@@ -79,6 +79,7 @@ from gm_shell.payload import (
     Received,
     SchemaMismatchError,
     Sealed,
+    bare_values,
     content_hash,
     file_limit,
     fragment_entries,
@@ -251,7 +252,11 @@ class FragmentCodec:
         self, fragment: int, role: Role, x: A, data: Sealed, backend: Backend[A]
     ) -> F32:
         """What a host reader of ``data`` gets, for ``x`` on ``backend``'s device: ``x``
-        copied back when the format is exact, else ``data`` decoded on the host."""
+        copied back when the format is exact (a bare file's values viewed in ``data``: the
+        bytes being uploaded are then all a host holds of them), else ``data`` decoded on
+        the host."""
+        if self.bare(role) and isinstance(data, memoryview):
+            return bare_values(data, self.wire(fragment, role))
         if self._formats[role] is WireFormat.F32:
             return backend.to_numpy(x)
         return self.decode(fragment, role, data)
@@ -338,21 +343,30 @@ class FragmentCodec:
             raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
         return x
 
+    def bare(self, role: Role) -> bool:
+        """Whether ``role``'s payloads are bare F32 files: their bytes are the values."""
+        exact = self._formats[role] is WireFormat.F32
+        return exact and self.config.compression is Compression.NONE
+
     def judged(
         self,
         fragment: int,
         role: Role,
         ref: PayloadRef,
-        x: F32,
+        x: F32 | None,
         data: Sealed,
         backend: Backend[Any],
     ) -> Any:
         """:meth:`load` of ``data``, the bytes :meth:`encode` made of the host array ``x``
         (``ref``, theirs): where the format is exact they hold ``x``'s values, so ``x``
         itself goes to ``backend``'s device (shared where the framework allows), judged as
-        a decode of them would be, with no decode and no second fragment-sized buffer."""
+        a decode of them would be, with no decode and no second fragment-sized buffer. A
+        bare file's bytes are the values: ``x`` may be None, they are viewed in ``data``."""
         if self._formats[role] is not WireFormat.F32:
             return self.load(fragment, role, ref, data, backend)
+        if self.bare(role):
+            x = bare_values(data, self.wire(fragment, role))
+        assert x is not None, "an exact frame is judged from the values it was made of"
         held = backend.asarray(x)
         if role is Role.DELTA and not backend.all_finite(held):
             raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
@@ -412,15 +426,17 @@ class FragmentCodec:
         contributions: Contributions,
         *,
         handed_over: bool = False,
+        into: int | None = None,
     ) -> Merged[F32]:
         """New theta and momentum (host buffers) from the deltas the run's merge keeps,
-        merged on the compute backend (``handed_over``: see :meth:`merge_on`)."""
+        merged on the compute backend (``handed_over``, ``into``: see :meth:`merge_on`)."""
         compute = self._compute
         arrays = [compute.asarray(d) for d in deltas]
         base = None if momentum is None else compute.asarray(momentum)
         merged = self.merge_on(
-            compute, fragment, theta, base, arrays, contributions, handed_over=handed_over
-        )
+            compute, fragment, theta, base, arrays, contributions,
+            handed_over=handed_over, into=into,
+        )  # fmt: skip
         return attrs.evolve(
             merged, theta=compute.to_numpy(merged.theta), momentum=compute.to_numpy(merged.momentum)
         )
@@ -434,16 +450,15 @@ class FragmentCodec:
         contributions: Contributions,
         *,
         handed_over: bool = False,
+        into: int | None = None,
     ) -> Merged[Any]:
         """The closer's merge of deltas and momentum as :meth:`load` with :attr:`device`
         gave them: on the accelerator (:meth:`merge_on`, buffers there), else host arrays
         merged by the compute backend (:meth:`merge`, host buffers)."""
+        merged_by = (fragment, theta, momentum, deltas, contributions)
         if self.device is self._compute:
-            return self.merge_on(
-                self._compute, fragment, theta, momentum, deltas, contributions,
-                handed_over=handed_over,
-            )  # fmt: skip
-        return self.merge(fragment, theta, momentum, deltas, contributions, handed_over=handed_over)
+            return self.merge_on(self._compute, *merged_by, handed_over=handed_over, into=into)
+        return self.merge(*merged_by, handed_over=handed_over, into=into)
 
     def merge_on(
         self,
@@ -455,14 +470,17 @@ class FragmentCodec:
         contributions: Contributions,
         *,
         handed_over: bool = False,
+        into: int | None = None,
     ) -> Merged[A]:
         """New theta and momentum, buffers of ``compute`` (on its device), from
         ``compute``'s deltas and momentum and the host theta: nothing is copied back.
-        ``deltas`` are read, never written (they may be cached); so is ``momentum``, unless
-        it is ``handed_over``: the caller holds no other reference to it (a closer takes it
-        out of its cache first), and the new momentum is then made in its place, not in a
-        fragment-sized copy. A round of final deltas only leaves the momentum as it was:
-        the result's is then ``momentum`` itself, never copied."""
+        ``deltas`` are read, never written (they may be cached), but for ``deltas[into]``:
+        the caller's to overwrite, it becomes the new theta (its blocks merged before they
+        are written), not a fragment-sized copy of theta beside the deltas. ``momentum`` is
+        read, unless it is ``handed_over``: the caller holds no other reference to it (a
+        closer takes it out of its cache first), and the new momentum is then made in its
+        place. A round of final deltas only leaves the momentum as it was: the result's is
+        then ``momentum`` itself, never copied."""
         cfg = self.config
         layout = self.layouts[fragment]
         arrays = deltas
@@ -476,7 +494,9 @@ class FragmentCodec:
             scales=plan.scales,
             trim=plan.trim,
         )
-        new_theta = _copy(compute, compute.asarray(theta), layout.total)
+        base = compute.asarray(theta)
+        new_theta = compute.empty(layout.total) if into is None else arrays[into]
+        cosine = compute.cosine(kept)  # before the merge: it may write into a delta
         if momentum is None:
             new_momentum = compute.asarray(np.zeros_like(theta))
         elif handed_over or merged_by.all_final:  # a final-only round leaves it unread
@@ -489,15 +509,16 @@ class FragmentCodec:
             layout,
             plan.rule,
             cfg.embedding_pattern,
-            new_theta,
+            base,
             new_momentum,
             cfg.outer_lr,
             cfg.outer_momentum,
+            out=new_theta,
         )
         return Merged(
             theta=new_theta,
             momentum=new_momentum,
-            cosine=compute.cosine(kept),
+            cosine=cosine,
             outliers=tuple(contributions.learners[i] for i in plan.rejected),
         )
 

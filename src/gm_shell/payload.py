@@ -489,17 +489,15 @@ def seal_f32(
 
     With ``minus``, the payload of ``x − minus`` (numpy's subtraction, element by element):
     in a zstd frame the difference is made a chunk at a time as it streams
-    (:func:`_differences`), never whole; a bare file needs it whole."""
+    (:func:`_differences`), never whole; in a bare file it is made in its place there."""
     assert wire.format is WireFormat.F32, wire.format
     check_flat(x, wire.layout.total, "x")
     if minus is not None:
         check_flat(minus, wire.layout.total, "minus")
-        if compression is Compression.NONE:
-            x, minus = np.subtract(x, minus), None
     header = header_bytes(fragment_entries(wire), {})
-    body = np.ascontiguousarray(x).view(np.uint8)
     if compression is Compression.NONE:
-        return b"".join([header, body.data])
+        return _bare_f32(header, x, minus)
+    body = np.ascontiguousarray(x).view(np.uint8)
     off_event_loop("payload compression")
     head = np.frombuffer(header, dtype=np.uint8)
     if minus is None:
@@ -511,6 +509,27 @@ def seal_f32(
           for t in wire.tensors),
     )  # fmt: skip
     return _compressed_pieces(pieces, head.shape[0] + 4 * wire.layout.total, level)
+
+
+def _bare_f32(header: bytes, x: F32, minus: F32 | None) -> memoryview:
+    """A bare file of ``header`` then the values of ``x`` (or ``x − minus``), written into
+    one fresh buffer: no copy of the values, nor of their difference, is made beside it
+    (the header's length is a multiple of 8: the values are aligned)."""
+    file = np.empty(len(header) + 4 * x.shape[0], dtype=np.uint8)
+    file[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+    values = file[len(header) :].view(np.float32)
+    if minus is None:
+        values[:] = x
+    else:
+        np.subtract(x, minus, out=values)
+    return file.data
+
+
+def bare_values(data: Sealed, wire: WireLayout) -> F32:
+    """The values of a bare F32 file :func:`seal_f32` made (a view of its bytes, no copy)."""
+    assert wire.format is WireFormat.F32, wire.format
+    size = 4 * wire.layout.total
+    return np.frombuffer(data, dtype=np.float32, offset=len(data) - size)
 
 
 READ_SIZE = 1 << 20

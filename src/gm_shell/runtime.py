@@ -59,6 +59,7 @@ import asyncio
 import enum
 import functools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -66,6 +67,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import attrs
+import numpy as np
 
 from gm_core import batch, closer, keys, learner, plan, schedule
 from gm_core import members as core_members
@@ -946,11 +948,15 @@ class Runtime:
         give goes to the closer's cache (:meth:`FragmentCodec.judged`: the delta itself
         where the wire is exact, not a decode of its bytes beside it): its own learner's
         snapshot then costs the closer no GET and no trip to a worker (a round's critical
-        path, bench_step); a delta that is not finite is left for ``Verify`` to judge."""
+        path, bench_step); a delta that is not finite is left for ``Verify`` to judge.
+
+        The delta is made in the payload as it is encoded, never whole beside it, where θ
+        stays for carry and no closer here keeps it, or where the payload is a bare file
+        (its bytes are the values: what the closer keeps is a view of them)."""
         fragment, round_ = taken.fragment, taken.round
         delta = None
         try:
-            if taken.kept and not preload:  # θ stays for carry: the delta is never whole
+            if self._codec.bare(Role.DELTA) or (taken.kept and not preload):
                 data, ref = self._codec.encode(
                     fragment, Role.DELTA, round_, taken.anchor, minus=taken.theta
                 )
@@ -962,7 +968,6 @@ class Runtime:
                 self._replica.recycle(taken)
         if not preload:
             return data, ref, None
-        assert delta is not None, "a preloaded delta is made whole"
         try:
             judged = self._codec.judged(fragment, Role.DELTA, ref, delta, data, self._codec.device)
         except UnusablePayloadError:
@@ -1060,13 +1065,16 @@ class Runtime:
         before the encode (``deltas`` is emptied: the cache let them go already), so a
         fragment's payloads are never encoded beside its decoded deltas: on a closer whose
         fragment is the model, that is the deltas' bytes less at its peak; a merge redone
-        (an upload failed) reads them again."""
+        (an upload failed) reads them again. The new theta is made in a delta nothing else
+        holds (:func:`spare`): a fragment's bytes less again."""
         fragment, round_ = cmd.fragment, cmd.round
         merged = self._codec.merge_held(
-            fragment, theta, momentum, deltas, contributions, handed_over=not cmd.final_only
-        )
+            fragment, theta, momentum, deltas, contributions,
+            handed_over=not cmd.final_only, into=spare(deltas),
+        )  # fmt: skip
         deltas.clear()  # their last reference (see _merge): gone before the encode
-        return merged, self._written(fragment, Role.THETA, round_, merged.theta, home=True)
+        written = self._written(fragment, Role.THETA, round_, merged.theta, home=True)
+        return attrs.evolve(merged, theta=written[2]), written  # the buffer merged into goes
 
     async def _store_merged(
         self, cmd: Merge, merged: MergedArrays[Any], written: tuple[Sealed, PayloadRef, Any]
@@ -1123,6 +1131,28 @@ class Runtime:
         await self._mailbox.put_once(ref.key, data)
         cache.put(ref, decoded, _at(fragment, ref))
         return ref
+
+
+def spare(buffers: list[Any]) -> int | None:
+    """The index of a buffer in ``buffers`` that nothing else refers to (the list's is its
+    only reference) and whose memory is its own (:func:`_owned`), free to be overwritten;
+    None if there is none. A merge's deltas are let go by the closer's cache before it,
+    but one read by two askers at once, or a learner's own delta viewed in the payload it
+    uploaded, is not the merge's to write: the count of references and the owner say so,
+    whatever path the buffer came by."""
+    for i in range(len(buffers)):
+        if sys.getrefcount(buffers[i]) <= 2 and _owned(buffers[i]):  # the list's and the call's
+            return i
+    return None
+
+
+def _owned(x: Any) -> bool:
+    """A buffer's memory is its own: a numpy array's, writable (not a view of a payload's
+    bytes, which a store may hold); a torch tensor's, of torch's making (not numpy's)."""
+    if isinstance(x, np.ndarray):
+        return x.base is None and bool(x.flags.writeable)
+    storage = getattr(x, "untyped_storage", None)
+    return storage is None or (x._base is None and bool(storage().resizable()))
 
 
 def _at(fragment: int, ref: PayloadRef) -> tuple[int, int] | None:

@@ -119,6 +119,36 @@ def test_merge_step_agrees_within_fp32_rounding(
     assert np.all(np.abs(b.to_numpy(momentum_b) - momentum) <= rel * scale)
 
 
+@pytest.mark.parametrize("name", ["numpy", *sorted(BACKENDS)])
+@cases
+@given(
+    layouts(), seeds(), st.integers(1, 3), st.sampled_from(list(MergeRule)), st.booleans(),
+    st.data(),
+)  # fmt: skip
+def test_merge_step_into_a_delta_is_the_step_in_place(
+    name: str, layout: Layout, seed: int, k: int, rule: MergeRule, final: bool, data: st.DataObject
+) -> None:
+    """The new theta written into one of the deltas (``out``: a closer's merge that makes
+    no buffer for it) is bit for bit the step made in place into theta, on each backend,
+    trimmed means and RDA included; theta itself is only read."""
+    b = REFERENCE if name == "numpy" else BACKENDS[name]
+    rng = np.random.default_rng(seed)
+    deltas, c = [fragment(rng, layout.total) for _ in range(k)], contributions(rng, k)
+    robust = rule in (MergeRule.TRIMMED_MEAN, MergeRule.MEDIAN)
+    trim = int(k == 3 and robust and data.draw(st.booleans()))
+    c = Contributions(learners=c.learners, weights=c.weights, final=(final,) * k, trim=trim)
+    theta, momentum = fragment(rng, layout.total), fragment(rng, layout.total)
+    in_place, moved = on(b, theta), on(b, momentum)
+    b.merge_step([on(b, d) for d in deltas], c, layout, rule, PATTERN, in_place, moved, 0.7, 0.9)
+    into = data.draw(st.integers(0, k - 1))
+    buffers, source, momentum_b = [on(b, d) for d in deltas], on(b, theta), on(b, momentum)
+    out = buffers[into]
+    b.merge_step(buffers, c, layout, rule, PATTERN, source, momentum_b, 0.7, 0.9, out=out)
+    assert b.to_numpy(out).tobytes() == b.to_numpy(in_place).tobytes()
+    assert b.to_numpy(momentum_b).tobytes() == b.to_numpy(moved).tobytes()
+    assert b.to_numpy(source).tobytes() == theta.tobytes()
+
+
 @names
 @cases
 @given(seeds(), st.integers(1, 300), st.sampled_from(FOLDS), st.floats(0.0, 1.0))

@@ -28,6 +28,7 @@ from gm_shell.payload import (
     PayloadWriter,
     SchemaMismatchError,
     TensorEntry,
+    bare_values,
     content_hash,
     fragment_entries,
     header_limit,
@@ -142,8 +143,14 @@ def test_a_difference_sealed_as_it_streams_is_the_same_bytes_as_sealed_whole(
     a[: layout.total // 3] = b[: layout.total // 3]  # exact zeros, +0.0 (x - x)
     wire = wire_layout(layout, WireFormat.F32)
     with np.errstate(invalid="ignore"):
-        whole = bytes(seal_f32(np.subtract(a, b), wire, compression))
-        assert bytes(seal_f32(a, wire, compression, minus=b)) == whole
+        difference = np.subtract(a, b)
+        whole = bytes(seal_f32(difference, wire, compression))
+        sealed = seal_f32(a, wire, compression, minus=b)
+    assert bytes(sealed) == whole
+    if compression is Compression.NONE:  # a bare file: its values are viewed in it, no copy
+        values = bare_values(sealed, wire)
+        assert values.tobytes() == difference.tobytes()
+        assert np.shares_memory(values, np.frombuffer(sealed, dtype=np.uint8))
 
 
 def test_an_f32_frame_of_other_tensors_is_a_schema_mismatch_read_from_its_header() -> None:

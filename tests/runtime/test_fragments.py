@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,7 @@ from gm_core.records import (
 from gm_shell.backends import backend
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.payload import content_hash
+from gm_shell.runtime import spare
 
 SCHEMA = (
     TensorSpec(name="a.weight", shape=(33, 5), dtype="F32"),
@@ -71,20 +73,28 @@ def test_every_format_round_trips_to_what_the_reference_decodes(
 
 @pytest.mark.parametrize("name", ["numpy", "torch"])
 @pytest.mark.parametrize("fmt", [WireFormat.F32, WireFormat.BF16])
+@pytest.mark.parametrize("compression", [Compression.NONE, Compression.ZSTD])
 def test_a_delta_judged_from_its_own_encode_is_what_a_load_of_its_bytes_gives(
-    name: str, fmt: WireFormat
+    name: str, fmt: WireFormat, compression: Compression
 ) -> None:
     """A closer-learner's own delta (``judged``: no decode where the wire is exact) gets
-    the values and the verdict a ``load`` of its bytes gets, on the closer's device."""
+    the values and the verdict a ``load`` of its bytes gets, on the closer's device: in a
+    bare F32 file those bytes themselves (no ``x`` needed), in a zstd frame ``x``."""
     device = backend(name)
-    codec = FragmentCodec(manifest(delta_format=fmt), device)
+    codec = FragmentCodec(manifest(delta_format=fmt, compression=compression), device)
     x = values(codec, 0)
     x[:5] = -0.0
     data, ref = codec.encode(0, Role.DELTA, 1, x)
     judged = device.to_numpy(codec.judged(0, Role.DELTA, ref, x, data, device))
     loaded = device.to_numpy(codec.load(0, Role.DELTA, ref, data, device))
     assert judged.tobytes() == loaded.tobytes()
-    assert np.shares_memory(judged, x) is (fmt is WireFormat.F32)  # no second buffer
+    bare = codec.bare(Role.DELTA)
+    assert bare is (fmt is WireFormat.F32 and compression is Compression.NONE)
+    source = np.frombuffer(data, dtype=np.uint8) if bare else x
+    assert np.shares_memory(judged, source) is (fmt is WireFormat.F32)  # no second buffer
+    if bare:
+        alone = device.to_numpy(codec.judged(0, Role.DELTA, ref, None, data, device))
+        assert alone.tobytes() == loaded.tobytes()
     x[7] = np.inf
     data, ref = codec.encode(0, Role.DELTA, 1, x)
     with pytest.raises(UnusablePayloadError) as caught:
@@ -170,6 +180,44 @@ def test_a_momentum_handed_over_becomes_the_new_one_in_place(name: str) -> None:
     unowned = codec.merge(0, theta, momentum, deltas, final)  # not handed over: not copied
     assert np.shares_memory(unowned.momentum, momentum)
     np.testing.assert_array_equal(momentum, kept)
+
+
+@pytest.mark.parametrize("name", ["numpy", "torch"])
+@pytest.mark.parametrize("screened", [False, True], ids=["mean", "screened"])
+def test_a_merge_into_a_delta_makes_the_new_theta_there(name: str, screened: bool) -> None:
+    """A merge ``into`` one of its deltas (the closer's own to overwrite) gives the new
+    theta, momentum, cosine and outliers of a merge into a fresh buffer, bit for bit, and
+    the new theta is that delta's memory: no buffer is made for it. A screened-out
+    delta (an outlier) may hold it too."""
+    screens = {"outlier_norm_factor": 3.0, "merge": MergeRule.MEDIAN} if screened else {}
+    codec = FragmentCodec(manifest(**screens), backend(name))
+    theta, momentum = values(codec, 0, 1), values(codec, 0, 2)
+    deltas = [values(codec, 0, s) for s in (3, 4, 5)]
+    deltas[2] *= 100.0 if screened else 1.0
+    contributions = Contributions(learners=("a", "b", "c"), weights=(0.5, 0.25, 0.25))
+    fresh = codec.merge(0, theta, momentum, deltas, contributions)
+    for into in range(3):
+        copies = [d.copy() for d in deltas]
+        merged = codec.merge(0, theta, momentum, copies, contributions, into=into)
+        assert np.shares_memory(merged.theta, copies[into])
+        assert merged.theta.tobytes() == fresh.theta.tobytes()
+        assert merged.momentum.tobytes() == fresh.momentum.tobytes()
+        assert (merged.cosine, merged.outliers) == (fresh.cosine, fresh.outliers)
+    assert fresh.outliers == (("c",) if screened else ())
+
+
+def test_a_merge_is_made_into_a_buffer_only_the_merge_holds() -> None:
+    """:func:`spare` names a buffer held by the list alone and owning its memory: not one
+    held elsewhere too, not a view of a payload's bytes (a store may hold those), not a
+    tensor over numpy's memory."""
+    held = np.zeros(4, np.float32)
+    assert spare([held]) is None  # ``held`` refers to it too
+    assert spare([held, np.zeros(4, np.float32)]) == 1
+    view = np.frombuffer(np.zeros(16, np.uint8).data, dtype=np.float32)
+    assert spare([view]) is None
+    assert spare([torch.from_numpy(np.zeros(4, np.float32))]) is None
+    assert spare([torch.from_numpy(np.zeros(4, np.float32)), torch.zeros(4)]) == 1
+    assert spare([torch.zeros(8)[2:]]) is None  # a view of a tensor: its base is memory too
 
 
 @pytest.mark.parametrize("name", ["numpy", "torch", "mlx"])

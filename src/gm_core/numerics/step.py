@@ -41,17 +41,26 @@ def merge_step(
     momentum: F32,
     lr: float,
     beta: float,
+    out: F32 | None = None,
 ) -> None:
     """Merge ``deltas`` and commit them into ``theta``/``momentum`` in place (a final-only
-    round leaves ``momentum`` as it was: it is read by no one here then)."""
+    round leaves ``momentum`` as it was: it is read by no one here then).
+
+    With ``out``, the new theta goes there and ``theta`` is only read: ``out`` may be one
+    of ``deltas`` (a block of each delta is merged before that block of ``out`` is
+    written), so a closer whose deltas are its own to overwrite makes no buffer for it."""
     n = layout.total
     check_flat(theta, n, "theta")
     check_flat(momentum, n, "momentum")
+    dest = theta if out is None else out
+    check_flat(dest, n, "out")
     final_only = contributions.all_final
     if needs_whole(contributions, layout, rule, embedding_pattern):
         merged = np.empty(n, dtype=np.float32)
         merge(deltas, contributions, layout, rule, embedding_pattern, merged)
-        outer_step(theta, momentum, merged, lr, beta, final_only=final_only)
+        if dest is not theta:
+            np.copyto(dest, theta)
+        outer_step(dest, momentum, merged, lr, beta, final_only=final_only)
         return
     assert len(deltas) == len(contributions.learners), "one delta per contribution"
     for i, delta in enumerate(deltas):
@@ -62,10 +71,12 @@ def merge_step(
     for lo, hi in blocks(0, n):
         acc = acc_buffer[: hi - lo]
         merged_block(lo, hi, acc)
+        if dest is not theta:
+            dest[lo:hi] = theta[lo:hi]
         if final_only:
-            np.subtract(theta[lo:hi], acc, out=theta[lo:hi])
+            np.subtract(dest[lo:hi], acc, out=dest[lo:hi])
         else:
-            nesterov_block(theta[lo:hi], momentum[lo:hi], acc, lr, beta, tmp_buffer[: hi - lo])
+            nesterov_block(dest[lo:hi], momentum[lo:hi], acc, lr, beta, tmp_buffer[: hi - lo])
 
 
 def _merger(

@@ -232,21 +232,26 @@ class MlxBackend:
         momentum: mx.array,
         lr: float,
         beta: float,
+        out: mx.array | None = None,
     ) -> None:
         n = layout.total
         check_flat(theta, n, "theta")
         check_flat(momentum, n, "momentum")
+        dest = theta if out is None else out
+        check_flat(dest, n, "out")
         final_only = contributions.all_final
         sorts = contributions.trim > 0
         if final_only or sorts or any(uses_rda(s, rule, embedding_pattern) for s in layout.spans):
             merged = self.empty(n)
             self.merge(deltas, contributions, layout, rule, embedding_pattern, merged)
-            self.outer_step(theta, momentum, merged, lr, beta, final_only=final_only)
+            if dest is not theta:
+                dest[...] = theta
+            self.outer_step(dest, momentum, merged, lr, beta, final_only=final_only)
             return
         coefs = self._coefs(deltas, contributions, n)
         new_theta, new_momentum = FUSED_STEP(coefs, f32(lr), f32(beta), theta, momentum, *deltas)
-        theta[...], momentum[...] = new_theta, new_momentum
-        mx.eval(theta, momentum)
+        dest[...], momentum[...] = new_theta, new_momentum
+        mx.eval(dest, momentum)
 
     def cosine(self, deltas: Sequence[mx.array]) -> float | None:
         k = len(deltas)

@@ -75,9 +75,10 @@ class NumpyBackend:
         momentum: F32,
         lr: float,
         beta: float,
+        out: F32 | None = None,
     ) -> None:
         numerics.merge_step(
-            deltas, contributions, layout, rule, embedding_pattern, theta, momentum, lr, beta
+            deltas, contributions, layout, rule, embedding_pattern, theta, momentum, lr, beta, out
         )
 
     def cosine(self, deltas: Sequence[F32]) -> float | None:

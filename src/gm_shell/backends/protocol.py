@@ -81,8 +81,10 @@ class Backend(Protocol[A]):
         momentum: A,
         lr: float,
         beta: float,
+        out: A | None = None,
     ) -> None:
-        """Fused merge and outer step (see :func:`gm_core.numerics.step.merge_step`)."""
+        """Fused merge and outer step (see :func:`gm_core.numerics.step.merge_step`): the new
+        theta in ``theta``, or in ``out`` (which may be one of ``deltas``)."""
         ...
 
     def cosine(self, deltas: Sequence[A]) -> float | None:

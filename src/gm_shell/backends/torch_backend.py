@@ -357,15 +357,20 @@ class TorchBackend:
         momentum: torch.Tensor,
         lr: float,
         beta: float,
+        out: torch.Tensor | None = None,
     ) -> None:
         n = layout.total
         check_flat(theta, n, "theta")
         check_flat(momentum, n, "momentum")
+        dest = theta if out is None else out
+        check_flat(dest, n, "out")
         final_only = contributions.all_final
         if needs_whole(contributions, layout, rule, embedding_pattern):
             merged = self.scratch(n, "merged")
             self.merge(deltas, contributions, layout, rule, embedding_pattern, merged)
-            self.outer_step(theta, momentum, merged, lr, beta, final_only=final_only)
+            if dest is not theta:
+                dest.copy_(theta)
+            self.outer_step(dest, momentum, merged, lr, beta, final_only=final_only)
             return
         self._check(deltas, contributions, n)
         merged_block = self._merger(deltas, contributions, rule)
@@ -374,10 +379,12 @@ class TorchBackend:
             for a, b in blocks(lo, hi, self.block):
                 acc = self.slot(slot, b - a)
                 merged_block(slot, a, b, acc)
+                if dest is not theta:
+                    dest[a:b].copy_(theta[a:b])
                 if final_only:
-                    theta[a:b].sub_(acc)
+                    dest[a:b].sub_(acc)
                 else:
-                    nesterov_block(theta[a:b], momentum[a:b], acc, lr, beta)
+                    nesterov_block(dest[a:b], momentum[a:b], acc, lr, beta)
 
         self.in_ranges(run, 0, n)
 
