@@ -9,6 +9,7 @@ import uuid
 import weakref
 from typing import Any
 
+import numpy as np
 import torch
 
 from gm_core import keys
@@ -100,3 +101,36 @@ def test_a_merge_encodes_with_its_deltas_gone_and_uploads_theta_while_momentum_e
     assert alive_at_encode
     assert max(alive_at_encode) == 0, alive_at_encode
     assert sum(len(refs) for refs in decoded.values()) >= 4, decoded
+
+
+def test_a_closer_makes_its_new_theta_in_a_delta_it_alone_holds() -> None:
+    """A closer's merge writes its new theta into one of the round's deltas (one nothing but
+    the merge holds: :func:`gm_shell.runtime.spare`), not into a buffer made beside them:
+    a solo node over ``memory://`` with zstd payloads, whose own delta is its own array (a
+    bare payload's would be a view of bytes the store may hold, never written)."""
+    mailbox = Mailbox.open(f"memory://into-{uuid.uuid4().hex[:10]}/run")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    algorithm = DiLoCo(sync_every=8, fragments=2, in_flight=2, compression="zstd")
+    placed: list[bool] = []
+    with Session(model, algorithm=algorithm, mailbox=mailbox, node="solo", options=OPTIONS) as s:
+        runtime = s._runtime
+        assert runtime is not None
+        codec = runtime._codec
+        merge_held = codec.merge_held
+
+        def merging(*args: Any, into: int | None = None, **kw: Any) -> Any:
+            deltas = args[3]
+            target = None if into is None else deltas[into]
+            merged = merge_held(*args, into=into, **kw)
+            placed.append(target is not None and np.shares_memory(merged.theta, target))
+            return merged
+
+        codec.merge_held = merging  # type: ignore[method-assign]
+        for _ in range(48):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01)
+            s.step(samples=1)
+    assert len(placed) >= 4, placed
+    assert all(placed), placed
