@@ -1020,12 +1020,14 @@ class Runtime:
             )
             if not cmd.final_only:  # the new momentum is made in its place: not a value to keep
                 self._momenta.discard(base.momentum)
-        deltas = await asyncio.gather(
-            *(
-                self._payload(self._deltas, fragment, Role.DELTA, c.payload, device)
-                for c in cmd.contributions
-            )
-        )
+        deltas: list[Any] = [None] * len(cmd.contributions)
+
+        async def read(i: int, ref: PayloadRef) -> None:
+            # Into the list, not a task's result: a finished task would hold the delta
+            # until the loop let go of it, after the merge had begun (see spare).
+            deltas[i] = await self._payload(self._deltas, fragment, Role.DELTA, ref, device)
+
+        await asyncio.gather(*(read(i, c.payload) for i, c in enumerate(cmd.contributions)))
         for c in cmd.contributions:  # held by ``deltas`` alone now: dropped once merged
             self._deltas.discard(c.payload)
         finals = tuple(c.final for c in cmd.contributions)
@@ -1141,9 +1143,20 @@ def spare(buffers: list[Any]) -> int | None:
     uploaded, is not the merge's to write: the count of references and the owner say so,
     whatever path the buffer came by."""
     for i in range(len(buffers)):
-        if sys.getrefcount(buffers[i]) <= 2 and _owned(buffers[i]):  # the list's and the call's
+        if sys.getrefcount(buffers[i]) <= _LISTED_ALONE and _owned(buffers[i]):
             return i
     return None
+
+
+def _listed_alone() -> int:
+    """What ``sys.getrefcount`` says of an object a list alone refers to, read the way
+    :func:`spare` reads it (on CPython 3.11: 2, the list's and the call's; interpreters
+    that count references on the stack differently say so here, not in a constant)."""
+    listed = [object()]
+    return sys.getrefcount(listed[0])
+
+
+_LISTED_ALONE = _listed_alone()
 
 
 def _owned(x: Any) -> bool:
