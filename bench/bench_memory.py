@@ -25,13 +25,14 @@ when freed).
 ``n1``, quorum 2, 16 steps per cycle, ``file://``), train a model of ``--mib`` MiB for
 ``--rounds`` commits: ``--layers`` square layers of equal size between two small ones, in
 as many fragments (at least two; with one layer, the default, a fragment is the whole
-model). Each node samples its resident memory every few
-milliseconds from its session's start; at each new high it notes what is live then: the
-C allocator's bytes in use (``mallinfo2``: heap and mapped) against its free heap, what
-tracemalloc sees (Python objects and numpy's buffers; ``--trace`` only, it slows the node)
-grouped by the gm function that allocated each buffer of 1 MiB or more, and torch's
-parameters and gradients (which tracemalloc does not see). It prints each node's growth
-to the peak (VmHWM) and that table at the highest sample.
+model); ``--no-spill``: the closer holds the deltas it merges in memory, whatever their
+size (``SessionOptions.spill_above`` None, :mod:`gm_shell.spill`). Each node samples its
+resident memory every few milliseconds from its session's start; at each new high it
+notes what is live then: the C allocator's bytes in use (``mallinfo2``: heap and mapped)
+against its free heap, what tracemalloc sees (Python objects and numpy's buffers;
+``--trace`` only, it slows the node) grouped by the gm function that allocated each buffer
+of 1 MiB or more, and torch's parameters and gradients (which tracemalloc does not see).
+It prints each node's growth to the peak (VmHWM) and that table at the highest sample.
 """
 
 from __future__ import annotations
@@ -237,6 +238,8 @@ def live(args: argparse.Namespace) -> list[dict[str, Any]]:
     options: dict[str, Any] = {}
     if args.threshold:
         options["mmap_threshold"] = MiB
+    if args.no_spill:
+        options["spill_above"] = None
     algorithm = {
         "sync_every": 16, "fragments": max(2, args.layers), "quorum": 2, "in_flight": 2,
         "lease_timeout_s": 2.0, "takeover_floor_s": 3.0,
@@ -304,6 +307,9 @@ def main() -> None:
     )
     parser.add_argument("--trace", action="store_true", help="--live: tracemalloc in the nodes")
     parser.add_argument("--threshold", action="store_true", help="--live: mmap_threshold 1 MiB")
+    parser.add_argument(
+        "--no-spill", action="store_true", help="--live: spill_above None (deltas in memory)"
+    )
     parser.add_argument("--node", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.node:

@@ -83,6 +83,7 @@ from gm_shell.payload import (
     content_hash,
     file_limit,
     fragment_entries,
+    header_bytes,
     header_limit,
     read_fragment,
     read_payload,
@@ -93,6 +94,7 @@ from gm_shell.payload import (
     unseal_f32,
     write_fragment,
 )
+from gm_shell.spill import Spill, Spilled, write_values
 
 A = TypeVar("A")
 
@@ -407,6 +409,49 @@ class FragmentCodec:
             raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
         return x
 
+    def spills(self, fragment: int, role: Role, spill: Spill | None) -> bool:
+        """Whether ``role``'s payloads of ``fragment`` are read into a spill file (as host
+        values of a bare F32 file, of a fragment of :attr:`Spill.above` bytes or more)."""
+        return (
+            role is Role.DELTA
+            and spill is not None
+            and self.bare(role)
+            and (spill.applies(4 * self.size(fragment)))
+        )
+
+    def spilled(
+        self, fragment: int, role: Role, ref: PayloadRef, chunks: Iterable[BytesLike], spill: Spill
+    ) -> Spilled | F32:
+        """:meth:`load_received` of a bare F32 payload into a spill file (:mod:`gm_shell.spill`):
+        its values are written to the file as they arrive, its digest judged once the last
+        byte is in, then its values judged finite, read back. A body that does not begin
+        with this fragment's own header, or declares another size, is not gm's bare file
+        of it: it is read into memory and judged as :meth:`load` judges it."""
+        wire = self.wire(fragment, role)
+        header = self._bare_header(fragment, role)
+        received = Received(chunks, ref.size, self._payload_key)
+        if ref.size != len(header) + 4 * wire.layout.total or received.peek(len(header)) != header:
+            return self.load(fragment, role, ref, received.whole())
+        received.read(len(header))
+        file = spill.file()
+        try:
+            try:
+                write_values(file, received.read)
+            except PayloadError as error:
+                raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: {error}") from error
+            self._received_whole(ref, received)
+            values = Spilled(file, wire.layout.total)
+            if not values.all_finite():
+                raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
+        except BaseException:
+            file.close()
+            raise
+        return values
+
+    def _bare_header(self, fragment: int, role: Role) -> bytes:
+        """The header of the bare F32 files :meth:`encode` makes of ``fragment``'s values."""
+        return header_bytes(fragment_entries(self.wire(fragment, role)), {})
+
     def _received_whole(self, ref: PayloadRef, received: Received) -> None:
         """Raise UnusablePayloadError unless the body received was exactly ``ref``'s bytes."""
         try:
@@ -422,16 +467,18 @@ class FragmentCodec:
         fragment: int,
         theta: F32,
         momentum: F32 | None,
-        deltas: Sequence[F32],
+        deltas: Sequence[F32 | Spilled],
         contributions: Contributions,
         *,
         handed_over: bool = False,
         into: int | None = None,
     ) -> Merged[F32]:
         """New theta and momentum (host buffers) from the deltas the run's merge keeps,
-        merged on the compute backend (``handed_over``, ``into``: see :meth:`merge_on`)."""
-        compute = self._compute
-        arrays = [compute.asarray(d) for d in deltas]
+        merged on the compute backend (``handed_over``, ``into``: see :meth:`merge_on`); by
+        numpy where a delta is :class:`Spilled` (read by blocks, into numpy's buffers)."""
+        spilled = any(isinstance(d, Spilled) for d in deltas)
+        compute: Backend[Any] = self._numpy if spilled else self._compute
+        arrays = [d if isinstance(d, Spilled) else compute.asarray(d) for d in deltas]
         base = None if momentum is None else compute.asarray(momentum)
         merged = self.merge_on(
             compute, fragment, theta, base, arrays, contributions,

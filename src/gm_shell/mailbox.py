@@ -479,15 +479,17 @@ class Mailbox:
         *,
         max_bytes: int | None = None,
         if_none_match: str | None = None,
+        stream: bool = False,
     ) -> Consumed[T] | None:
         """:meth:`get`, the body handed to ``consume`` as it arrives, chunk by chunk (at
         least :data:`STREAM_CHUNK` bytes each, on the request's thread), never held whole
         here but on the stores of :data:`WHOLE_BODIES` (one chunk, a view of the body as
-        received): what ``consume`` returns, and the ETag. A body that fails midway is the
-        request's failure (retried from its first byte, with a new ``consume`` call); what
-        ``consume`` raises reaches the caller as it is."""
+        received) unless ``stream`` asks for chunks there too (a consumer that keeps none
+        of the body in memory): what ``consume`` returns, and the ETag. A body that fails
+        midway is the request's failure (retried from its first byte, with a new
+        ``consume`` call); what ``consume`` raises reaches the caller as it is."""
 
-        whole = not self.streams
+        whole = not (self.streams or stream)
 
         def streamed(result: Any) -> T | _Raised:
             try:

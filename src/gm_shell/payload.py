@@ -514,7 +514,19 @@ def seal_f32(
 def _bare_f32(header: bytes, x: F32, minus: F32 | None) -> memoryview:
     """A bare file of ``header`` then the values of ``x`` (or ``x − minus``), written into
     one fresh buffer: no copy of the values, nor of their difference, is made beside it
-    (the header's length is a multiple of 8: the values are aligned)."""
+    (the header's length is a multiple of 8: the values are aligned). Where ``x`` is the
+    values of such a file with this header already (:func:`bare_file_of`: a closer's new
+    theta made in its own delta's payload, its momentum kept in its last payload's bytes),
+    that file is the result, no copy made: its caller writes ``x`` again only once these
+    bytes are uploaded, and only where the store keeps no reference to them."""
+    if minus is None:
+        file_of_x = bare_file_of(x)
+        if (
+            file_of_x is not None
+            and file_of_x.nbytes == len(header) + x.nbytes
+            and file_of_x[: len(header)] == header
+        ):
+            return file_of_x
     file = np.empty(len(header) + 4 * x.shape[0], dtype=np.uint8)
     file[: len(header)] = np.frombuffer(header, dtype=np.uint8)
     values = file[len(header) :].view(np.float32)
@@ -530,6 +542,18 @@ def bare_values(data: Sealed, wire: WireLayout) -> F32:
     assert wire.format is WireFormat.F32, wire.format
     size = 4 * wire.layout.total
     return np.frombuffer(data, dtype=np.float32, offset=len(data) - size)
+
+
+def bare_file_of(x: Any) -> memoryview | None:
+    """The bare file whose values ``x`` is, as :func:`bare_values` views them (``x`` ends
+    where the file's bytes end), or None when ``x`` is not such a view."""
+    base = getattr(x, "base", None)
+    if not isinstance(x, np.ndarray) or not isinstance(base, memoryview):
+        return None
+    if x.dtype != np.float32 or x.ndim != 1 or base.ndim != 1 or base.itemsize != 1:
+        return None
+    start = np.frombuffer(base, dtype=np.uint8).ctypes.data
+    return base if x.ctypes.data + x.nbytes == start + base.nbytes else None
 
 
 READ_SIZE = 1 << 20

@@ -53,11 +53,12 @@ from gm_core.events import HeadRead
 from gm_core.numerics.arrays import F32
 from gm_core.records import PayloadRef, Reason
 from gm_shell import events
-from gm_shell.backends import Backend
+from gm_shell.backends import Backend, NumpyBackend
 from gm_shell.cache import EtagMemory
 from gm_shell.fragments import FragmentCodec, Role, UnusablePayloadError
 from gm_shell.limits import MAX_LISTED_KEYS, json_limit
 from gm_shell.mailbox import Listed, Mailbox, MailboxError, TooLargeError, UnchangedError
+from gm_shell.spill import Spill
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -123,8 +124,12 @@ class Reader:
         compute: Compute,
         emit: Callable[[events.Event], None],
         clock: Callable[[], float],
+        spill: Spill | None = None,
     ) -> None:
+        """``spill``: where and from what size the deltas read for a merge go to disk
+        (:mod:`gm_shell.spill`); None: every payload is read into memory."""
         self._node = node
+        self._spill = spill
         self._mailbox = mailbox
         self._codec = codec
         self._compute = compute
@@ -219,10 +224,15 @@ class Reader:
                 f" fragment {fragment} can take ({limit})",
             )
         seen = self._verdicts.get(at)
+        host = backend is None or isinstance(backend, NumpyBackend)
+        spill = self._spill if host and self._codec.spills(fragment, role, self._spill) else None
 
         def decoded(body: Iterator[memoryview] | memoryview) -> Any:
             """The body decoded as it streams in, or whole (a buffer zstd reads in place)."""
             try:
+                if spill is not None:
+                    assert not isinstance(body, memoryview), "a spilled body streams"
+                    return self._codec.spilled(fragment, role, ref, body, spill)
                 if isinstance(body, memoryview):
                     load: Any = self._codec.load  # either overload: ``backend`` may be None
                     return load(fragment, role, ref, body, backend)
@@ -230,13 +240,15 @@ class Reader:
             except UnusablePayloadError as error:
                 return error  # a verdict, remembered with the object's ETag below
 
-        streams = self._mailbox.streams  # else one chunk, the whole body: decoded by compute
+        # Else one chunk, the whole body, decoded by compute; a spilled one always streams.
+        streams = self._mailbox.streams or spill is not None
         try:
             got = await self._mailbox.receive(
                 ref.key,
                 decoded if streams else next,
                 max_bytes=ref.size,
                 if_none_match=seen.etag if seen else None,
+                stream=spill is not None,
             )
         except UnchangedError:
             assert seen is not None

@@ -134,9 +134,11 @@ from gm_shell.pacer import (
     Work,
     queued_applies,
 )
-from gm_shell.payload import Sealed
+from gm_shell.payload import Sealed, bare_file_of
 from gm_shell.reads import Reader
 from gm_shell.replica import Prepared, Replica, Taken
+from gm_shell.spill import Spill, Spilled
+from gm_shell.stores import Backend as StoreBackend
 
 LOG = logging.getLogger("gm")
 T = TypeVar("T")
@@ -201,6 +203,7 @@ class Runtime:
         closer_options: closer.CloserOptions | None,
         cache_bytes: int | None,
         run_auth: RunAuth | None = None,
+        spill: Spill | None = None,
     ) -> None:
         digest = plan.schema_digest(manifest.schema)
         self.node = node
@@ -261,8 +264,18 @@ class Runtime:
         """Payload reads under way, by cache and reference: a second asker waits for the
         first read (a join's :class:`Fetch` and the load after it) instead of reading again."""
         self._reads = Reader(
-            node=node, mailbox=mailbox, codec=codec, compute=self._compute, emit=hub.emit, clock=now
+            node=node,
+            mailbox=mailbox,
+            codec=codec,
+            compute=self._compute,
+            emit=hub.emit,
+            clock=now,
+            spill=spill,
         )
+        self._reuses_uploads = mailbox.backend is not StoreBackend.MEMORY
+        """Whether the bytes of a payload this node uploaded are its own again once the
+        upload is done: a memory store keeps the very buffer it was given (as its object),
+        which must then never be written (:func:`spare`, :meth:`_store_merged`)."""
         # A closer's deltas and momentum stay where it merges them (codec.device: torch's
         # accelerator, else the host); commits are host arrays, which a learner aligns from.
         # By default commits and momenta hold the newest of every fragment (the model's bytes
@@ -1072,7 +1085,7 @@ class Runtime:
         fragment, round_ = cmd.fragment, cmd.round
         merged = self._codec.merge_held(
             fragment, theta, momentum, deltas, contributions,
-            handed_over=not cmd.final_only, into=spare(deltas),
+            handed_over=not cmd.final_only, into=spare(deltas, self._reuses_uploads),
         )  # fmt: skip
         deltas.clear()  # their last reference (see _merge): gone before the encode
         written = self._written(fragment, Role.THETA, round_, merged.theta, home=True)
@@ -1090,8 +1103,12 @@ class Runtime:
         outer = None
         try:
             if not cmd.final_only:
+                # Kept as its payload's values where those bytes are ours again once
+                # uploaded: the next merge makes the new momentum there, and it is then
+                # its own payload (payload._bare_f32): no copy a round.
+                encode = functools.partial(self._written, home=self._reuses_uploads)
                 encoded = await self._compute(
-                    self._written, cmd.fragment, Role.MOMENTUM, cmd.round, merged.momentum
+                    encode, cmd.fragment, Role.MOMENTUM, cmd.round, merged.momentum
                 )
                 outer = await self._upload(self._momenta, cmd.fragment, *encoded)
         except BaseException:
@@ -1135,15 +1152,18 @@ class Runtime:
         return ref
 
 
-def spare(buffers: list[Any]) -> int | None:
+def spare(buffers: list[Any], uploads: bool = False) -> int | None:
     """The index of a buffer in ``buffers`` that nothing else refers to (the list's is its
     only reference) and whose memory is its own (:func:`_owned`), free to be overwritten;
     None if there is none. A merge's deltas are let go by the closer's cache before it,
-    but one read by two askers at once, or a learner's own delta viewed in the payload it
-    uploaded, is not the merge's to write: the count of references and the owner say so,
-    whatever path the buffer came by."""
+    but one read by two askers at once, or one viewed in the bytes of a payload a store
+    may hold, is not the merge's to write: the count of references and the owner say so,
+    whatever path the buffer came by. With ``uploads`` (the bytes of a payload this node
+    uploaded are its own again), a learner's own delta viewed in its payload is spare
+    too, where nothing else holds those bytes: the new theta is then made in the payload,
+    which becomes the new theta's payload as it is (``payload._bare_f32``)."""
     for i in range(len(buffers)):
-        if sys.getrefcount(buffers[i]) <= _LISTED_ALONE and _owned(buffers[i]):
+        if sys.getrefcount(buffers[i]) <= _LISTED_ALONE and _owned(buffers[i], uploads):
             return i
     return None
 
@@ -1159,11 +1179,17 @@ def _listed_alone() -> int:
 _LISTED_ALONE = _listed_alone()
 
 
-def _owned(x: Any) -> bool:
+def _owned(x: Any, uploads: bool = False) -> bool:
     """A buffer's memory is its own: a numpy array's, writable (not a view of a payload's
-    bytes, which a store may hold); a torch tensor's, of torch's making (not numpy's)."""
+    bytes, which a store may hold, but with ``uploads`` the values of a bare payload: a
+    learner's own delta, whose bytes only its view holds once uploaded); a torch tensor's,
+    of torch's making (not numpy's). A spilled delta is a file: never written."""
+    if isinstance(x, Spilled):
+        return False
     if isinstance(x, np.ndarray):
-        return x.base is None and bool(x.flags.writeable)
+        if not x.flags.writeable:
+            return False
+        return x.base is None or (uploads and bare_file_of(x) is not None)
     storage = getattr(x, "untyped_storage", None)
     return storage is None or (x._base is None and bool(storage().resizable()))
 

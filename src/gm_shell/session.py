@@ -135,6 +135,7 @@ from gm_shell.run import (
 from gm_shell.runkey import FROM_ENV, OpenRunWarning, RunKey, open_run_warning
 from gm_shell.runkey import resolve as resolve_run_key
 from gm_shell.runtime import Machine, Runtime, lease_epoch_us, now
+from gm_shell.spill import SPILL_ABOVE, Spill
 from gm_shell.stores import MailboxOptions
 from gm_shell.tapereads import read_record
 
@@ -333,6 +334,15 @@ class SessionOptions:
     a learner 109-135 against 221-252: spec/threat-model.md §4.9). Off by default: every
     buffer of a fragment is then faulted in afresh (the closer's codec work on a 16 MiB
     fragment took +98% CPU a round, median, at load 6-11: bench/README.md, "Memory")."""
+    spill_above: int | None = SPILL_ABOVE
+    """A closer reads the deltas of a fragment whose values take this many bytes or more
+    (8 MiB by default) into files on local disk, not memory, and merges them from there a
+    block at a time (:mod:`gm_shell.spill`; payloads in gm's bare F32 format, compression
+    ``none``): its memory then grows with neither the fragment's size times the learners
+    nor the learners' number. None: every delta is held in memory until its merge."""
+    spill_dir: str | None = None
+    """Where spilled deltas go (unlinked files); None: the system's temporary directory,
+    which on a RAM-backed ``tmpfs`` saves no memory: name a directory on disk there."""
     max_sweep_rounds: int = 4
     max_divergences: int = 2
     """Non-finite rejections in a row (each followed by a reload) before ``step()`` raises
@@ -925,6 +935,9 @@ class Session:
                 payload_key(self._run_auth),
             ),
             run_auth=self._run_auth,
+            spill=None
+            if opts.spill_above is None
+            else Spill(directory=opts.spill_dir, above=opts.spill_above),
             hub=self._hub,
             loop=self._loop,
             replica=self._replica,

@@ -280,29 +280,14 @@ def test_two_learners_one_scaled_and_lying_moves_the_commit_a_bounded_step(name:
     assert moved[MergeRule.MEDIAN] == pytest.approx(1.5, rel=1e-4)
 
 
-def _outcome(call: Any) -> tuple[str, Any]:
-    try:
-        return "value", call()
-    except UnusablePayloadError as error:
-        return "verdict", error.reason
+SPOILS = ["sound", "flip", "cut", "longer", "garbage", "nan", "other digest"]
+"""How :func:`spoiled` may spoil a payload."""
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    st.sampled_from(list(Compression)),
-    st.sampled_from([Role.DELTA, Role.THETA]),
-    st.sampled_from(["sound", "flip", "cut", "longer", "garbage", "nan", "other digest"]),
-    st.integers(1, 1 << 16),
-    st.integers(0, 2**32 - 1),
-)
-def test_a_body_decoded_as_it_arrives_is_judged_as_the_whole_body_is(
-    compression: Compression, role: Role, spoil: str, chunk: int, seed: int
-) -> None:
-    """``load_received`` (a GET's body in chunks of any size, decoded as it streams in where
-    the format streams: zstd F32 on the host) gives what ``load`` of the whole body gives:
-    the same values, or the same named verdict, for sound, altered, cut, extended or
-    foreign bytes, and for a sound body under another reference's digest."""
-    codec = FragmentCodec(manifest(compression=compression))
+def spoiled(codec: FragmentCodec, role: Role, spoil: str, seed: int) -> tuple[bytes, PayloadRef]:
+    """A payload of fragment 0 spoiled as ``spoil`` names (one of :data:`SPOILS`), and the
+    reference a reader is given for it: sound, altered, cut, extended or foreign bytes
+    (their reference names them), a non-finite value, or sound bytes under another digest."""
     rng = np.random.default_rng(seed)
     x = values(codec, 0, seed)
     if spoil == "nan":
@@ -321,6 +306,33 @@ def test_a_body_decoded_as_it_arrives_is_judged_as_the_whole_body_is(
         ref = attrs.evolve(ref, size=len(body), digest=content_hash(bytes(body)))
     if spoil == "other digest":
         ref = attrs.evolve(ref, digest=content_hash(b"other"))
+    return bytes(body), ref
+
+
+def _outcome(call: Any) -> tuple[str, Any]:
+    try:
+        return "value", call()
+    except UnusablePayloadError as error:
+        return "verdict", error.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(list(Compression)),
+    st.sampled_from([Role.DELTA, Role.THETA]),
+    st.sampled_from(SPOILS),
+    st.integers(1, 1 << 16),
+    st.integers(0, 2**32 - 1),
+)
+def test_a_body_decoded_as_it_arrives_is_judged_as_the_whole_body_is(
+    compression: Compression, role: Role, spoil: str, chunk: int, seed: int
+) -> None:
+    """``load_received`` (a GET's body in chunks of any size, decoded as it streams in where
+    the format streams: zstd F32 on the host) gives what ``load`` of the whole body gives:
+    the same values, or the same named verdict, for sound, altered, cut, extended or
+    foreign bytes, and for a sound body under another reference's digest."""
+    codec = FragmentCodec(manifest(compression=compression))
+    body, ref = spoiled(codec, role, spoil, seed)
     chunks = [bytes(body[i : i + chunk]) for i in range(0, len(body), chunk)]
     whole = _outcome(lambda: codec.load(0, role, ref, bytes(body)))
     streamed = _outcome(lambda: codec.load_received(0, role, ref, iter(chunks)))

@@ -436,32 +436,11 @@ HUGE_S3 = 16 * MiB
 """The same on SeaweedFS, where the bytes must be sent (16 MiB: four times a record's cap)."""
 
 
-OVER_BOUND = pytest.mark.xfail(
-    strict=True,
-    reason="gm's closer-learner outgrows 2 x model + 64 MiB (issue 12 Show, open) where one"
-    " fragment is the whole model, whatever the attacker does: with the 16 MiB model in one"
-    " tensor and the mmap threshold fixed, RSS grows 98-100 MiB (closer-learner) over the"
-    " test's rounds, file://, open, one run at a time (2026-12-05, session 26; the learner,"
-    " 65-66 MiB, is under). At a merge it holds the anchor it steps from, the round's two"
-    " deltas, the momentum and the trainer's gradients: 5 x model + what the small model's"
-    " nodes grow by (13-14 MiB), at the bound (spec/threat-model.md §4.9 'What is left');"
-    " in 8 fragments the bound holds (16MiB-8 below)",
-)
-"""The one-fragment 16 MiB variant fails its memory bound whatever the attacker does: with
-one fragment as big as the model, a closer-learner holds at once, at a merge, the anchor
-its learner trains from (the theta it steps from), the round's deltas (its own and the
-other learner's, which becomes the new theta), the momentum and the trainer's gradients —
-the merge's and the trainer's own working set, which the bound's form (2 × model + a
-constant) cannot hold for a large model in one fragment. When gm's working set fits
-``2 × model + RSS_SLACK`` here, this marker goes (strict: the test then fails as a
-reminder)."""
-
-
 @pytest.mark.parametrize(
     "shape",
     [
         Shape(HIDDEN),
-        pytest.param(Shape(WIDE), marks=[pytest.mark.slow, OVER_BOUND]),
+        pytest.param(Shape(WIDE), marks=pytest.mark.slow_on_servers),
         pytest.param(Shape(WIDE_8, 8), marks=pytest.mark.slow_on_servers),
     ],
     ids=["small", "16MiB", "16MiB-8"],
