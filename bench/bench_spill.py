@@ -11,7 +11,9 @@ reads them, all at once, then merged with the momentum into a new theta
 picks: torch on CPU here, numpy for spilled deltas) and the new theta and momentum
 encoded. ``spill``: the reader spills every delta (``Spill(above=0)``, into the system's
 temporary directory); ``memory``: it holds them (``spill_above`` None). The two alternate
-in processes of their own (``--repeat`` each), so a change of load falls on both. Printed
+in processes of their own (``--repeat`` each), so a change of load falls on both, with
+glibc's mmap threshold fixed at 1 MiB (``SessionOptions.mmap_threshold``, as the memory
+tests' nodes run: a freed buffer leaves the process at once). Printed
 for each: the median time of a round's reads and of its merge and encodes, and the
 resident memory's growth to its peak from the first round's start, in MiB and fragments.
 """
@@ -50,11 +52,13 @@ async def one_run(mode: str, mib: float, learners: int, rounds: int) -> dict[str
     from gm_core import plan
     from gm_core.numerics import Contributions
     from gm_core.records import AlgorithmConfig, Manifest, TensorSpec
+    from gm_shell.allocator import fix_mmap_threshold
     from gm_shell.fragments import FragmentCodec, Role, compute_backend
     from gm_shell.mailbox import Mailbox
     from gm_shell.reads import Reader
     from gm_shell.spill import Spill
 
+    fix_mmap_threshold(MiB)  # as the memory tests' nodes run: freed buffers leave at once
     n = int(mib * MiB) // 4
     schema = (TensorSpec(name="w", shape=(n,), dtype="F32"),)
     cfg = AlgorithmConfig(sync_every=8, fragments=1)
@@ -74,11 +78,20 @@ async def one_run(mode: str, mib: float, learners: int, rounds: int) -> dict[str
         refs = []
         for r in range(rounds):
             deltas = [rng.normal(size=n).astype(np.float32) * 1e-3 for _ in names]
-            encoded = [codec.encode(0, Role.DELTA, r, d) for d in deltas]
+            encoded = [await asyncio.to_thread(codec.encode, 0, Role.DELTA, r, d) for d in deltas]
             for data, ref in encoded:
                 await mailbox.put_once(ref.key, data)
             refs.append([ref for _, ref in encoded])
             del deltas, encoded
+
+        def step(r: int, theta: Any, momentum: Any, held: list[Any]) -> tuple[Any, Any]:
+            """A worker's part of a round, as a closer's: merge, then encode what it made."""
+            merged = codec.merge_held(0, theta, momentum, held, contributions, handed_over=True)
+            held.clear()
+            data, _ = codec.encode(0, Role.THETA, r, merged.theta)
+            theta = codec.brought_home(0, Role.THETA, merged.theta, data, codec.device)
+            mdata, mref = codec.encode(0, Role.MOMENTUM, r, merged.momentum)
+            return theta, codec.load(0, Role.MOMENTUM, mref, mdata)
 
         async def compute(fn: Any, *args: Any) -> Any:
             return await loop.run_in_executor(None, fn, *args)
@@ -97,13 +110,7 @@ async def one_run(mode: str, mib: float, learners: int, rounds: int) -> dict[str
                 await asyncio.gather(*(reader.payload(0, Role.DELTA, ref) for ref in refs[r]))
             )
             read = time.perf_counter()
-            merged = codec.merge_held(0, theta, momentum, held, contributions, handed_over=True)
-            del held
-            data, _ = codec.encode(0, Role.THETA, r, merged.theta)
-            theta = codec.brought_home(0, Role.THETA, merged.theta, data, codec.device)
-            mdata, mref = codec.encode(0, Role.MOMENTUM, r, merged.momentum)
-            momentum = codec.load(0, Role.MOMENTUM, mref, mdata)
-            del merged, data, mdata
+            theta, momentum = await asyncio.to_thread(step, r, theta, momentum, held)
             reads.append(read - began)
             merges.append(time.perf_counter() - read)
         await mailbox.aclose()

@@ -199,6 +199,32 @@ def _chunks(stream: Iterable[Any]) -> Iterator[memoryview]:
         raise _StreamError(error) from error
 
 
+RANGE_CHUNK = 8 << 20
+"""What a streamed read of a local or memory store asks for at a time (:func:`_ranges`)."""
+
+
+def _ranges(store: Any, key: str, meta: Any) -> Iterator[memoryview]:
+    """The object ``meta`` describes, as ranges of :data:`RANGE_CHUNK` bytes, each read while
+    the object is still that version (``if_match``): a local file's stream reads it a few
+    KiB at a time (16 MiB in 45-65 ms against 3-15 read whole, here); a failure or a newer
+    version midway is the request's failure (:class:`_StreamError`), retried whole."""
+    size = int(meta["size"])
+    try:
+        for start in range(0, size, RANGE_CHUNK):
+            end = min(size, start + RANGE_CHUNK)
+            options: GetOptions = {"range": (start, end), "if_match": meta["e_tag"]}
+            yield memoryview(store.get(key, options=options).bytes())
+    except PreconditionError as changed:
+        raise _StreamError(_ChangedMidwayError(f"{key} changed while read: {changed}")) from None
+    except Exception as error:
+        raise _StreamError(error) from error
+
+
+class _ChangedMidwayError(Exception):
+    """An object replaced between two ranges of one read: transient (the read is made
+    again, whole, from the version there then)."""
+
+
 def _copied(result: Any) -> bytes:
     """The body, copied out of obstore's buffer (what :meth:`Mailbox.get` gives)."""
     copied: bytes = result.bytes().to_bytes()
@@ -485,14 +511,19 @@ class Mailbox:
         least :data:`STREAM_CHUNK` bytes each, on the request's thread), never held whole
         here but on the stores of :data:`WHOLE_BODIES` (one chunk, a view of the body as
         received) unless ``stream`` asks for chunks there too (a consumer that keeps none
-        of the body in memory): what ``consume`` returns, and the ETag. A body that fails
-        midway is the request's failure (retried from its first byte, with a new
-        ``consume`` call); what ``consume`` raises reaches the caller as it is."""
+        of the body in memory: ranges of :data:`RANGE_CHUNK` bytes there, each a request
+        counted): what ``consume`` returns, and the ETag. A body that fails midway is the
+        request's failure (retried from its first byte, with a new ``consume`` call); what
+        ``consume`` raises reaches the caller as it is."""
 
-        whole = not (self.streams or stream)
+        whole = not self.streams
+        ranged: list[int] = []  # the size read in ranges (each range a GET)
 
         def streamed(result: Any) -> T | _Raised:
             try:
+                if whole and stream:
+                    ranged.append(int(result.meta["size"]))
+                    return consume(_ranges(self._store, key, result.meta))
                 if whole:
                     return consume(iter((memoryview(result.bytes()),)))
                 return consume(_chunks(result.stream(min_chunk_size=STREAM_CHUNK)))
@@ -505,6 +536,8 @@ class Mailbox:
         if got is None:
             return None
         value, etag = got
+        if ranged:
+            self._meter.request(RequestClass.GET, n=-(-ranged[-1] // RANGE_CHUNK))
         if isinstance(value, _Raised):
             raise value.error
         return Consumed(value=value, etag=etag)

@@ -3,8 +3,10 @@ their arrays merge, bit for bit; and the closer's zero-copy payloads around them
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from gm_core.records import Compression, MergeRule, Reason
 from gm_shell import DiLoCo, Session, SessionOptions
 from gm_shell.backends import NumpyBackend
 from gm_shell.fragments import FragmentCodec, Role
+from gm_shell.mailbox import RANGE_CHUNK, Mailbox
 from gm_shell.payload import bare_file_of, bare_values, content_hash, seal_f32
 from gm_shell.runtime import spare
 from gm_shell.spill import Spill, Spilled
@@ -299,3 +302,57 @@ def test_a_closer_merges_spilled_deltas_into_its_own_payload_and_seals_it_as_it_
     assert sealed[Role.MOMENTUM][1:] == [reused] * (len(sealed[Role.MOMENTUM]) - 1), sealed
     for name, curve in losses.items():
         assert np.mean(curve[-8:]) < np.mean(curve[:8]), name
+
+
+@pytest.mark.parametrize("store", ["file", "memory"])
+def test_a_streamed_read_of_a_local_or_memory_store_comes_in_ranges_of_one_version(
+    store: str, tmp_path: Path
+) -> None:
+    """A local or memory store's body streamed (what a spill reads) arrives in ranges of
+    :data:`RANGE_CHUNK` bytes, each a GET counted, and all of one version: an object
+    rewritten midway fails the read, which is made again, whole, from the new version."""
+    url = f"file://{tmp_path / 'bucket'}" if store == "file" else f"memory://{tmp_path.name}/r"
+    key = "payloads/000000000001/x.st"
+    old = bytes(range(256)) * (RANGE_CHUNK * 5 // 2 // 256)
+    new = bytes(reversed(old))
+    calls: list[list[int]] = []
+
+    async def body(mailbox: Mailbox) -> tuple[Any, Any]:
+        await mailbox.put_once(key, old)
+
+        def sizes(chunks: Iterator[memoryview]) -> bytes:
+            calls.append([])
+            parts = []
+            for chunk in chunks:
+                calls[-1].append(len(chunk))
+                parts.append(bytes(chunk))
+            return b"".join(parts)
+
+        whole = await mailbox.receive(key, sizes, stream=True)
+
+        def rewritten(chunks: Iterator[memoryview]) -> bytes:
+            first = bytes(next(chunks))
+            if len(calls) == 1:
+                asyncio.run(_put(url, key, new))
+            calls.append([])
+            return first + b"".join(bytes(c) for c in chunks)
+
+        again = await mailbox.receive(key, rewritten, stream=True)
+        return whole, again
+
+    with Mailbox.open(url) as mailbox:
+        whole, again = asyncio.run(body(mailbox))
+        stats = mailbox.stats
+    assert whole is not None
+    assert whole.value == old
+    assert calls[0] == [RANGE_CHUNK, RANGE_CHUNK, len(old) - 2 * RANGE_CHUNK]
+    assert again is not None
+    assert again.value == new
+    assert len(calls) == 3  # the rewritten read was made again
+    assert stats.get_requests >= 1 + 3 + 2
+
+
+async def _put(url: str, key: str, data: bytes) -> None:
+    """Overwrite ``key`` through a mailbox of its own (another writer)."""
+    async with Mailbox.open(url) as other:
+        await other.put(key, data)
