@@ -26,12 +26,13 @@ when freed).
 ``--rounds`` commits: ``--layers`` square layers of equal size between two small ones, in
 as many fragments (at least two; with one layer, the default, a fragment is the whole
 model); ``--no-spill``: the closer holds the deltas it merges in memory, whatever their
-size (``SessionOptions.spill_above`` None, :mod:`gm_shell.spill`). Each node samples its
-resident memory every few milliseconds from its session's start; at each new high it
-notes what is live then: the C allocator's bytes in use (``mallinfo2``: heap and mapped)
-against its free heap, what tracemalloc sees (Python objects and numpy's buffers;
-``--trace`` only, it slows the node) grouped by the gm function that allocated each buffer
-of 1 MiB or more, and torch's parameters and gradients (which tracemalloc does not see).
+size (``SessionOptions.spill_above`` None, :mod:`gm_shell.spill`; ``--spill-above``: from
+that many MiB). Each node samples its resident memory every few milliseconds from its
+session's start; at each new high it notes what is live then: the C allocator's bytes in
+use (``mallinfo2``: heap and mapped) against its free heap, what tracemalloc sees (Python
+objects and numpy's buffers; ``--trace`` only, it slows the node) grouped by the gm
+function that allocated each buffer of 1 MiB or more, and torch's parameters and
+gradients (which tracemalloc does not see).
 It prints each node's growth to the peak (VmHWM) and that table at the highest sample.
 """
 
@@ -56,7 +57,7 @@ BIG = 1 << 20
 """Live buffers of this size or more are attributed one by one (``--live --trace``)."""
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
     with open("/proc/self/status") as status:
         for line in status:
             if line.startswith(field + ":"):
@@ -64,26 +65,34 @@ def _status_kib(field: str) -> int:
     raise AssertionError(field)
 
 
-def one_run(setting: str, mib: float, rounds: int) -> dict[str, Any]:
-    """A closer's payload work in this process; its figures."""
-    import numpy as np
-
+def one_fragment_codec(mib: float, compression: Any) -> tuple[Any, int]:
+    """A closer's codec for a run of one tensor of ``mib`` MiB in one fragment, and its size."""
     from gm_core import plan
-    from gm_core.numerics import Contributions
-    from gm_core.records import AlgorithmConfig, Compression, Manifest, TensorSpec
-    from gm_shell.allocator import _glibc, fix_mmap_threshold
-    from gm_shell.fragments import FragmentCodec, Role, compute_backend
+    from gm_core.records import AlgorithmConfig, Manifest, TensorSpec
+    from gm_shell.fragments import FragmentCodec, compute_backend
 
-    if setting == "fixed":
-        assert fix_mmap_threshold(MiB)
     n = int(mib * MiB) // 4
     schema = (TensorSpec(name="w", shape=(n,), dtype="F32"),)
-    cfg = AlgorithmConfig(sync_every=8, fragments=1, compression=Compression.ZSTD)
+    cfg = AlgorithmConfig(sync_every=8, fragments=1, compression=compression)
     manifest = Manifest(
         run_id="r", created_by="n0", config=cfg, schema=schema,
         plan=plan.make_plan(schema, cfg), init=(),
     )  # fmt: skip
-    codec = FragmentCodec(manifest, compute_backend("auto"))
+    return FragmentCodec(manifest, compute_backend("auto")), n
+
+
+def one_run(setting: str, mib: float, rounds: int) -> dict[str, Any]:
+    """A closer's payload work in this process; its figures."""
+    import numpy as np
+
+    from gm_core.numerics import Contributions
+    from gm_core.records import Compression
+    from gm_shell.allocator import _glibc, fix_mmap_threshold
+    from gm_shell.fragments import Role
+
+    if setting == "fixed":
+        assert fix_mmap_threshold(MiB)
+    codec, n = one_fragment_codec(mib, Compression.ZSTD)
     rng = np.random.default_rng(0)
     contributions = Contributions(learners=("a", "b"), weights=(0.5, 0.5))
     theta = rng.normal(size=n).astype(np.float32)
@@ -94,7 +103,7 @@ def one_run(setting: str, mib: float, rounds: int) -> dict[str, Any]:
     ]
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")  # the peak from here
-    start = _status_kib("VmRSS")
+    start = status_kib("VmRSS")
     times = []
     cpu = []
     for r in range(rounds):
@@ -115,8 +124,8 @@ def one_run(setting: str, mib: float, rounds: int) -> dict[str, Any]:
         cpu.append(time.process_time() - began_cpu)
     return {
         "setting": setting,
-        "peak_growth": (_status_kib("VmHWM") - start) / 1024,
-        "end_growth": (_status_kib("VmRSS") - start) / 1024,
+        "peak_growth": (status_kib("VmHWM") - start) / 1024,
+        "end_growth": (status_kib("VmRSS") - start) / 1024,
         "times": times[1:],  # the first round warms the codecs up
         "cpu": cpu[1:],
     }
@@ -141,7 +150,7 @@ class Sampler:
         self.every_s = every_s
         self.stepped = False
         """Whether the trainer has made a step (its gradients exist), set by the trainer."""
-        self.start = _status_kib("VmRSS") * 1024
+        self.start = status_kib("VmRSS") * 1024
         self.at_start = self.note(self.start)
         self.best: dict[str, Any] = {"rss": self.start}
         self.stop = threading.Event()
@@ -149,7 +158,7 @@ class Sampler:
 
     def _run(self) -> None:
         while not self.stop.wait(self.every_s):
-            rss = _status_kib("VmRSS") * 1024
+            rss = status_kib("VmRSS") * 1024
             if rss > self.best["rss"] + 2 * MiB:
                 self.best = self.note(rss)
 
@@ -225,8 +234,8 @@ def live_node(spec: dict[str, Any]) -> None:
     result = {
         "node": spec["node"],
         "start": sampler.start,
-        "peak": _status_kib("VmHWM") * 1024,
-        "end": _status_kib("VmRSS") * 1024,
+        "peak": status_kib("VmHWM") * 1024,
+        "end": status_kib("VmRSS") * 1024,
         "at_start": sampler.at_start,
         "at_high": sampler.best,
     }
@@ -240,6 +249,8 @@ def live(args: argparse.Namespace) -> list[dict[str, Any]]:
         options["mmap_threshold"] = MiB
     if args.no_spill:
         options["spill_above"] = None
+    elif args.spill_above is not None:
+        options["spill_above"] = int(args.spill_above * MiB)
     algorithm = {
         "sync_every": 16, "fragments": max(2, args.layers), "quorum": 2, "in_flight": 2,
         "lease_timeout_s": 2.0, "takeover_floor_s": 3.0,
@@ -310,6 +321,7 @@ def main() -> None:
     parser.add_argument(
         "--no-spill", action="store_true", help="--live: spill_above None (deltas in memory)"
     )
+    parser.add_argument("--spill-above", type=float, help="--live: spill_above, in MiB")
     parser.add_argument("--node", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.node:

@@ -32,41 +32,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.bench_memory import one_fragment_codec, status_kib
+
 HERE = Path(__file__).resolve().parent
 MiB = 1 << 20
 MODES = ("spill", "memory")
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise AssertionError(field)
 
 
 async def one_run(mode: str, mib: float, learners: int, rounds: int) -> dict[str, Any]:
     """A closer's reads and merges of ``rounds`` rounds in this process; its figures."""
     import numpy as np
 
-    from gm_core import plan
     from gm_core.numerics import Contributions
-    from gm_core.records import AlgorithmConfig, Manifest, TensorSpec
+    from gm_core.records import Compression
     from gm_shell.allocator import fix_mmap_threshold
-    from gm_shell.fragments import FragmentCodec, Role, compute_backend
+    from gm_shell.fragments import Role
     from gm_shell.mailbox import Mailbox
     from gm_shell.reads import Reader
     from gm_shell.spill import Spill
 
     fix_mmap_threshold(MiB)  # as the memory tests' nodes run: freed buffers leave at once
-    n = int(mib * MiB) // 4
-    schema = (TensorSpec(name="w", shape=(n,), dtype="F32"),)
-    cfg = AlgorithmConfig(sync_every=8, fragments=1)
-    manifest = Manifest(
-        run_id="r", created_by="n0", config=cfg, schema=schema,
-        plan=plan.make_plan(schema, cfg), init=(),
-    )  # fmt: skip
-    codec = FragmentCodec(manifest, compute_backend("auto"))
+    codec, n = one_fragment_codec(mib, Compression.NONE)
     rng = np.random.default_rng(0)
     names = tuple(f"l{i}" for i in range(learners))
     contributions = Contributions(learners=names, weights=(1.0 / learners,) * learners)
@@ -102,7 +88,7 @@ async def one_run(mode: str, mib: float, learners: int, rounds: int) -> dict[str
         )  # fmt: skip
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")  # the peak from here
-        start = _status_kib("VmRSS")
+        start = status_kib("VmRSS")
         reads, merges = [], []
         for r in range(rounds):
             began = time.perf_counter()
@@ -116,7 +102,7 @@ async def one_run(mode: str, mib: float, learners: int, rounds: int) -> dict[str
         await mailbox.aclose()
     return {
         "mode": mode,
-        "peak_growth": (_status_kib("VmHWM") - start) / 1024,
+        "peak_growth": (status_kib("VmHWM") - start) / 1024,
         "reads": reads[1:],  # the first round warms the codecs up
         "merges": merges[1:],
     }
@@ -129,6 +115,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3, help="runs of each mode, alternately")
     parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write every run's figures here")
     args = parser.parse_args()
     if args.one:
         run = one_run(args.one, args.mib, args.learners, args.rounds)
@@ -156,6 +143,8 @@ def main() -> None:
             f" ({min(peak) / args.mib:.1f}-{max(peak) / args.mib:.1f} fragments)"
         )
     print(f"load {os.getloadavg()[0]:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(runs))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ from its reply's headers, its body never read.
   and Azure a payload's body is decoded as it arrives
   (:meth:`~gm_shell.mailbox.Mailbox.receive`,
   :meth:`~gm_shell.fragments.FragmentCodec.load_received`), never held whole beside
-  its decode, and judged against its digest once its last byte is in.
+  its decode, and judged against its digest once its last byte is in. A delta of a
+  fragment from :attr:`~gm_shell.spill.Spill.above` bytes, read for a merge on the host,
+  goes to a spill file instead, from every store (:mod:`gm_shell.spill`).
 - **Nothing is downloaded twice while it stays the same.** The reader remembers,
   by ETag, the JSON objects it read (bounded by bytes) and the verdict on every
   payload it refused or judged unusable; reading the key again sends the ETag
