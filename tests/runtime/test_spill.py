@@ -356,3 +356,24 @@ async def _put(url: str, key: str, data: bytes) -> None:
     """Overwrite ``key`` through a mailbox of its own (another writer)."""
     async with Mailbox.open(url) as other:
         await other.put(key, data)
+
+
+@pytest.mark.parametrize("screened", [False, True])
+def test_a_codecs_merge_of_spilled_deltas_is_numpys_merge_of_their_arrays(screened: bool) -> None:
+    """``FragmentCodec.merge`` of deltas some of which are spilled (the closer's merge on a
+    torch node: numpy then) gives what numpy's merge of the arrays gives, bit for bit:
+    theta, momentum, cosine, and the outliers a screened merge leaves out."""
+    screens = {"outlier_norm_factor": 3.0, "merge": MergeRule.MEDIAN} if screened else {}
+    codec = FragmentCodec(manifest(**screens), NumpyBackend())
+    torch_codec = FragmentCodec(manifest(**screens))  # compute "auto" would be torch here
+    theta, momentum = values(codec, 0, 1), values(codec, 0, 2)
+    deltas = [values(codec, 0, s) for s in (3, 4, 5)]
+    deltas[2] *= 100.0 if screened else 1.0
+    contributions = Contributions(learners=("a", "b", "c"), weights=(0.5, 0.25, 0.25))
+    expected = codec.merge(0, theta, momentum.copy(), deltas, contributions)
+    mixed = [deltas[0].copy(), spilled(deltas[1]), spilled(deltas[2])]
+    got = torch_codec.merge(0, theta, momentum.copy(), mixed, contributions, into=0)
+    assert got.theta.tobytes() == expected.theta.tobytes()
+    assert got.momentum.tobytes() == expected.momentum.tobytes()
+    assert (got.cosine, got.outliers) == (expected.cosine, expected.outliers)
+    assert got.outliers == (("c",) if screened else ())
