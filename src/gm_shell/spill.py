@@ -14,11 +14,12 @@ A payload of a fragment at least :attr:`Spill.above` bytes, in gm's bare F32 for
 values after the header: compression ``none``), is streamed as its body arrives into an
 unlinked file in :attr:`Spill.directory`, hashed on the way, and judged there (its digest,
 then its values finite, read back a block at a time): a :class:`Spilled` stands for it,
-which the merge reads by blocks (``os.pread`` into one block buffer). The file is the
+which the merge reads by blocks (``os.pread``, into one block buffer). The file is the
 node's own, made after the object was read: what the merge reads is what was judged,
 whatever the bucket holds by then. It goes with its last reference (the file is unlinked
-from the start: nothing is left behind by a crash). A disk write and a read of each delta's
-bytes are the cost, against its bytes of memory (bench/README.md, "Spilled deltas").
+from the start: nothing is left behind by a crash). A disk write of each delta's bytes,
+and reads of them back (mostly from the page cache), are the cost, against its bytes of
+memory (bench/README.md, "Spilled deltas").
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ from gm_core.numerics.arrays import F32
 from gm_core.numerics.blocks import BLOCK, blocks
 
 SPILL_ABOVE: Final = 8 << 20
-"""A fragment whose values take this many bytes or more is spilled by default: below it a
-delta's bytes cost less memory than the trip through the disk costs time."""
+"""A fragment whose values take this many bytes or more is spilled by default. Measured
+(bench/README.md, "Spilled deltas"): at 16 MiB spilling saves each delta's bytes for 21%
+more read time and 25% more merge time; at 6 MiB it cost no time, but in a live run of a
+48 MiB model in 8 fragments it took nothing off the peak (set there by several fragments'
+commits and payloads at once), so small fragments stay in memory."""
 WRITE_SIZE: Final = 1 << 20
 """What is written to a spill file at a time."""
 
@@ -65,7 +69,7 @@ class Spill:
 
     def file(self) -> IO[bytes]:
         """A new file, unlinked already, for one delta's values."""
-        return tempfile.TemporaryFile(dir=self.directory)
+        return tempfile.TemporaryFile(dir=self.directory, buffering=0)
 
 
 class _Flags:
@@ -80,8 +84,9 @@ class Spilled:
 
     It answers what a merge asks of a flat delta (``dtype``, ``shape``, ``flags``,
     ``nbytes``, ``delta[lo:hi]``): a slice of at most a block is read into one buffer,
-    reused (so a slice is good until the next one is taken), a longer one into a fresh
-    array. It is never written: a merge makes its output elsewhere."""
+    reused (so a slice is good until the next one is taken: one thread reads it at a
+    time, the merge's), a longer one into a fresh array. It is never written: a merge
+    makes its output elsewhere."""
 
     dtype: Final = np.dtype(np.float32)
     flags: Final = _Flags()
@@ -110,11 +115,12 @@ class Spilled:
         out = self._block[:count] if count <= self._block.shape[0] else np.empty(count, np.float32)
         view = out.view(np.uint8).data
         done = 0
-        while done < view.nbytes:  # pread may return fewer bytes than asked
-            got = os.preadv(self._file.fileno(), [view[done:]], 4 * lo + done)
-            if got <= 0:
+        while done < view.nbytes:  # a read may return fewer bytes than asked
+            got = os.pread(self._file.fileno(), view.nbytes - done, 4 * lo + done)
+            if not got:
                 raise OSError(f"spill file ended at byte {4 * lo + done} of {4 * self._n}")
-            done += got
+            view[done : done + len(got)] = got
+            done += len(got)
         return out
 
     def all_finite(self) -> bool:
@@ -130,7 +136,8 @@ def write_values(file: IO[bytes], read: Callable[[int], memoryview]) -> int:
     into ``file``: the bytes written."""
     written = 0
     while chunk := read(WRITE_SIZE):
-        file.write(chunk)
-        written += len(chunk)
-    file.flush()
+        done = 0
+        while done < len(chunk):  # an unbuffered write may take fewer bytes than given
+            done += file.write(chunk[done:]) or 0
+        written += done
     return written
