@@ -416,7 +416,7 @@ class FragmentCodec:
             role is Role.DELTA
             and spill is not None
             and self.bare(role)
-            and (spill.applies(4 * self.size(fragment)))
+            and spill.applies(4 * self.size(fragment))
         )
 
     def spilled(
@@ -430,17 +430,24 @@ class FragmentCodec:
         wire = self.wire(fragment, role)
         header = self._bare_header(fragment, role)
         received = Received(chunks, ref.size, self._payload_key)
-        if ref.size != len(header) + 4 * wire.layout.total or received.peek(len(header)) != header:
-            return self.load(fragment, role, ref, received.whole())
-        received.read(len(header))
+        try:
+            if ref.size != len(header) + 4 * wire.layout.total or (
+                received.peek(len(header)) != header
+            ):
+                return self.load(fragment, role, ref, received.whole())
+            received.read(len(header))
+            return self._spill_values(ref, received, wire.layout.total, spill)
+        except PayloadError as error:  # a body longer than its reference declares
+            raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: {error}") from error
+
+    def _spill_values(self, ref: PayloadRef, received: Received, n: int, spill: Spill) -> Spilled:
+        """The rest of ``received`` (``n`` values) in a new spill file, judged: its digest,
+        then its values finite. The file is closed unless it is returned."""
         file = spill.file()
         try:
-            try:
-                write_values(file, received.read)
-            except PayloadError as error:
-                raise UnusablePayloadError(Reason.CORRUPT, f"{ref.key}: {error}") from error
+            write_values(file, received.read)
             self._received_whole(ref, received)
-            values = Spilled(file, wire.layout.total)
+            values = Spilled(file, n)
             if not values.all_finite():
                 raise UnusablePayloadError(Reason.NONFINITE, f"{ref.key} holds NaN or Inf")
         except BaseException:
